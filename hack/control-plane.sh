@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Makes a real kube-apiserver and etcd available for the tests and the demo.
+#
+#   hack/control-plane.sh          build or install what is missing, print the assets folder
+#
+# kube-apiserver is built from the Go module proxy (k8s.io/kubernetes at KUBE_VERSION, with every
+# staging module replaced by its published version); etcd comes from Debian's etcd-server package,
+# or is built from the Go module proxy where apt cannot install it. Both land in
+# .cache/control-plane/<KUBE_VERSION>/, which git ignores: a second run finds them and returns at once.
+set -euo pipefail
+
+KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+assets="${root}/.cache/control-plane/${KUBE_VERSION}"
+mkdir -p "${assets}"
+
+log() { echo "control-plane: $*" >&2; }
+
+staging_version() {
+  # k8s.io/kubernetes v1.X.Y publishes its staging modules as v0.X.Y.
+  echo "v0.${KUBE_VERSION#v1.}"
+}
+
+build_apiserver() {
+  local work="${root}/.cache/control-plane/build-apiserver"
+  rm -rf "${work}" && mkdir -p "${work}"
+  log "building kube-apiserver ${KUBE_VERSION} from the Go module proxy (about 10 minutes on 2 cores)"
+  (
+    cd "${work}"
+    go mod init build-apiserver >/dev/null 2>&1
+    local modfile
+    modfile="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
+    local sv
+    sv="$(staging_version)"
+    {
+      echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+      echo "replace ("
+      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"${sv}"'#p' "${modfile}"
+      echo ")"
+    } >> go.mod
+    cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+    go mod tidy >/dev/null 2>&1 || true
+    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+    local pkg=k8s.io/component-base/version
+    CGO_ENABLED=0 go build -o "${assets}/kube-apiserver.tmp" \
+      -ldflags "-s -w -X ${pkg}.gitVersion=${KUBE_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}" \
+      k8s.io/kubernetes/cmd/kube-apiserver
+  )
+  mv "${assets}/kube-apiserver.tmp" "${assets}/kube-apiserver"
+  rm -rf "${work}"
+}
+
+build_etcd() {
+  local work="${root}/.cache/control-plane/build-etcd"
+  rm -rf "${work}" && mkdir -p "${work}"
+  log "building etcd ${ETCD_VERSION} from the Go module proxy"
+  (
+    cd "${work}"
+    go mod init build-etcd >/dev/null 2>&1
+    cat >> go.mod <<MOD
+require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}
+replace (
+	go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 ${ETCD_VERSION}
+)
+MOD
+    cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"
+GO
+    go mod tidy >/dev/null 2>&1 || true
+    CGO_ENABLED=0 go build -o "${assets}/etcd.tmp" go.etcd.io/etcd/server/v3
+  )
+  mv "${assets}/etcd.tmp" "${assets}/etcd"
+  rm -rf "${work}"
+}
+
+install_etcd() {
+  if [ -x /usr/bin/etcd ]; then
+    ln -sf /usr/bin/etcd "${assets}/etcd"
+    return
+  fi
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    log "installing etcd from Debian's etcd-server package"
+    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server) >&2; then
+      # The package starts a system etcd on 2379; the tests start their own on free ports.
+      (systemctl disable --now etcd 2>/dev/null || service etcd stop 2>/dev/null || pkill -x etcd || true) >/dev/null 2>&1
+      ln -sf /usr/bin/etcd "${assets}/etcd"
+      return
+    fi
+  fi
+  build_etcd
+}
+
+[ -x "${assets}/etcd" ] || install_etcd
+[ -x "${assets}/kube-apiserver" ] || build_apiserver
+echo "${assets}"
