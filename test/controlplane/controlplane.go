@@ -1,0 +1,276 @@
+// Package controlplane gives tests a real kube-apiserver and etcd, started through controller-runtime's
+// envtest, with the CSIAddonsNode CRD installed from the kubernetes-csi-addons module.
+//
+// The binaries come from hack/control-plane.sh, which builds kube-apiserver from the Go module proxy
+// and installs etcd from Debian's package on first use and caches both under .cache/ (git ignored).
+// KUBEBUILDER_ASSETS, when set, names a folder that already holds them and skips the script.
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// csiAddonsModule is the module whose CRD manifests define CSIAddonsNode.
+const csiAddonsModule = "github.com/csi-addons/kubernetes-csi-addons"
+
+// csiAddonsNodeCRD is the CRD file inside that module.
+const csiAddonsNodeCRD = "config/crd/bases/csiaddons.openshift.io_csiaddonsnodes.yaml"
+
+// Env is a started control plane.
+type Env struct {
+	// Config reaches the apiserver as an administrator.
+	Config *rest.Config
+	// Clientset is a typed client for built-in resources.
+	Clientset kubernetes.Interface
+	// Client is a controller-runtime client whose scheme knows the built-in types and CSIAddonsNode.
+	Client client.Client
+	// Scheme holds the built-in types and the csiaddons.openshift.io/v1alpha1 types.
+	Scheme *runtime.Scheme
+	// Kubeconfig is the path of a kubeconfig file for Config, for processes and for people.
+	Kubeconfig string
+
+	env      *envtest.Environment
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Options tune a control plane. The zero value is ready to use.
+type Options struct {
+	// APIServerArgs are extra kube-apiserver flags, as name=value pairs without the leading "--".
+	// Default: none.
+	APIServerArgs map[string]string
+	// KubeconfigDir is where the kubeconfig file is written. Default: a new temporary folder.
+	KubeconfigDir string
+}
+
+// Start starts a control plane for tb and stops it when tb ends. It fails tb if the control plane
+// cannot start.
+func Start(tb testing.TB) *Env {
+	tb.Helper()
+	env, err := New(Options{KubeconfigDir: tb.TempDir()})
+	if err != nil {
+		tb.Fatalf("start control plane: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			tb.Errorf("stop control plane: %v", err)
+		}
+	})
+	return env
+}
+
+// New starts a control plane. The caller must call Stop.
+func New(opts Options) (*Env, error) {
+	// envtest and the controller-runtime clients log through controller-runtime's logger; route it
+	// to klog, like the rest of the project, before anything logs.
+	loggerOnce.Do(func() { ctrllog.SetLogger(klog.Background()) })
+	assets, err := Assets()
+	if err != nil {
+		return nil, err
+	}
+	crd, err := CSIAddonsNodeCRDPath()
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	te := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDInstallOptions: envtest.CRDInstallOptions{
+			Paths:              []string{crd},
+			ErrorIfPathMissing: true,
+			Scheme:             scheme,
+		},
+		Scheme:                   scheme,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	args := te.ControlPlane.GetAPIServer().Configure()
+	for name, value := range opts.APIServerArgs {
+		args.Set(name, value)
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("envtest with assets %s: %w", assets, err)
+	}
+	e := &Env{Config: cfg, Scheme: scheme, env: te}
+	if err := e.finish(opts); err != nil {
+		_ = te.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Env) finish(opts Options) error {
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return fmt.Errorf("clientset: %w", err)
+	}
+	e.Clientset = cs
+	c, err := client.New(e.Config, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		return fmt.Errorf("controller-runtime client: %w", err)
+	}
+	e.Client = c
+	dir := opts.KubeconfigDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "volume-healer-kubeconfig-"); err != nil {
+			return err
+		}
+	}
+	user, err := e.env.ControlPlane.AddUser(envtest.User{Name: "volume-healer-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("add admin user: %w", err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return fmt.Errorf("render kubeconfig: %w", err)
+	}
+	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(e.Kubeconfig, kc, 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// Stop stops kube-apiserver, waits for it to exit, then stops etcd. It is safe to call twice.
+func (e *Env) Stop() error {
+	e.stopOnce.Do(func() { e.stopErr = e.env.Stop() })
+	return e.stopErr
+}
+
+// APIServerURL is the address clients use to reach the apiserver.
+func (e *Env) APIServerURL() string { return e.Config.Host }
+
+// Ready waits until the apiserver answers /readyz or ctx ends.
+func (e *Env) Ready(ctx context.Context) error {
+	for {
+		body, err := e.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("ok")) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apiserver not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// NewScheme returns a scheme with the built-in types and csiaddons.openshift.io/v1alpha1.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := csiaddonsv1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+var (
+	loggerOnce sync.Once
+	assetsOnce sync.Once
+	assetsDir  string
+	assetsErr  error
+)
+
+// Assets returns the folder holding kube-apiserver and etcd: KUBEBUILDER_ASSETS when set, otherwise
+// what hack/control-plane.sh prints (it builds or installs what is missing, once per machine).
+func Assets() (string, error) {
+	assetsOnce.Do(func() {
+		if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+			assetsDir = dir
+			return
+		}
+		root, err := RepoRoot()
+		if err != nil {
+			assetsErr = err
+			return
+		}
+		var out, errOut bytes.Buffer
+		cmd := exec.Command("bash", filepath.Join(root, "hack", "control-plane.sh"))
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		if err := cmd.Run(); err != nil {
+			assetsErr = fmt.Errorf("hack/control-plane.sh: %w\n%s", err, errOut.String())
+			return
+		}
+		assetsDir = strings.TrimSpace(out.String())
+	})
+	if assetsErr != nil {
+		return "", assetsErr
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assetsDir, bin)); err != nil {
+			return "", fmt.Errorf("control plane assets in %s: %w (run hack/control-plane.sh)", assetsDir, err)
+		}
+	}
+	return assetsDir, nil
+}
+
+// CSIAddonsNodeCRDPath returns the CSIAddonsNode CRD manifest shipped in the kubernetes-csi-addons
+// module that go.mod pins.
+func CSIAddonsNodeCRDPath() (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", csiAddonsModule)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return "", fmt.Errorf("locate module %s: %w: %s", csiAddonsModule, err, ee.Stderr)
+		}
+		return "", fmt.Errorf("locate module %s: %w", csiAddonsModule, err)
+	}
+	path := filepath.Join(strings.TrimSpace(string(out)), csiAddonsNodeCRD)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("CSIAddonsNode CRD: %w", err)
+	}
+	return path, nil
+}
+
+// RepoRoot returns the folder holding this module's go.mod, searched upwards from the working
+// directory (go test runs each package in its own folder).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			bytes.HasPrefix(data, []byte("module github.com/volume-healer/volume-healer\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("volume-healer module root not found above the working directory")
+		}
+		dir = parent
+	}
+}
