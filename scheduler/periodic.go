@@ -1,0 +1,274 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+)
+
+// ScheduleAnnotation on a StorageClass sets the cron schedule of its periodic sweeps. It wins over
+// the configuration's per-StorageClass schedule and over the default schedule: the StorageClass's
+// owner knows its volumes best, and the configuration still gives every other class a schedule.
+// The value "off" turns periodic sweeps off for that class.
+const ScheduleAnnotation = "healer.csiaddons.openshift.io/schedule"
+
+// scheduleOff is the annotation value that turns periodic sweeps off for a StorageClass.
+const scheduleOff = "off"
+
+// Schedule sources, as they appear in metrics, logs and Events.
+const (
+	sourceAnnotation = "annotation"
+	sourceConfig     = "config"
+	sourceDefault    = "default"
+)
+
+// Event reasons on a StorageClass.
+const (
+	// ReasonInvalidSchedule is the Event reason for a schedule that does not parse.
+	ReasonInvalidSchedule = "InvalidSchedule"
+)
+
+// parser accepts the standard five cron fields and the descriptors (@hourly, @every 1h30m).
+var parser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// ParseSchedule parses a cron specification as the StorageClass annotation and the configuration
+// accept it: five fields (minute hour day-of-month month day-of-week) or a descriptor.
+func ParseSchedule(spec string) (cron.Schedule, error) {
+	s, err := parser.Parse(strings.TrimSpace(spec))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %v (want five fields \"minute hour day-of-month month day-of-week\", or @hourly, @daily, @every 1h)", ErrInvalidSchedule, spec, err)
+	}
+	return s, nil
+}
+
+// PeriodicOptions configure Periodic.
+type PeriodicOptions struct {
+	// Default is the schedule of StorageClasses that have none of their own. Default: "" (none).
+	Default string
+	// StorageClasses maps StorageClass names to schedules from the configuration. Default: empty.
+	StorageClasses map[string]string
+	// Stagger spreads each periodic sweep's calls over this window. Default: 0 (no stagger).
+	Stagger time.Duration
+	// Clock tells time. Default: the real clock.
+	Clock clock.WithTicker
+	// Recorder receives Events on StorageClasses whose schedule is invalid. Default: none.
+	Recorder record.EventRecorder
+	// Metrics counts invalid schedules. Default: none.
+	Metrics *Metrics
+	// Sweeps receives a Sweep each time a schedule fires. Required.
+	Sweeps func(Sweep)
+}
+
+// Periodic fires periodic sweeps on the cron schedule of each StorageClass. Schedules are read from
+// StorageClass annotations as they change (SetStorageClass), so edits apply without a restart. An
+// invalid schedule is reported and the class keeps the schedule it had.
+type Periodic struct {
+	opts         PeriodicOptions
+	defaultSched cron.Schedule
+	configScheds map[string]cron.Schedule
+	mu           sync.Mutex
+	entries      map[string]*entry
+	wake         chan struct{}
+}
+
+// entry is the schedule in force for one StorageClass.
+type entry struct {
+	spec     string
+	source   string
+	schedule cron.Schedule
+	next     time.Time
+}
+
+// NewPeriodic checks the configured schedules and returns a Periodic with no StorageClass yet.
+func NewPeriodic(opts PeriodicOptions) (*Periodic, error) {
+	if opts.Sweeps == nil {
+		return nil, fmt.Errorf("scheduler: PeriodicOptions.Sweeps is required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	p := &Periodic{
+		opts:         opts,
+		configScheds: map[string]cron.Schedule{},
+		entries:      map[string]*entry{},
+		wake:         make(chan struct{}, 1),
+	}
+	if opts.Default != "" {
+		s, err := ParseSchedule(opts.Default)
+		if err != nil {
+			return nil, fmt.Errorf("default schedule: %w", err)
+		}
+		p.defaultSched = s
+	}
+	for sc, spec := range opts.StorageClasses {
+		s, err := ParseSchedule(spec)
+		if err != nil {
+			return nil, fmt.Errorf("schedule of StorageClass %s in the configuration: %w", sc, err)
+		}
+		p.configScheds[sc] = s
+	}
+	return p, nil
+}
+
+// SetStorageClass takes a new or changed StorageClass into account.
+func (p *Periodic) SetStorageClass(ctx context.Context, sc *storagev1.StorageClass) {
+	logger := klog.FromContext(ctx).WithValues("storageClass", sc.Name)
+	spec, source, sched := p.resolve(ctx, sc)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.entries[sc.Name]
+	if old != nil && old.spec == spec && old.source == source {
+		return
+	}
+	if sched == nil {
+		if old != nil {
+			logger.V(2).Info("Periodic sweeps off", "source", source)
+		}
+		delete(p.entries, sc.Name)
+		p.poke()
+		return
+	}
+	e := &entry{spec: spec, source: source, schedule: sched, next: sched.Next(p.opts.Clock.Now())}
+	p.entries[sc.Name] = e
+	logger.V(2).Info("Periodic schedule set", "schedule", spec, "source", source, "next", e.next)
+	p.poke()
+}
+
+// resolve picks the schedule in force for sc. An invalid annotation is reported and the schedule
+// the class already had stays (or, for a class seen the first time, the configured one).
+func (p *Periodic) resolve(ctx context.Context, sc *storagev1.StorageClass) (string, string, cron.Schedule) {
+	if spec, ok := sc.Annotations[ScheduleAnnotation]; ok {
+		spec = strings.TrimSpace(spec)
+		if spec == scheduleOff {
+			p.opts.Metrics.clearInvalid(sc.Name)
+			return spec, sourceAnnotation, nil
+		}
+		s, err := ParseSchedule(spec)
+		if err == nil {
+			p.opts.Metrics.clearInvalid(sc.Name)
+			return spec, sourceAnnotation, s
+		}
+		p.reportInvalid(ctx, sc, err)
+		p.mu.Lock()
+		old := p.entries[sc.Name]
+		p.mu.Unlock()
+		if old != nil {
+			return old.spec, old.source, old.schedule
+		}
+	} else {
+		p.opts.Metrics.clearInvalid(sc.Name)
+	}
+	if s, ok := p.configScheds[sc.Name]; ok {
+		return p.opts.StorageClasses[sc.Name], sourceConfig, s
+	}
+	if p.defaultSched != nil {
+		return p.opts.Default, sourceDefault, p.defaultSched
+	}
+	return "", sourceDefault, nil
+}
+
+func (p *Periodic) reportInvalid(ctx context.Context, sc *storagev1.StorageClass, err error) {
+	msg := fmt.Sprintf("annotation %s: %v; the previous schedule stays in force", ScheduleAnnotation, err)
+	klog.FromContext(ctx).Error(err, "Invalid schedule on StorageClass", "storageClass", sc.Name, "annotation", ScheduleAnnotation)
+	if p.opts.Recorder != nil {
+		p.opts.Recorder.Event(sc, corev1.EventTypeWarning, ReasonInvalidSchedule, msg)
+	}
+	p.opts.Metrics.invalidSchedule(sc.Name)
+}
+
+// RemoveStorageClass stops the periodic sweeps of a deleted StorageClass.
+func (p *Periodic) RemoveStorageClass(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.entries, name)
+	p.opts.Metrics.clearInvalid(name)
+	p.poke()
+}
+
+// Schedules returns the schedule in force for each StorageClass, for status output and tests.
+func (p *Periodic) Schedules() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]string, len(p.entries))
+	for name, e := range p.entries {
+		out[name] = e.spec
+	}
+	return out
+}
+
+// poke wakes the loop so it recomputes its next wake-up; the caller holds p.mu.
+func (p *Periodic) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start fires sweeps until ctx ends. A schedule that came due while the process was busy fires
+// once, not once per missed tick.
+func (p *Periodic) Start(ctx context.Context) error {
+	for {
+		now := p.opts.Clock.Now()
+		for _, s := range p.due(now) {
+			p.opts.Metrics.triggered(TriggerSchedule)
+			p.opts.Sweeps(s)
+		}
+		var timer <-chan time.Time
+		var t clock.Timer
+		if next, ok := p.nextWake(); ok {
+			t = p.opts.Clock.NewTimer(next.Sub(now))
+			timer = t.C()
+		}
+		select {
+		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
+			return nil
+		case <-p.wake:
+		case <-timer:
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// due returns the sweeps whose time has come, in StorageClass order, and moves their entries on.
+func (p *Periodic) due(now time.Time) []Sweep {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Sweep
+	for name, e := range p.entries {
+		if e.next.After(now) {
+			continue
+		}
+		out = append(out, Sweep{Trigger: TriggerSchedule, StorageClass: name, Stagger: p.opts.Stagger, Fired: now})
+		e.next = e.schedule.Next(now)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].StorageClass < out[j].StorageClass })
+	return out
+}
+
+func (p *Periodic) nextWake() (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var next time.Time
+	for _, e := range p.entries {
+		if next.IsZero() || e.next.Before(next) {
+			next = e.next
+		}
+	}
+	return next, !next.IsZero()
+}

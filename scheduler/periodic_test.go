@@ -1,0 +1,244 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func storageClass(name string, annotations map[string]string) *storagev1.StorageClass {
+	return &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}, Provisioner: "rbd.csi.ceph.com"}
+}
+
+func TestScheduleSourcePrecedence(t *testing.T) {
+	tests := map[string]struct {
+		defaultSpec string
+		config      map[string]string
+		annotations map[string]string
+		want        string // "" means no periodic sweeps
+	}{
+		"annotation wins over configuration and default": {
+			defaultSpec: "@every 6h", config: map[string]string{"fast": "@every 2h"},
+			annotations: map[string]string{ScheduleAnnotation: "@every 1h"}, want: "@every 1h",
+		},
+		"configuration wins over default": {
+			defaultSpec: "@every 6h", config: map[string]string{"fast": "*/15 * * * *"}, want: "*/15 * * * *",
+		},
+		"default when the class has none": {defaultSpec: "0 */6 * * *", want: "0 */6 * * *"},
+		"no schedule at all":              {},
+		"annotation off turns sweeps off": {
+			defaultSpec: "@every 6h", annotations: map[string]string{ScheduleAnnotation: "off"},
+		},
+		"configuration of another class does not apply": {
+			defaultSpec: "@daily", config: map[string]string{"other": "@hourly"}, want: "@daily",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p, err := NewPeriodic(PeriodicOptions{Default: tc.defaultSpec, StorageClasses: tc.config, Sweeps: func(Sweep) {}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SetStorageClass(context.Background(), storageClass("fast", tc.annotations))
+			got, ok := p.Schedules()["fast"]
+			if tc.want == "" && ok {
+				t.Fatalf("schedule = %q, want no periodic sweeps", got)
+			}
+			if got != tc.want {
+				t.Fatalf("schedule = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestInvalidConfiguredScheduleIsRejected(t *testing.T) {
+	tests := map[string]struct {
+		opts PeriodicOptions
+		want string
+	}{
+		"default":      {opts: PeriodicOptions{Default: "every hour"}, want: "default schedule"},
+		"storageclass": {opts: PeriodicOptions{StorageClasses: map[string]string{"gold": "61 * * * *"}}, want: "StorageClass gold"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.opts.Sweeps = func(Sweep) {}
+			_, err := NewPeriodic(tc.opts)
+			if !errors.Is(err, ErrInvalidSchedule) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want ErrInvalidSchedule naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestInvalidAnnotationKeepsPreviousSchedule(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	recorder := record.NewFakeRecorder(10)
+	p, err := NewPeriodic(PeriodicOptions{Default: "@every 6h", Recorder: recorder, Metrics: metrics, Sweeps: func(Sweep) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p.SetStorageClass(ctx, storageClass("gold", map[string]string{ScheduleAnnotation: "@every 1h"}))
+	p.SetStorageClass(ctx, storageClass("gold", map[string]string{ScheduleAnnotation: "*/5 * * *"}))
+
+	if got := p.Schedules()["gold"]; got != "@every 1h" {
+		t.Errorf("schedule after an invalid edit = %q, want the previous @every 1h", got)
+	}
+	select {
+	case ev := <-recorder.Events:
+		for _, want := range []string{"Warning", ReasonInvalidSchedule, ScheduleAnnotation, "*/5 * * *"} {
+			if !strings.Contains(ev, want) {
+				t.Errorf("event %q does not mention %q", ev, want)
+			}
+		}
+	default:
+		t.Error("no Event for the invalid schedule")
+	}
+	if got := testutil.ToFloat64(metrics.scheduleErrors); got != 1 {
+		t.Errorf("schedule errors = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(metrics.scheduleInvalid.WithLabelValues("gold")); got != 1 {
+		t.Errorf("schedule invalid gauge = %v, want 1", got)
+	}
+
+	// A class seen the first time with an invalid annotation falls back to the default.
+	p.SetStorageClass(ctx, storageClass("silver", map[string]string{ScheduleAnnotation: "sometimes"}))
+	if got := p.Schedules()["silver"]; got != "@every 6h" {
+		t.Errorf("new class with an invalid annotation: schedule = %q, want the default", got)
+	}
+
+	// Fixing the annotation clears the gauge.
+	p.SetStorageClass(ctx, storageClass("gold", map[string]string{ScheduleAnnotation: "@every 2h"}))
+	if got := p.Schedules()["gold"]; got != "@every 2h" {
+		t.Errorf("schedule after the fix = %q, want @every 2h", got)
+	}
+	if n := testutil.CollectAndCount(metrics.scheduleInvalid); n != 1 {
+		t.Errorf("schedule invalid series = %d, want 1 (silver only)", n)
+	}
+}
+
+// runPeriodic starts p on a fake clock and returns the channel its sweeps arrive on.
+func runPeriodic(t *testing.T, opts PeriodicOptions) (*Periodic, *clocktesting.FakeClock, <-chan Sweep) {
+	t.Helper()
+	fc := clocktesting.NewFakeClock(epoch)
+	sweeps := make(chan Sweep, 16)
+	opts.Clock = fc
+	opts.Sweeps = func(s Sweep) { sweeps <- s }
+	p, err := NewPeriodic(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	return p, fc, sweeps
+}
+
+// step advances the clock once the loop waits on it.
+func step(t *testing.T, fc *clocktesting.FakeClock, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !fc.HasWaiters() {
+		if time.Now().After(deadline) {
+			t.Fatal("the scheduler never waited on the clock")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fc.Step(d)
+}
+
+func expectSweep(t *testing.T, sweeps <-chan Sweep) Sweep {
+	t.Helper()
+	select {
+	case s := <-sweeps:
+		return s
+	case <-time.After(5 * time.Second):
+		t.Fatal("no sweep fired")
+		return Sweep{}
+	}
+}
+
+func expectNoSweep(t *testing.T, sweeps <-chan Sweep) {
+	t.Helper()
+	select {
+	case s := <-sweeps:
+		t.Fatalf("unexpected %s", s)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func TestPeriodicFiresEachClassOnItsSchedule(t *testing.T) {
+	p, fc, sweeps := runPeriodic(t, PeriodicOptions{Stagger: 5 * time.Minute})
+	ctx := context.Background()
+	p.SetStorageClass(ctx, storageClass("hourly", map[string]string{ScheduleAnnotation: "@every 1h"}))
+	p.SetStorageClass(ctx, storageClass("daily", map[string]string{ScheduleAnnotation: "@every 24h"}))
+
+	step(t, fc, 59*time.Minute)
+	expectNoSweep(t, sweeps)
+	step(t, fc, time.Minute)
+	s := expectSweep(t, sweeps)
+	if s.Trigger != TriggerSchedule || s.StorageClass != "hourly" || s.Stagger != 5*time.Minute {
+		t.Fatalf("sweep = %+v, want a periodic sweep of hourly with a 5m stagger", s)
+	}
+	expectNoSweep(t, sweeps)
+
+	// An edit applies without a restart: the class now fires every 10 minutes.
+	p.SetStorageClass(ctx, storageClass("hourly", map[string]string{ScheduleAnnotation: "@every 10m"}))
+	step(t, fc, 10*time.Minute)
+	if s := expectSweep(t, sweeps); s.StorageClass != "hourly" {
+		t.Fatalf("after the edit: sweep of %s, want hourly", s.StorageClass)
+	}
+
+	// A deleted class stops firing.
+	p.RemoveStorageClass("hourly")
+	step(t, fc, 10*time.Minute)
+	expectNoSweep(t, sweeps)
+}
+
+func TestPeriodicMissedTicksFireOnce(t *testing.T) {
+	p, fc, sweeps := runPeriodic(t, PeriodicOptions{})
+	p.SetStorageClass(context.Background(), storageClass("c", map[string]string{ScheduleAnnotation: "@every 1m"}))
+	step(t, fc, 10*time.Minute)
+	expectSweep(t, sweeps)
+	expectNoSweep(t, sweeps)
+}
+
+func TestStaggerOffset(t *testing.T) {
+	window := 5 * time.Minute
+	seen := map[time.Duration]bool{}
+	for i := 0; i < 50; i++ {
+		node := "node-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		off := StaggerOffset(node, window)
+		if off < 0 || off >= window {
+			t.Fatalf("offset of %s = %v, outside [0, %v)", node, off, window)
+		}
+		if again := StaggerOffset(node, window); again != off {
+			t.Fatalf("offset of %s changed: %v then %v", node, off, again)
+		}
+		seen[off] = true
+	}
+	if len(seen) < 45 {
+		t.Errorf("50 nodes got only %d distinct offsets: the stagger does not spread them", len(seen))
+	}
+	if got := StaggerOffset("node-a", 0); got != 0 {
+		t.Errorf("offset with no window = %v, want 0", got)
+	}
+}
