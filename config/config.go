@@ -1,0 +1,217 @@
+// Package config turns built-in defaults, one YAML file, VOLUME_HEALER_* environment variables and
+// command-line flags into one validated Config. It is the only package that reads viper; the rest
+// of volume-healer receives the typed struct.
+//
+// Precedence, lowest first: defaults, the file, the environment, flags. Every key is described
+// once in a table (keys.go) that drives flag registration, environment binding, file checking,
+// printing and the reference in docs/configuration.md, so they cannot disagree.
+package config
+
+import "time"
+
+// Config is the controller's effective configuration. The zero value is not useful; start from
+// Default or Load.
+type Config struct {
+	// Kubeconfig is the path to a kubeconfig file used to reach the API server. Empty means the
+	// in-cluster configuration or $KUBECONFIG. Default "".
+	Kubeconfig string
+	// LeaderElection controls which replica acts.
+	LeaderElection LeaderElection
+	// Metrics configures the Prometheus endpoint.
+	Metrics Metrics
+	// Health configures the liveness and readiness endpoints.
+	Health Health
+	// Policy says where policies come from and how long one evaluation may take.
+	Policy Policy
+	// Schedule configures periodic sweeps.
+	Schedule Schedule
+	// Restart configures sweeps triggered by a node plugin restart.
+	Restart Restart
+	// Budgets limits the probe and heal calls in flight.
+	Budgets Budgets
+	// Timeouts bounds each call to a sidecar.
+	Timeouts Timeouts
+	// Backoff spaces out retries of a volume whose calls fail.
+	Backoff Backoff
+	// DryRun makes the controller decide and report what it would heal without sending heal
+	// calls. Default false.
+	DryRun bool
+	// Sidecar configures how the controller connects and authenticates to the sidecars.
+	Sidecar Sidecar
+	// Log configures logging.
+	Log Log
+}
+
+// LeaderElection configures the Lease that makes one replica the active one.
+type LeaderElection struct {
+	// Enabled turns leader election on; with it off every replica acts, so run exactly one.
+	// Default true.
+	Enabled bool
+	// Namespace holds the Lease; a DNS-1123 label. Default "volume-healer".
+	Namespace string
+	// LeaseName names the Lease; a DNS-1123 subdomain. Default "volume-healer".
+	LeaseName string
+	// LeaseDuration is how long other replicas wait after the last renewal before taking over.
+	// Must exceed RenewDeadline. Default 15s.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long the leader keeps trying to renew before it steps down. Must
+	// exceed RetryPeriod. Default 10s.
+	RenewDeadline time.Duration
+	// RetryPeriod is the wait between attempts to acquire or renew the Lease. Default 2s.
+	RetryPeriod time.Duration
+}
+
+// Metrics configures the Prometheus metrics endpoint.
+type Metrics struct {
+	// BindAddress is the host:port the endpoint listens on; "0" disables it. Default ":8080".
+	BindAddress string
+}
+
+// Health configures the liveness and readiness endpoints.
+type Health struct {
+	// BindAddress is the host:port the endpoints listen on. Default ":8081".
+	BindAddress string
+}
+
+// Policy says which ConfigMaps hold policies and how long one evaluation may run.
+type Policy struct {
+	// Namespace is watched for policy ConfigMaps. Default "volume-healer".
+	Namespace string
+	// LabelSelector picks the policy ConfigMaps in Namespace; when none match, the built-in
+	// default policy applies. Default "healer.csiaddons.openshift.io/policy=rego".
+	LabelSelector string
+	// EvaluationTimeout bounds one policy evaluation; a slower evaluation counts as a policy
+	// failure. Default 100ms.
+	EvaluationTimeout time.Duration
+}
+
+// Schedule configures periodic sweeps. Specs use robfig/cron/v3's standard syntax: five fields
+// ("0 */6 * * *") or a descriptor ("@hourly", "@every 1h30m"), optionally prefixed by
+// "CRON_TZ=<zone> ".
+type Schedule struct {
+	// Default is the cron spec for StorageClasses without an entry in StorageClasses; empty
+	// means no periodic sweep for them. Default "0 */6 * * *" (every six hours).
+	Default string
+	// StorageClasses maps a StorageClass name to its own cron spec, replacing Default for that
+	// class; an empty spec turns periodic sweeps off for it. Default empty.
+	StorageClasses map[string]string
+	// Stagger is the longest random delay added per node when a schedule fires, so that one
+	// schedule does not reach every node in the same second; 0 turns staggering off.
+	// Default 5m.
+	Stagger time.Duration
+}
+
+// Restart configures sweeps triggered by a node plugin restart.
+type Restart struct {
+	// Debounce is how long to wait after a restart is seen before sweeping, so that a plugin
+	// that restarts several times in a row is swept once. Default 2s.
+	Debounce time.Duration
+}
+
+// Budgets limits the probe and heal calls in flight at once. Every limit is at least 1, and
+// PerNode <= PerDriver <= Global, since a larger inner limit could never be reached. A single
+// volume never has more than one call in flight; that limit is fixed and not configurable.
+type Budgets struct {
+	// Global limits calls in flight across the whole cluster. Default 64.
+	Global int
+	// PerDriver limits calls in flight to one CSI driver, across all nodes. Default 32.
+	PerDriver int
+	// PerNode limits calls in flight to one node. Default 4.
+	PerNode int
+}
+
+// Timeouts bounds each call to a sidecar.
+type Timeouts struct {
+	// Probe is the deadline of one probe call. Default 10s.
+	Probe time.Duration
+	// Heal is the deadline of one heal call. Default 2m.
+	Heal time.Duration
+}
+
+// Backoff spaces out retries of a volume whose probe or heal failed: the delay starts at Base
+// and doubles with each consecutive failure, up to Max.
+type Backoff struct {
+	// Base is the delay after the first failure. Default 5s.
+	Base time.Duration
+	// Max caps the delay; at least Base. Default 10m.
+	Max time.Duration
+}
+
+// Sidecar configures connections to the healer sidecars in the node plugin pods.
+type Sidecar struct {
+	// TLS secures the connection.
+	TLS SidecarTLS
+	// Auth identifies the controller to the sidecar.
+	Auth SidecarAuth
+}
+
+// SidecarTLS configures TLS towards the sidecars.
+type SidecarTLS struct {
+	// Enabled turns TLS on; off means plaintext gRPC. Default true.
+	Enabled bool
+	// CAFile is a PEM bundle of the CAs that sign the sidecars' serving certificates. Required
+	// when Enabled is true and InsecureSkipVerify is false. Default "".
+	CAFile string
+	// CertFile is a PEM client certificate presented to the sidecars; set together with
+	// KeyFile, or leave both empty to present none. Default "".
+	CertFile string
+	// KeyFile is the PEM private key of CertFile. Default "".
+	KeyFile string
+	// ServerName is the name expected in the sidecars' certificates; empty means the host
+	// part of each sidecar's address. Default "".
+	ServerName string
+	// InsecureSkipVerify accepts any sidecar certificate. For tests only. Default false.
+	InsecureSkipVerify bool
+}
+
+// SidecarAuth configures the credential the controller presents to the sidecars, which check it
+// with a TokenReview.
+type SidecarAuth struct {
+	// TokenFile holds the controller's ServiceAccount token. Default
+	// "/var/run/secrets/kubernetes.io/serviceaccount/token".
+	TokenFile string
+	// Audience is the audience the token is reviewed against; empty means the API server's
+	// default audience. Default "".
+	Audience string
+}
+
+// Log configures logging.
+type Log struct {
+	// Verbosity is the klog verbosity, 0 (quiet) to 10 (everything). Default 0.
+	Verbosity int
+}
+
+// Default returns the built-in defaults. They do not validate on their own: Sidecar.TLS.CAFile
+// has no sensible default and must be set (or TLS verification relaxed) by the operator.
+func Default() Config {
+	return Config{
+		LeaderElection: LeaderElection{
+			Enabled:       true,
+			Namespace:     "volume-healer",
+			LeaseName:     "volume-healer",
+			LeaseDuration: 15 * time.Second,
+			RenewDeadline: 10 * time.Second,
+			RetryPeriod:   2 * time.Second,
+		},
+		Metrics: Metrics{BindAddress: ":8080"},
+		Health:  Health{BindAddress: ":8081"},
+		Policy: Policy{
+			Namespace:         "volume-healer",
+			LabelSelector:     "healer.csiaddons.openshift.io/policy=rego",
+			EvaluationTimeout: 100 * time.Millisecond,
+		},
+		Schedule: Schedule{
+			Default:        "0 */6 * * *",
+			StorageClasses: map[string]string{},
+			Stagger:        5 * time.Minute,
+		},
+		Restart:  Restart{Debounce: 2 * time.Second},
+		Budgets:  Budgets{Global: 64, PerDriver: 32, PerNode: 4},
+		Timeouts: Timeouts{Probe: 10 * time.Second, Heal: 2 * time.Minute},
+		Backoff:  Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
+		Sidecar: Sidecar{
+			TLS:  SidecarTLS{Enabled: true},
+			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+		},
+	}
+}

@@ -1,0 +1,237 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Validate checks every value and the rules between them, and returns all problems joined, one
+// per line, each naming the key, the value and what is allowed. Load calls it and adds where
+// each value came from.
+func (c *Config) Validate() error {
+	var errs []error
+	for _, is := range c.validate() {
+		errs = append(errs, is.fieldError(""))
+	}
+	return errors.Join(errs...)
+}
+
+// issue is one broken rule, before Load adds the source of the value.
+type issue struct {
+	key    string
+	value  string
+	reason string
+	// related names other keys the rule compares against; Load drops the issue when one of them
+	// could not be parsed, since the rule would then be judging a default.
+	related []string
+}
+
+func (is issue) fieldError(source string) *FieldError {
+	return &FieldError{Key: is.key, Source: source, Value: is.value, Reason: is.reason, Err: ErrInvalidValue}
+}
+
+// checker collects issues in the order of the key table.
+type checker struct {
+	issues []issue
+}
+
+func (v *checker) add(key, value, reason string, related ...string) {
+	v.issues = append(v.issues, issue{key: key, value: value, reason: reason, related: related})
+}
+
+func (v *checker) positive(key string, d time.Duration) {
+	if d <= 0 {
+		v.add(key, formatDuration(d), "must be a duration > 0")
+	}
+}
+
+func (v *checker) notNegative(key string, d time.Duration) {
+	if d < 0 {
+		v.add(key, formatDuration(d), "must be a duration >= 0")
+	}
+}
+
+func (v *checker) atLeastOne(key string, n int) {
+	if n < 1 {
+		v.add(key, strconv.Itoa(n), "must be an integer >= 1")
+	}
+}
+
+func (v *checker) dnsLabel(key, name string) {
+	if msgs := validation.IsDNS1123Label(name); len(msgs) > 0 {
+		v.add(key, strconv.Quote(name), "must be a DNS-1123 label: "+strings.Join(msgs, "; "))
+	}
+}
+
+func (v *checker) dnsSubdomain(key, name string) {
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		v.add(key, strconv.Quote(name), "must be a DNS-1123 subdomain: "+strings.Join(msgs, "; "))
+	}
+}
+
+func (v *checker) hostPort(key, addr, alternative string) {
+	if err := checkHostPort(addr); err != nil {
+		v.add(key, strconv.Quote(addr), "must be host:port with a port from 0 to 65535"+alternative+": "+err.Error())
+	}
+}
+
+func (c *Config) validate() []issue {
+	var v checker
+
+	le := c.LeaderElection
+	v.positive("leaderElection.leaseDuration", le.LeaseDuration)
+	v.positive("leaderElection.renewDeadline", le.RenewDeadline)
+	v.positive("leaderElection.retryPeriod", le.RetryPeriod)
+	if le.RenewDeadline > 0 && le.LeaseDuration > 0 && le.RenewDeadline >= le.LeaseDuration {
+		v.add("leaderElection.renewDeadline", formatDuration(le.RenewDeadline),
+			fmt.Sprintf("must be less than leaderElection.leaseDuration (%s), or another replica takes over while the leader still acts", formatDuration(le.LeaseDuration)),
+			"leaderElection.leaseDuration")
+	}
+	if le.RetryPeriod > 0 && le.RenewDeadline > 0 && le.RetryPeriod >= le.RenewDeadline {
+		v.add("leaderElection.retryPeriod", formatDuration(le.RetryPeriod),
+			fmt.Sprintf("must be less than leaderElection.renewDeadline (%s), or the leader gets no second try to renew", formatDuration(le.RenewDeadline)),
+			"leaderElection.renewDeadline")
+	}
+	if le.Enabled {
+		v.dnsLabel("leaderElection.namespace", le.Namespace)
+		v.dnsSubdomain("leaderElection.leaseName", le.LeaseName)
+	}
+
+	if c.Metrics.BindAddress != "0" {
+		v.hostPort("metrics.bindAddress", c.Metrics.BindAddress, `, or "0" to turn metrics off`)
+	}
+	v.hostPort("health.bindAddress", c.Health.BindAddress, "")
+
+	v.dnsLabel("policy.namespace", c.Policy.Namespace)
+	if _, err := labels.Parse(c.Policy.LabelSelector); err != nil {
+		v.add("policy.labelSelector", strconv.Quote(c.Policy.LabelSelector),
+			"must be a label selector such as app=healer,tier in (a,b): "+err.Error())
+	}
+	v.positive("policy.evaluationTimeout", c.Policy.EvaluationTimeout)
+
+	if c.Schedule.Default != "" {
+		if err := checkCron(c.Schedule.Default); err != nil {
+			v.add("schedule.default", strconv.Quote(c.Schedule.Default), cronForms+`, or "" for no default sweep: `+err.Error())
+		}
+	}
+	for _, name := range sortedKeys(c.Schedule.StorageClasses) {
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			v.add("schedule.storageClasses", "StorageClass name "+strconv.Quote(name),
+				"must be a DNS-1123 subdomain: "+strings.Join(msgs, "; "))
+		}
+		if spec := c.Schedule.StorageClasses[name]; spec != "" {
+			if err := checkCron(spec); err != nil {
+				v.add("schedule.storageClasses", fmt.Sprintf("schedule %q of StorageClass %q", spec, name),
+					cronForms+`, or "" for no periodic sweep of that class: `+err.Error())
+			}
+		}
+	}
+	v.notNegative("schedule.stagger", c.Schedule.Stagger)
+	v.notNegative("restart.debounce", c.Restart.Debounce)
+
+	b := c.Budgets
+	v.atLeastOne("budgets.global", b.Global)
+	v.atLeastOne("budgets.perDriver", b.PerDriver)
+	v.atLeastOne("budgets.perNode", b.PerNode)
+	if b.PerDriver >= 1 && b.Global >= 1 && b.PerDriver > b.Global {
+		v.add("budgets.perDriver", strconv.Itoa(b.PerDriver),
+			fmt.Sprintf("must be <= budgets.global (%d): the global limit is always reached first, so the per-driver limit could never be reached", b.Global),
+			"budgets.global")
+	}
+	if b.PerNode >= 1 && b.PerDriver >= 1 && b.PerNode > b.PerDriver {
+		v.add("budgets.perNode", strconv.Itoa(b.PerNode),
+			fmt.Sprintf("must be <= budgets.perDriver (%d): the per-driver limit is always reached first, so the per-node limit could never be reached", b.PerDriver),
+			"budgets.perDriver")
+	}
+
+	v.positive("timeouts.probe", c.Timeouts.Probe)
+	v.positive("timeouts.heal", c.Timeouts.Heal)
+
+	v.positive("backoff.base", c.Backoff.Base)
+	if c.Backoff.Base > 0 && c.Backoff.Max < c.Backoff.Base {
+		v.add("backoff.max", formatDuration(c.Backoff.Max),
+			fmt.Sprintf("must be a duration >= backoff.base (%s)", formatDuration(c.Backoff.Base)), "backoff.base")
+	}
+
+	tls := c.Sidecar.TLS
+	if tls.CertFile != "" && tls.KeyFile == "" {
+		v.add("sidecar.tls.keyFile", `""`,
+			"must be set when sidecar.tls.certFile is set: a client certificate is useless without its private key",
+			"sidecar.tls.certFile")
+	}
+	if tls.KeyFile != "" && tls.CertFile == "" {
+		v.add("sidecar.tls.certFile", `""`,
+			"must be set when sidecar.tls.keyFile is set: a private key is useless without its client certificate",
+			"sidecar.tls.keyFile")
+	}
+	if tls.Enabled && !tls.InsecureSkipVerify && tls.CAFile == "" {
+		v.add("sidecar.tls.caFile", `""`,
+			"a CA file is required when sidecar.tls.enabled is true and sidecar.tls.insecureSkipVerify is false: "+
+				"name the PEM bundle of the CAs that sign the sidecars' serving certificates",
+			"sidecar.tls.enabled", "sidecar.tls.insecureSkipVerify")
+	}
+	if c.Sidecar.Auth.TokenFile == "" {
+		v.add("sidecar.auth.tokenFile", `""`, "must name the file holding the ServiceAccount token presented to the sidecars")
+	}
+
+	if c.Log.Verbosity < 0 || c.Log.Verbosity > 10 {
+		v.add("log.verbosity", strconv.Itoa(c.Log.Verbosity), "must be an integer from 0 to 10")
+	}
+	return v.issues
+}
+
+// cronForms says what a schedule may look like, for error messages.
+const cronForms = `must be a cron spec: five fields such as "0 */6 * * *", or a descriptor such as @hourly or @every 1h`
+
+// cronReference is the instant from which a schedule must fire at least once. Any fixed instant
+// works: robfig/cron looks five years ahead, which covers every date a valid spec can name.
+var cronReference = time.Date(2024, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// checkCron parses spec the way the scheduler will and rejects specs that parse but can never
+// work.
+func checkCron(spec string) error {
+	body := spec
+	if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
+		i := strings.IndexByte(spec, ' ')
+		if i < 0 {
+			// robfig/cron v3.0.1 slices up to the first space without checking for one and panics.
+			return errors.New("a time zone prefix must be followed by a space and the schedule, as in CRON_TZ=Europe/Berlin 0 3 * * *")
+		}
+		body = strings.TrimSpace(spec[i:])
+	}
+	sched, err := cron.ParseStandard(spec)
+	if err != nil {
+		return err
+	}
+	if rest, ok := strings.CutPrefix(body, "@every "); ok {
+		// cron quietly turns anything below one second, including negative values, into 1s.
+		if d, err := time.ParseDuration(rest); err == nil && d < time.Second {
+			return fmt.Errorf("@every needs an interval of at least 1s, not %s", formatDuration(d))
+		}
+	}
+	if sched.Next(cronReference).IsZero() {
+		return errors.New("it names a date that never occurs")
+	}
+	return nil
+}
+
+// checkHostPort accepts host:port with a numeric port from 0 to 65535 and any (or no) host.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
