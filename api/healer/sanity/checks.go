@@ -1,0 +1,896 @@
+package sanity
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-addons/spec/lib/go/identity"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// Check names, as they appear in the report, and the promise each one verifies.
+const (
+	// CheckIdentity: GetIdentity answers with a name and a vendor version, Probe says ready.
+	CheckIdentity = "identity"
+	// CheckIdentityAdvertises: Identity lists NODE_SERVICE and the manifest names the Healer
+	// protocol version.
+	CheckIdentityAdvertises = "identity-advertises-healer"
+	// CheckCapabilities: GetHealerCapabilities answers, advertises PROBE, and lists only
+	// defined RPCs, each once.
+	CheckCapabilities = "healer-capabilities"
+	// CheckProbeEmptyVolumeID: ProbeVolume without volume_id is INVALID_ARGUMENT.
+	CheckProbeEmptyVolumeID = "probe-empty-volume-id"
+	// CheckProbeUnknownVolume: ProbeVolume of an unknown volume is NOT_FOUND.
+	CheckProbeUnknownVolume = "probe-unknown-volume"
+	// CheckHealEmptyVolumeID: HealVolume without volume_id is INVALID_ARGUMENT.
+	CheckHealEmptyVolumeID = "heal-empty-volume-id"
+	// CheckHealUnknownVolume: HealVolume of an unknown volume is NOT_FOUND.
+	CheckHealUnknownVolume = "heal-unknown-volume"
+	// CheckVolumeUnderTest fails when no volume to test was given or listed.
+	CheckVolumeUnderTest = "volume-under-test"
+	// CheckControl fails when the given control cannot stage and restore the volume.
+	CheckControl = "control"
+	// CheckProbeHealthyVolume: ProbeVolume of a healthy volume is OK with empty health.
+	CheckProbeHealthyVolume = "probe-healthy-volume"
+	// CheckWrongStagingPath: ProbeVolume with a staging path the volume is not staged at is
+	// FAILED_PRECONDITION.
+	CheckWrongStagingPath = "wrong-staging-path"
+	// CheckRPCsMatchCapabilities: advertised RPCs are served, the others are UNIMPLEMENTED.
+	CheckRPCsMatchCapabilities = "rpcs-match-capabilities"
+	// CheckHealHealthyVolume: HealVolume of a healthy volume is OK with empty health (or
+	// FAILED_PRECONDITION when the volume is not healable).
+	CheckHealHealthyVolume = "heal-healthy-volume"
+	// CheckProbeBrokenVolume: a gone, read-only or lost volume probes as INACCESSIBLE, DEGRADED
+	// or DATA_LOSS.
+	CheckProbeBrokenVolume = "probe-broken-volume"
+	// CheckHealBrokenVolume: HealVolume of a gone or read-only volume answers empty health and
+	// the next probe agrees.
+	CheckHealBrokenVolume = "heal-broken-volume"
+	// CheckHealDataLoss: HealVolume of a lost volume is OK and still reports DATA_LOSS.
+	CheckHealDataLoss = "heal-data-loss"
+	// CheckNotStagedVolume: calls on a volume not staged on the node are FAILED_PRECONDITION,
+	// and ListStagedVolumes leaves it out.
+	CheckNotStagedVolume = "not-staged-volume"
+	// CheckConcurrentCallsAborted: a call on a volume with a call in flight is ABORTED.
+	CheckConcurrentCallsAborted = "concurrent-calls-aborted"
+	// CheckListStagedVolumes: ListStagedVolumes pages consistently and rejects a negative
+	// max_entries with INVALID_ARGUMENT.
+	CheckListStagedVolumes = "list-staged-volumes"
+	// CheckHealthVocabulary: every health entry of the run has a defined status and a CamelCase
+	// reason, and no (status, reason) repeats within an answer.
+	CheckHealthVocabulary = "health-vocabulary"
+	// CheckRestoreVolume fails when the control cannot restore the volume after the run.
+	CheckRestoreVolume = "restore-volume"
+)
+
+const (
+	// noSuchStagingPath is a staging path no driver stages a volume at.
+	noSuchStagingPath = "/volume-healer-sanity/no-such-staging-path/globalmount"
+	// maxListPages bounds a listing, so that a driver whose tokens never end cannot hang the run.
+	maxListPages = 10000
+	// Without a control, this many probes race this many times in the hope of an overlap.
+	racingCalls, racingRounds = 16, 3
+
+	controlFailedDetailPrefix    = "the control could not "
+	notHealableSkipDetailPattern = "volume %q is not healable (its probe said healable=false); pass a healable volume to check heals"
+)
+
+// runner holds what the checks learn about the driver as the run goes.
+type runner struct {
+	opts     Options
+	identity identity.IdentityClient
+	healer   healerv1alpha1.HealerClient
+	control  VolumeControl
+
+	caps     []*healerv1alpha1.HealerCapability
+	manifest map[string]string
+	volume   string
+	// healable is what the probe of the healthy volume said; healableKnown is false when that
+	// probe failed.
+	healable, healableKnown bool
+
+	// Every health list the driver returned is checked against the vocabulary here.
+	mu             sync.Mutex
+	healthEntries  int
+	healthAnswers  int
+	healthProblems []string
+
+	report Report
+}
+
+func (r *runner) record(check string, o Outcome, format string, args ...any) {
+	res := Result{Check: check, Outcome: o, Detail: fmt.Sprintf(format, args...)}
+	r.report.Results = append(r.report.Results, res)
+	fmt.Fprintln(r.opts.Out, res.String())
+}
+
+func (r *runner) run(ctx context.Context) {
+	if !r.checkIdentity(ctx) {
+		return
+	}
+	r.checkIdentityAdvertisesHealer(ctx)
+	if !r.checkCapabilities(ctx) {
+		return
+	}
+	r.checkProbeEmptyVolumeID(ctx)
+	r.checkProbeUnknownVolume(ctx)
+	r.checkHealEmptyVolumeID(ctx)
+	r.checkHealUnknownVolume(ctx)
+	if !r.chooseVolume(ctx) {
+		r.checkHealthVocabulary()
+		return
+	}
+	if r.control != nil {
+		r.prepareVolume(ctx)
+		defer r.restoreVolume(ctx)
+	}
+	r.checkProbeHealthyVolume(ctx)
+	r.checkWrongStagingPath(ctx)
+	r.checkRPCsMatchCapabilities(ctx)
+	r.checkHealHealthyVolume(ctx)
+	r.checkProbeBrokenVolume(ctx)
+	r.checkHealBrokenVolume(ctx)
+	r.checkHealDataLoss(ctx)
+	r.checkNotStagedVolume(ctx)
+	r.checkConcurrentCallsAborted(ctx)
+	r.checkListStagedVolumes(ctx)
+	r.checkHealthVocabulary()
+}
+
+// --- identity and capabilities ---
+
+func (r *runner) checkIdentity(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	id, err := r.identity.GetIdentity(cctx, &identity.GetIdentityRequest{})
+	if err != nil {
+		r.record(CheckIdentity, Fail, "GetIdentity on %s: %s; nothing else can be checked", r.opts.Endpoint, describeErr(err))
+		return false
+	}
+	var problems []string
+	if id.GetName() == "" {
+		problems = append(problems, "name is empty")
+	} else if len(id.GetName()) > 63 {
+		problems = append(problems, fmt.Sprintf("name %q is longer than 63 characters", id.GetName()))
+	}
+	if id.GetVendorVersion() == "" {
+		problems = append(problems, "vendor_version is empty")
+	}
+	probe, err := r.identity.Probe(cctx, &identity.ProbeRequest{})
+	switch {
+	case err != nil:
+		problems = append(problems, "Probe: "+describeErr(err))
+	case probe.GetReady() != nil && !probe.GetReady().GetValue():
+		problems = append(problems, "Probe says the driver is not ready")
+	}
+	if len(problems) > 0 {
+		r.record(CheckIdentity, Fail, "%s", strings.Join(problems, "; "))
+		return false
+	}
+	r.manifest = id.GetManifest()
+	r.record(CheckIdentity, Pass, "driver %s %s answers GetIdentity and Probe", id.GetName(), id.GetVendorVersion())
+	return true
+}
+
+func (r *runner) checkIdentityAdvertisesHealer(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	caps, err := r.identity.GetCapabilities(cctx, &identity.GetCapabilitiesRequest{})
+	if err != nil {
+		r.record(CheckIdentityAdvertises, Fail, "GetCapabilities: %s", describeErr(err))
+		return
+	}
+	var problems []string
+	node := false
+	for _, c := range caps.GetCapabilities() {
+		if c.GetService().GetType() == identity.Capability_Service_NODE_SERVICE {
+			node = true
+		}
+	}
+	if !node {
+		problems = append(problems, "GetCapabilities does not list the NODE_SERVICE service")
+	}
+	if got := r.manifest[healerv1alpha1.IdentityManifestKey]; got != healerv1alpha1.Version {
+		problems = append(problems, fmt.Sprintf("the GetIdentity manifest has %s=%q, want %q",
+			healerv1alpha1.IdentityManifestKey, got, healerv1alpha1.Version))
+	}
+	if len(problems) > 0 {
+		r.record(CheckIdentityAdvertises, Fail, "%s", strings.Join(problems, "; "))
+		return
+	}
+	r.record(CheckIdentityAdvertises, Pass, "NODE_SERVICE and manifest %s=%s", healerv1alpha1.IdentityManifestKey, healerv1alpha1.Version)
+}
+
+func (r *runner) checkCapabilities(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	resp, err := r.healer.GetHealerCapabilities(cctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
+	if err != nil {
+		r.record(CheckCapabilities, Fail, "GetHealerCapabilities: %s; the Healer service is not served, nothing else can be checked", describeErr(err))
+		return false
+	}
+	var problems, names []string
+	seen := map[healerv1alpha1.HealerCapability_RPC_Type]bool{}
+	for i, c := range resp.GetCapabilities() {
+		t := c.GetRpc().GetType()
+		switch {
+		case c.GetRpc() == nil:
+			problems = append(problems, fmt.Sprintf("capability %d sets no rpc", i))
+		case t == healerv1alpha1.HealerCapability_RPC_UNKNOWN || healerv1alpha1.HealerCapability_RPC_Type_name[int32(t)] == "":
+			problems = append(problems, fmt.Sprintf("capability %d has type %d, which v1alpha1 does not define", i, t))
+		case seen[t]:
+			problems = append(problems, fmt.Sprintf("%s is advertised twice", t))
+		default:
+			names = append(names, t.String())
+		}
+		seen[t] = true
+	}
+	if !seen[healerv1alpha1.HealerCapability_RPC_PROBE] {
+		problems = append(problems, "PROBE is not advertised; every driver must implement ProbeVolume")
+	}
+	for k := range resp.GetAttributes() {
+		if k == "" {
+			problems = append(problems, "an attribute has an empty key")
+		}
+	}
+	// Later checks go by what was advertised, even when the list had problems.
+	r.caps = resp.GetCapabilities()
+	if len(problems) > 0 {
+		r.record(CheckCapabilities, Fail, "%s", strings.Join(problems, "; "))
+		return true
+	}
+	attrs := make([]string, 0, len(resp.GetAttributes()))
+	for k, v := range resp.GetAttributes() {
+		attrs = append(attrs, k+"="+v)
+	}
+	slices.Sort(attrs)
+	r.record(CheckCapabilities, Pass, "advertises %s; attributes: %s", strings.Join(names, ", "), orNone(strings.Join(attrs, " ")))
+	return true
+}
+
+func (r *runner) advertises(t healerv1alpha1.HealerCapability_RPC_Type) bool {
+	return healerv1alpha1.HasRPC(r.caps, t)
+}
+
+// --- argument checks that need no volume ---
+
+func (r *runner) checkProbeEmptyVolumeID(ctx context.Context) {
+	_, err := r.probe(ctx, "", "")
+	r.expectCode(CheckProbeEmptyVolumeID, "ProbeVolume with an empty volume_id", err, codes.InvalidArgument)
+}
+
+func (r *runner) checkProbeUnknownVolume(ctx context.Context) {
+	_, err := r.probe(ctx, r.opts.UnknownVolumeID, "")
+	r.expectCode(CheckProbeUnknownVolume, fmt.Sprintf("ProbeVolume of unknown volume %q", r.opts.UnknownVolumeID), err, codes.NotFound)
+}
+
+func (r *runner) checkHealEmptyVolumeID(ctx context.Context) {
+	if !r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) {
+		r.record(CheckHealEmptyVolumeID, Skip, "the driver does not advertise HEAL")
+		return
+	}
+	_, err := r.heal(ctx, "", "")
+	r.expectCode(CheckHealEmptyVolumeID, "HealVolume with an empty volume_id", err, codes.InvalidArgument)
+}
+
+func (r *runner) checkHealUnknownVolume(ctx context.Context) {
+	if !r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) {
+		r.record(CheckHealUnknownVolume, Skip, "the driver does not advertise HEAL")
+		return
+	}
+	_, err := r.heal(ctx, r.opts.UnknownVolumeID, "")
+	r.expectCode(CheckHealUnknownVolume, fmt.Sprintf("HealVolume of unknown volume %q", r.opts.UnknownVolumeID), err, codes.NotFound)
+}
+
+// --- the volume under test ---
+
+func (r *runner) chooseVolume(ctx context.Context) bool {
+	if r.opts.VolumeID != "" {
+		r.volume = r.opts.VolumeID
+		fmt.Fprintf(r.opts.Out, "using volume %q (given)\n", r.volume)
+		return true
+	}
+	if !r.advertises(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		r.record(CheckVolumeUnderTest, Fail, "no volume given and the driver does not advertise LIST_VOLUMES to find one: pass a volume ID")
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	resp, err := r.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{MaxEntries: 1})
+	if err != nil {
+		r.record(CheckVolumeUnderTest, Fail, "no volume given, and ListStagedVolumes failed: %s", describeErr(err))
+		return false
+	}
+	if len(resp.GetEntries()) == 0 || resp.GetEntries()[0].GetVolumeId() == "" {
+		r.record(CheckVolumeUnderTest, Fail, "no volume given, and ListStagedVolumes lists none: stage a volume or pass its ID")
+		return false
+	}
+	r.volume = resp.GetEntries()[0].GetVolumeId()
+	fmt.Fprintf(r.opts.Out, "using volume %q (the first one ListStagedVolumes returned)\n", r.volume)
+	return true
+}
+
+// prepareVolume makes the volume under test staged and healthy, so that the run starts from a
+// known state. A control that fails here is not used for the rest of the run.
+func (r *runner) prepareVolume(ctx context.Context) {
+	err := r.control.SetStaged(ctx, r.volume, true)
+	if err == nil {
+		err = r.control.SetFault(ctx, r.volume, Healthy, 0)
+	}
+	if err != nil {
+		r.record(CheckControl, Fail, "%sstage and restore volume %q: %v; the checks that need it are skipped", controlFailedDetailPrefix, r.volume, err)
+		r.control = nil
+	}
+}
+
+func (r *runner) restoreVolume(ctx context.Context) {
+	if r.control == nil {
+		return
+	}
+	err := r.control.SetStaged(ctx, r.volume, true)
+	if err == nil {
+		err = r.control.SetFault(ctx, r.volume, Healthy, 0)
+	}
+	if err != nil {
+		r.record(CheckRestoreVolume, Fail, "%srestore volume %q after the run: %v", controlFailedDetailPrefix, r.volume, err)
+	}
+}
+
+// setFault breaks or restores the volume under test; a failure is recorded against check.
+func (r *runner) setFault(ctx context.Context, check string, f Fault, hang time.Duration) bool {
+	if err := r.control.SetFault(ctx, r.volume, f, hang); err != nil {
+		r.record(check, Fail, "%sput volume %q in fault %s: %v", controlFailedDetailPrefix, r.volume, f, err)
+		return false
+	}
+	return true
+}
+
+// --- checks on the volume under test ---
+
+func (r *runner) checkProbeHealthyVolume(ctx context.Context) {
+	resp, err := r.probe(ctx, r.volume, "")
+	if err != nil {
+		r.record(CheckProbeHealthyVolume, Fail, "ProbeVolume(%q): %s", r.volume, describeErr(err))
+		return
+	}
+	r.healable, r.healableKnown = resp.GetHealable(), true
+	if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
+		r.record(CheckProbeHealthyVolume, Fail, "ProbeVolume(%q): %s", r.volume, p)
+		return
+	}
+	if len(resp.GetHealthStatuses()) > 0 {
+		hint := "pass a healthy volume"
+		if r.control != nil {
+			hint = "the control had just made it healthy"
+		}
+		r.record(CheckProbeHealthyVolume, Fail, "ProbeVolume(%q) reports %s, want empty health (%s)",
+			r.volume, describeHealth(resp.GetHealthStatuses()), hint)
+		return
+	}
+	r.record(CheckProbeHealthyVolume, Pass, "empty health, healable=%t", resp.GetHealable())
+}
+
+func (r *runner) checkWrongStagingPath(ctx context.Context) {
+	_, err := r.probe(ctx, r.volume, noSuchStagingPath)
+	r.expectCode(CheckWrongStagingPath, fmt.Sprintf("ProbeVolume(%q) with staging_target_path %s", r.volume, noSuchStagingPath),
+		err, codes.FailedPrecondition)
+}
+
+// checkRPCsMatchCapabilities calls every Healer RPC once: an advertised one must not answer
+// UNIMPLEMENTED, one that is not advertised must.
+func (r *runner) checkRPCsMatchCapabilities(ctx context.Context) {
+	calls := []struct {
+		rpc  healerv1alpha1.HealerCapability_RPC_Type
+		name string
+		call func() error
+	}{
+		{healerv1alpha1.HealerCapability_RPC_PROBE, "ProbeVolume", func() error {
+			_, err := r.probe(ctx, r.volume, "")
+			return err
+		}},
+		{healerv1alpha1.HealerCapability_RPC_HEAL, "HealVolume", func() error {
+			// The volume is healthy, so an implemented heal has nothing to do.
+			_, err := r.heal(ctx, r.volume, "")
+			return err
+		}},
+		{healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES, "ListStagedVolumes", func() error {
+			_, err := r.list(ctx, 0, "")
+			return err
+		}},
+	}
+	var problems, summary []string
+	for _, c := range calls {
+		code := status.Code(c.call())
+		advertised := r.advertises(c.rpc)
+		switch {
+		case advertised && code == codes.Unimplemented:
+			problems = append(problems, fmt.Sprintf("%s is advertised (%s) but answers UNIMPLEMENTED", c.name, c.rpc))
+		case !advertised && code != codes.Unimplemented:
+			problems = append(problems, fmt.Sprintf("%s is not advertised but answers %s, want UNIMPLEMENTED", c.name, codeName(code)))
+		case advertised:
+			summary = append(summary, c.name+" served")
+		default:
+			summary = append(summary, c.name+" UNIMPLEMENTED")
+		}
+	}
+	if len(problems) > 0 {
+		r.record(CheckRPCsMatchCapabilities, Fail, "%s", strings.Join(problems, "; "))
+		return
+	}
+	r.record(CheckRPCsMatchCapabilities, Pass, "%s", strings.Join(summary, ", "))
+}
+
+func (r *runner) checkHealHealthyVolume(ctx context.Context) {
+	if !r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) {
+		r.record(CheckHealHealthyVolume, Skip, "the driver does not advertise HEAL")
+		return
+	}
+	if !r.healableKnown {
+		r.record(CheckHealHealthyVolume, Skip, "the probe of volume %q failed, so whether it is healable is unknown", r.volume)
+		return
+	}
+	resp, err := r.heal(ctx, r.volume, "")
+	if !r.healable {
+		r.expectCode(CheckHealHealthyVolume, fmt.Sprintf("HealVolume(%q) of a volume whose probe said healable=false", r.volume),
+			err, codes.FailedPrecondition)
+		return
+	}
+	if err != nil {
+		r.record(CheckHealHealthyVolume, Fail, "HealVolume(%q) of a healthy volume: %s, want OK (a heal must be idempotent)", r.volume, describeErr(err))
+		return
+	}
+	if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
+		r.record(CheckHealHealthyVolume, Fail, "HealVolume(%q): %s", r.volume, p)
+		return
+	}
+	if len(resp.GetHealthStatuses()) > 0 {
+		r.record(CheckHealHealthyVolume, Fail, "HealVolume(%q) of a healthy volume reports %s, want empty health", r.volume, describeHealth(resp.GetHealthStatuses()))
+		return
+	}
+	r.record(CheckHealHealthyVolume, Pass, "OK with empty health: healing a healthy volume changes nothing")
+}
+
+// brokenProbes pairs each fault with the health status a probe must report for it.
+var brokenProbes = []struct {
+	fault Fault
+	want  csi.VolumeHealthErrorType
+}{
+	{Gone, csi.VolumeHealthErrorType_INACCESSIBLE},
+	{ReadOnly, csi.VolumeHealthErrorType_DEGRADED},
+	{Lost, csi.VolumeHealthErrorType_DATA_LOSS},
+}
+
+func (r *runner) checkProbeBrokenVolume(ctx context.Context) {
+	if r.control == nil {
+		r.record(CheckProbeBrokenVolume, Skip, "no control given: a volume cannot be broken on purpose")
+		return
+	}
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	var seen []string
+	for _, b := range brokenProbes {
+		if !r.setFault(ctx, CheckProbeBrokenVolume, b.fault, 0) {
+			return
+		}
+		resp, err := r.probe(ctx, r.volume, "")
+		if err != nil {
+			r.record(CheckProbeBrokenVolume, Fail, "ProbeVolume(%q) while %s: %s, want OK with %s health", r.volume, b.fault, describeErr(err), b.want)
+			return
+		}
+		if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
+			r.record(CheckProbeBrokenVolume, Fail, "ProbeVolume(%q) while %s: %s", r.volume, b.fault, p)
+			return
+		}
+		if !hasStatus(resp.GetHealthStatuses(), b.want) {
+			r.record(CheckProbeBrokenVolume, Fail, "ProbeVolume(%q) while %s reports %s, want a %s entry",
+				r.volume, b.fault, describeHealth(resp.GetHealthStatuses()), b.want)
+			return
+		}
+		seen = append(seen, fmt.Sprintf("%s: %s", b.fault, describeHealth(resp.GetHealthStatuses())))
+	}
+	r.record(CheckProbeBrokenVolume, Pass, "%s", strings.Join(seen, "; "))
+}
+
+// healSkip returns why the heal checks cannot run, or "" when they can.
+func (r *runner) healSkip() string {
+	switch {
+	case !r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL):
+		return "the driver does not advertise HEAL"
+	case r.control == nil:
+		return "no control given: a volume cannot be broken on purpose, so no heal can be verified"
+	case !r.healableKnown:
+		return fmt.Sprintf("the probe of volume %q failed, so whether it is healable is unknown", r.volume)
+	case !r.healable:
+		return fmt.Sprintf(notHealableSkipDetailPattern, r.volume)
+	}
+	return ""
+}
+
+func (r *runner) checkHealBrokenVolume(ctx context.Context) {
+	if why := r.healSkip(); why != "" {
+		r.record(CheckHealBrokenVolume, Skip, "%s", why)
+		return
+	}
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	var healed []string
+	for _, f := range []Fault{Gone, ReadOnly} {
+		if !r.setFault(ctx, CheckHealBrokenVolume, f, 0) {
+			return
+		}
+		resp, err := r.heal(ctx, r.volume, "")
+		if err != nil {
+			r.record(CheckHealBrokenVolume, Fail, "HealVolume(%q) while %s: %s, want OK", r.volume, f, describeErr(err))
+			return
+		}
+		if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
+			r.record(CheckHealBrokenVolume, Fail, "HealVolume(%q) while %s: %s", r.volume, f, p)
+			return
+		}
+		if len(resp.GetHealthStatuses()) > 0 {
+			r.record(CheckHealBrokenVolume, Fail, "HealVolume(%q) while %s reports %s after the heal, want empty health",
+				r.volume, f, describeHealth(resp.GetHealthStatuses()))
+			return
+		}
+		probe, err := r.probe(ctx, r.volume, "")
+		if err != nil {
+			r.record(CheckHealBrokenVolume, Fail, "ProbeVolume(%q) after healing %s: %s", r.volume, f, describeErr(err))
+			return
+		}
+		if len(probe.GetHealthStatuses()) > 0 {
+			r.record(CheckHealBrokenVolume, Fail, "HealVolume(%q) answered healthy, but the next probe reports %s: the heal did not repair %s",
+				r.volume, describeHealth(probe.GetHealthStatuses()), f)
+			return
+		}
+		healed = append(healed, string(f))
+	}
+	r.record(CheckHealBrokenVolume, Pass, "healed %s; the next probe reported empty health each time", strings.Join(healed, " and "))
+}
+
+func (r *runner) checkHealDataLoss(ctx context.Context) {
+	if why := r.healSkip(); why != "" {
+		r.record(CheckHealDataLoss, Skip, "%s", why)
+		return
+	}
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	if !r.setFault(ctx, CheckHealDataLoss, Lost, 0) {
+		return
+	}
+	resp, err := r.heal(ctx, r.volume, "")
+	if err != nil {
+		r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume: %s, want OK with the DATA_LOSS that remains (a heal that ran is not an error)",
+			r.volume, describeErr(err))
+		return
+	}
+	if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
+		r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume: %s", r.volume, p)
+		return
+	}
+	if !hasStatus(resp.GetHealthStatuses(), csi.VolumeHealthErrorType_DATA_LOSS) {
+		r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume reports %s, want the DATA_LOSS that remains",
+			r.volume, describeHealth(resp.GetHealthStatuses()))
+		return
+	}
+	r.record(CheckHealDataLoss, Pass, "OK with %s: the heal ran and reported what it could not repair", describeHealth(resp.GetHealthStatuses()))
+}
+
+func (r *runner) checkNotStagedVolume(ctx context.Context) {
+	if r.control == nil {
+		r.record(CheckNotStagedVolume, Skip, "no control given: a volume cannot be unstaged on purpose")
+		return
+	}
+	if err := r.control.SetStaged(ctx, r.volume, false); err != nil {
+		r.record(CheckNotStagedVolume, Fail, "%sunstage volume %q: %v", controlFailedDetailPrefix, r.volume, err)
+		return
+	}
+	defer r.control.SetStaged(ctx, r.volume, true) //nolint:errcheck // restoreVolume reports a failing control
+
+	_, err := r.probe(ctx, r.volume, "")
+	if status.Code(err) != codes.FailedPrecondition {
+		r.record(CheckNotStagedVolume, Fail, "ProbeVolume(%q) of a volume not staged on the node: %s, want FAILED_PRECONDITION", r.volume, describeErr(err))
+		return
+	}
+	checked := []string{"ProbeVolume"}
+	if r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) {
+		_, err := r.heal(ctx, r.volume, "")
+		if status.Code(err) != codes.FailedPrecondition {
+			r.record(CheckNotStagedVolume, Fail, "HealVolume(%q) of a volume not staged on the node: %s, want FAILED_PRECONDITION", r.volume, describeErr(err))
+			return
+		}
+		checked = append(checked, "HealVolume")
+	}
+	if r.advertises(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		ids, problem := r.listAll(ctx, 0)
+		if problem != "" {
+			r.record(CheckNotStagedVolume, Fail, "ListStagedVolumes: %s", problem)
+			return
+		}
+		if slices.Contains(ids, r.volume) {
+			r.record(CheckNotStagedVolume, Fail, "ListStagedVolumes lists volume %q, which is not staged", r.volume)
+			return
+		}
+		checked = append(checked, "ListStagedVolumes leaves it out")
+	}
+	r.record(CheckNotStagedVolume, Pass, "%s: FAILED_PRECONDITION", strings.Join(checked, ", "))
+}
+
+// checkConcurrentCallsAborted sends a second call on the volume while a first one is in
+// flight; the driver must reject one of them with ABORTED. With a control the first call is
+// held by a hung volume; without one, many calls race and the check can only hope they overlap.
+func (r *runner) checkConcurrentCallsAborted(ctx context.Context) {
+	if r.control == nil {
+		r.raceForAborted(ctx)
+		return
+	}
+	if !r.setFault(ctx, CheckConcurrentCallsAborted, Hung, r.opts.HangFor) {
+		return
+	}
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+
+	type answer struct {
+		resp *healerv1alpha1.ProbeVolumeResponse
+		err  error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, r.opts.HangFor+r.opts.CallTimeout)
+		defer cancel()
+		resp, err := r.healer.ProbeVolume(cctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: r.volume})
+		first <- answer{resp, err}
+	}()
+	// Give the first call time to reach the driver and take the volume's lock.
+	select {
+	case a := <-first:
+		r.record(CheckConcurrentCallsAborted, Fail, "ProbeVolume(%q) of a hung volume returned (%s) within a quarter of the hang (%s): the hung fault did not hold the call",
+			r.volume, describeErr(a.err), r.opts.HangFor)
+		return
+	case <-time.After(r.opts.HangFor / 4):
+	}
+	_, secondErr := r.probe(ctx, r.volume, "")
+	var healErr error
+	healTried := false
+	if r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) && r.healable && len(first) == 0 {
+		healTried = true
+		_, healErr = r.heal(ctx, r.volume, "")
+	}
+	a := <-first
+	if a.err == nil {
+		r.observe(a.resp.GetHealthStatuses())
+	}
+
+	switch {
+	case status.Code(secondErr) == codes.Aborted && a.err == nil:
+	case status.Code(a.err) == codes.Aborted && secondErr == nil:
+		// The second call reached the driver first; the rejection is just as good.
+	case a.err == nil && secondErr == nil:
+		r.record(CheckConcurrentCallsAborted, Fail, "two overlapping ProbeVolume(%q) calls both succeeded; while one is in flight the other must get ABORTED", r.volume)
+		return
+	default:
+		r.record(CheckConcurrentCallsAborted, Fail, "two overlapping ProbeVolume(%q) calls answered %s and %s; want one OK and one ABORTED",
+			r.volume, describeErr(a.err), describeErr(secondErr))
+		return
+	}
+	if healTried && status.Code(healErr) != codes.Aborted {
+		r.record(CheckConcurrentCallsAborted, Fail, "HealVolume(%q) while a ProbeVolume was in flight: %s, want ABORTED (probe and heal share the volume's lock)",
+			r.volume, describeErr(healErr))
+		return
+	}
+	detail := "a ProbeVolume during a hung ProbeVolume got ABORTED"
+	if healTried {
+		detail += ", and so did a HealVolume"
+	}
+	r.record(CheckConcurrentCallsAborted, Pass, "%s", detail)
+}
+
+func (r *runner) raceForAborted(ctx context.Context) {
+	var aborted, total int
+	var unexpected []string
+	for range racingRounds {
+		start := make(chan struct{})
+		errs := make([]error, racingCalls)
+		var wg sync.WaitGroup
+		for i := range racingCalls {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = r.probe(ctx, r.volume, "")
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, err := range errs {
+			total++
+			switch status.Code(err) {
+			case codes.OK:
+			case codes.Aborted:
+				aborted++
+			default:
+				unexpected = append(unexpected, describeErr(err))
+			}
+		}
+	}
+	switch {
+	case len(unexpected) > 0:
+		slices.Sort(unexpected)
+		r.record(CheckConcurrentCallsAborted, Fail, "racing ProbeVolume(%q) calls answered %s; want OK or ABORTED only",
+			r.volume, strings.Join(slices.Compact(unexpected), ", "))
+	case aborted > 0:
+		r.record(CheckConcurrentCallsAborted, Pass, "%d of %d racing ProbeVolume calls got ABORTED", aborted, total)
+	default:
+		r.record(CheckConcurrentCallsAborted, Skip, "none of %d racing ProbeVolume calls was rejected with ABORTED: either the probes were too quick to overlap or the driver has no per-volume lock; give a control so that a hung volume holds a call in flight", total)
+	}
+}
+
+func (r *runner) checkListStagedVolumes(ctx context.Context) {
+	if !r.advertises(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		r.record(CheckListStagedVolumes, Skip, "the driver does not advertise LIST_VOLUMES")
+		return
+	}
+	_, err := r.list(ctx, -1, "")
+	if status.Code(err) != codes.InvalidArgument {
+		r.record(CheckListStagedVolumes, Fail, "ListStagedVolumes with max_entries=-1: %s, want INVALID_ARGUMENT", describeErr(err))
+		return
+	}
+	all, problem := r.listAll(ctx, 0)
+	if problem != "" {
+		r.record(CheckListStagedVolumes, Fail, "listing without a page size: %s", problem)
+		return
+	}
+	if !slices.Contains(all, r.volume) {
+		r.record(CheckListStagedVolumes, Fail, "the listing does not contain volume %q, which is staged", r.volume)
+		return
+	}
+	slices.Sort(all)
+	for _, size := range []int32{1, 2} {
+		paged, problem := r.listAll(ctx, size)
+		if problem != "" {
+			r.record(CheckListStagedVolumes, Fail, "listing %d at a time: %s", size, problem)
+			return
+		}
+		slices.Sort(paged)
+		if !slices.Equal(paged, all) {
+			r.record(CheckListStagedVolumes, Fail, "listing %d at a time returned %v, but one listing returned %v", size, paged, all)
+			return
+		}
+	}
+	r.record(CheckListStagedVolumes, Pass, "%d staged volume(s), the same set whole and 1 or 2 at a time; max_entries=-1 is INVALID_ARGUMENT", len(all))
+}
+
+// listAll follows next_token from the start and returns every volume ID, or a problem: a page
+// larger than maxEntries, an entry without volume_id, a volume listed twice, a token that
+// repeats.
+func (r *runner) listAll(ctx context.Context, maxEntries int32) (ids []string, problem string) {
+	seen := map[string]bool{}
+	tokens := map[string]bool{}
+	token := ""
+	for page := 0; page < maxListPages; page++ {
+		resp, err := r.list(ctx, maxEntries, token)
+		if err != nil {
+			return nil, fmt.Sprintf("page %d: %s", page+1, describeErr(err))
+		}
+		if maxEntries > 0 && len(resp.GetEntries()) > int(maxEntries) {
+			return nil, fmt.Sprintf("page %d has %d entries, more than max_entries=%d", page+1, len(resp.GetEntries()), maxEntries)
+		}
+		for _, e := range resp.GetEntries() {
+			if e.GetVolumeId() == "" {
+				return nil, fmt.Sprintf("page %d has an entry without volume_id", page+1)
+			}
+			if seen[e.GetVolumeId()] {
+				return nil, fmt.Sprintf("volume %q is listed twice", e.GetVolumeId())
+			}
+			seen[e.GetVolumeId()] = true
+			ids = append(ids, e.GetVolumeId())
+		}
+		token = resp.GetNextToken()
+		if token == "" {
+			return ids, ""
+		}
+		if tokens[token] {
+			return nil, fmt.Sprintf("next_token %q came back twice: the listing never ends", token)
+		}
+		tokens[token] = true
+	}
+	return nil, fmt.Sprintf("the listing did not end within %d pages", maxListPages)
+}
+
+func (r *runner) checkHealthVocabulary() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case len(r.healthProblems) > 0:
+		r.record(CheckHealthVocabulary, Fail, "%s", strings.Join(slices.Compact(r.healthProblems), "; "))
+	case r.healthEntries == 0:
+		r.record(CheckHealthVocabulary, Skip, "no answer in the run reported an adverse health condition, so there was no status or reason to check; give a control to break volumes")
+	default:
+		r.record(CheckHealthVocabulary, Pass, "%d health entries in %d answers: statuses DEGRADED, INACCESSIBLE or DATA_LOSS, CamelCase reasons", r.healthEntries, r.healthAnswers)
+	}
+}
+
+// --- calls ---
+
+func (r *runner) probe(ctx context.Context, volumeID, stagingPath string) (*healerv1alpha1.ProbeVolumeResponse, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	resp, err := r.healer.ProbeVolume(cctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: volumeID, StagingTargetPath: stagingPath})
+	if err == nil {
+		r.observe(resp.GetHealthStatuses())
+	}
+	return resp, err
+}
+
+func (r *runner) heal(ctx context.Context, volumeID, stagingPath string) (*healerv1alpha1.HealVolumeResponse, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	resp, err := r.healer.HealVolume(cctx, &healerv1alpha1.HealVolumeRequest{VolumeId: volumeID, StagingTargetPath: stagingPath})
+	if err == nil {
+		r.observe(resp.GetHealthStatuses())
+	}
+	return resp, err
+}
+
+func (r *runner) list(ctx context.Context, maxEntries int32, token string) (*healerv1alpha1.ListStagedVolumesResponse, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	return r.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{MaxEntries: maxEntries, StartingToken: token})
+}
+
+// observe feeds one answer's health list to the health-vocabulary check.
+func (r *runner) observe(entries []*csi.VolumeHealth_VolumeHealthEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.healthAnswers++
+	r.healthEntries += len(entries)
+	r.healthProblems = append(r.healthProblems, healthProblems(entries)...)
+}
+
+func (r *runner) expectCode(check, what string, err error, want codes.Code) {
+	if got := status.Code(err); got != want {
+		r.record(check, Fail, "%s: %s, want %s", what, describeErr(err), codeName(want))
+		return
+	}
+	r.record(check, Pass, "%s", codeName(want))
+}
+
+// answerProblems checks the health list and recheck_after of one answer.
+func answerProblems(entries []*csi.VolumeHealth_VolumeHealthEntry, recheck *durationpb.Duration) string {
+	problems := healthProblems(entries)
+	if p := recheckProblem(recheck); p != "" {
+		problems = append(problems, p)
+	}
+	return strings.Join(problems, "; ")
+}
+
+// describeErr renders a call's outcome as "OK" or "NOT_FOUND (message)".
+func describeErr(err error) string {
+	if err == nil {
+		return "OK"
+	}
+	s := status.Convert(err)
+	return fmt.Sprintf("%s (%s)", codeName(s.Code()), s.Message())
+}
+
+// codeName writes a gRPC code the way the protocol documents it: NOT_FOUND, not NotFound.
+func codeName(c codes.Code) string {
+	name := c.String()
+	var b strings.Builder
+	for i, ch := range name {
+		if i > 0 && ch >= 'A' && ch <= 'Z' && name[i-1] >= 'a' && name[i-1] <= 'z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(ch)
+	}
+	return strings.ToUpper(b.String())
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}

@@ -1,0 +1,53 @@
+// Package healerv1alpha1 holds the volume-healer wire protocol: the Healer service that a CSI
+// driver serves on its CSI-Addons socket, the NodeHealer service that the sidecar serves to the
+// controller, and small helpers that every party needs to agree on. healer.pb.go and
+// healer_grpc.pb.go are generated from healer.proto by hack/generate.sh (make generate); the
+// helpers in protocol.go are written by hand.
+package healerv1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+)
+
+const (
+	// Version is the protocol version this package implements.
+	Version = "v1alpha1"
+
+	// IdentityManifestKey is the key a driver puts into the manifest of its CSI-Addons
+	// GetIdentity response, with the value Version, to say that it serves the Healer service.
+	// The CSI-Addons Identity capabilities have no entry for healing, so the manifest carries it.
+	IdentityManifestKey = "volume-healer.io/healer"
+
+	// DefaultKubeletCSIPluginDir is where kubelet keeps the per-driver folders of CSI volumes,
+	// and so the root of every staging path it hands to NodeStageVolume.
+	DefaultKubeletCSIPluginDir = "/var/lib/kubelet/plugins/kubernetes.io/csi"
+)
+
+// StagingTargetPath returns the staging path that kubelet gives to NodeStageVolume for a volume:
+// <pluginDir>/<driverName>/<hex sha256 of volumeHandle>/globalmount. The sidecar uses it to fill
+// staging_target_path, and a driver can use it to find its own staging paths. pluginDir is
+// normally DefaultKubeletCSIPluginDir. Older kubelets used a layout keyed by PV name
+// (<pluginDir>/pv/<pv name>/globalmount), which this function does not produce.
+func StagingTargetPath(pluginDir, driverName, volumeHandle string) string {
+	sum := sha256.Sum256([]byte(volumeHandle))
+	return filepath.Join(pluginDir, driverName, hex.EncodeToString(sum[:]), "globalmount")
+}
+
+// NewRPCCapability returns the capability that advertises one Healer RPC, for the capabilities
+// list of GetHealerCapabilitiesResponse.
+func NewRPCCapability(t HealerCapability_RPC_Type) *HealerCapability {
+	return &HealerCapability{Type: &HealerCapability_Rpc{Rpc: &HealerCapability_RPC{Type: t}}}
+}
+
+// HasRPC reports whether caps advertises the RPC t. Callers use it before calling an RPC: an RPC
+// that is not advertised must not be called.
+func HasRPC(caps []*HealerCapability, t HealerCapability_RPC_Type) bool {
+	for _, c := range caps {
+		if c.GetRpc().GetType() == t && t != HealerCapability_RPC_UNKNOWN {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,102 @@
+package driver
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// Options configure a Driver. Zero values take the defaults documented on each field.
+type Options struct {
+	// StateDir is the folder that holds one JSON file per volume, so that the volumes survive a
+	// restart of the driver. Required.
+	StateDir string
+
+	// DriverName is the name reported by GetIdentity and used in staging paths.
+	// Default: "healer.example.com".
+	DriverName string
+
+	// VendorVersion is reported by GetIdentity. Default: "v0.0.0-reference".
+	VendorVersion string
+
+	// NodeID names the node this driver instance plays, reported in the identity manifest under
+	// "nodeID". Default: "node-1".
+	NodeID string
+
+	// StagingRoot is the kubelet CSI plugin folder under which new volumes get their staging
+	// paths (<StagingRoot>/<DriverName>/<sha256(volume ID)>/globalmount). Nothing is mounted
+	// there: the path is only reported. Default: healerv1alpha1.DefaultKubeletCSIPluginDir.
+	StagingRoot string
+
+	// HealMounters lists the mounters (volume context key "mounter") whose volumes this driver
+	// can heal, like a driver that can restart rbd-nbd but cannot repair a kernel rbd mapping. It
+	// is advertised as the capability attribute "healMounters". Default: ["rbd-nbd", "fuse"].
+	HealMounters []string
+
+	// Capabilities lists the Healer RPCs the driver advertises and serves; the others answer
+	// UNIMPLEMENTED. Default: PROBE, HEAL and LIST_VOLUMES.
+	Capabilities []healerv1alpha1.HealerCapability_RPC_Type
+
+	// SeedVolumes are created (healthy, staged, mounter "rbd-nbd") on the first start, when
+	// StateDir holds no volume folder yet. Later starts load the volumes from disk and ignore
+	// SeedVolumes. Default: vol-1 to vol-5.
+	SeedVolumes []string
+
+	// DefaultHang is how long a call on a hung volume blocks when the volume was made hung
+	// without a duration. Default: 30s.
+	DefaultHang time.Duration
+
+	// Clock times the hang of hung volumes. Default: the real clock.
+	Clock clock.Clock
+
+	// Logger receives one line per heal and per state change. Default: discard.
+	Logger logr.Logger
+}
+
+func (o *Options) setDefaults() error {
+	if o.StateDir == "" {
+		return fmt.Errorf("%w: StateDir is required", ErrInvalidOptions)
+	}
+	if o.DriverName == "" {
+		o.DriverName = "healer.example.com"
+	}
+	if o.VendorVersion == "" {
+		o.VendorVersion = "v0.0.0-reference"
+	}
+	if o.NodeID == "" {
+		o.NodeID = "node-1"
+	}
+	if o.StagingRoot == "" {
+		o.StagingRoot = healerv1alpha1.DefaultKubeletCSIPluginDir
+	}
+	if o.HealMounters == nil {
+		o.HealMounters = []string{"rbd-nbd", "fuse"}
+	}
+	if o.Capabilities == nil {
+		o.Capabilities = []healerv1alpha1.HealerCapability_RPC_Type{
+			healerv1alpha1.HealerCapability_RPC_PROBE,
+			healerv1alpha1.HealerCapability_RPC_HEAL,
+			healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES,
+		}
+	}
+	if o.SeedVolumes == nil {
+		o.SeedVolumes = []string{"vol-1", "vol-2", "vol-3", "vol-4", "vol-5"}
+	}
+	if o.DefaultHang == 0 {
+		o.DefaultHang = 30 * time.Second
+	}
+	if o.DefaultHang < 0 {
+		return fmt.Errorf("%w: DefaultHang must not be negative, got %s", ErrInvalidOptions, o.DefaultHang)
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
+	return nil
+}
