@@ -1,0 +1,391 @@
+// Package probe is the controller's client of the healer sidecars: one pooled gRPC connection per
+// sidecar endpoint, TLS, the controller's ServiceAccount token on every call, a timeout on every
+// call, and a cache of each (driver, node)'s capabilities.
+package probe
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/utils/clock"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// EndpointAnnotation on a CSIAddonsNode holds host:port of the healer sidecar, written by the
+// sidecar itself. It is separate from spec.driver.endpoint, which belongs to the csi-addons sidecar
+// when both run in one pod.
+const EndpointAnnotation = "healer.csiaddons.openshift.io/endpoint"
+
+// Target is one driver's sidecar on one node.
+type Target struct {
+	// Driver is the CSI driver name.
+	Driver string
+	// Node is the node name.
+	Node string
+	// Endpoint is host:port of the sidecar; IPv6 hosts in brackets.
+	Endpoint string
+}
+
+// TargetFor reads the sidecar's address from a CSIAddonsNode: the healer sidecar's annotation, or a
+// host:port spec.driver.endpoint when no annotation is there.
+func TargetFor(n *csiaddonsv1alpha1.CSIAddonsNode) (Target, error) {
+	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: n.Annotations[EndpointAnnotation]}
+	if t.Endpoint == "" {
+		t.Endpoint = n.Spec.Driver.EndPoint
+	}
+	if _, port, err := net.SplitHostPort(t.Endpoint); err != nil || port == "" {
+		return Target{}, fmt.Errorf("%w: CSIAddonsNode %s/%s: annotation %s is %q and spec.driver.endpoint is %q; want host:port",
+			ErrNoEndpoint, n.Namespace, n.Name, EndpointAnnotation, n.Annotations[EndpointAnnotation], n.Spec.Driver.EndPoint)
+	}
+	return t, nil
+}
+
+// Health is one adverse condition of a volume, in the CSI VolumeHealth vocabulary.
+type Health struct {
+	// Status is DEGRADED, INACCESSIBLE, DATA_LOSS, or a newer value this build does not know.
+	Status string `json:"status"`
+	// Reason is a short CamelCase reason.
+	Reason string `json:"reason"`
+	// Message is for people.
+	Message string `json:"message,omitempty"`
+}
+
+// Result is what a probe or a heal reports about a volume.
+type Result struct {
+	// VolumeID is the driver's volume handle.
+	VolumeID string
+	// Health lists adverse conditions; empty means healthy.
+	Health []Health
+	// Healable says whether the driver can heal this volume at all (probes only; true after a heal).
+	Healable bool
+	// RecheckAfter is the driver's hint for when to probe again; 0 means none.
+	RecheckAfter time.Duration
+}
+
+// Healthy reports whether the result lists no adverse condition.
+func (r *Result) Healthy() bool { return len(r.Health) == 0 }
+
+// Has reports whether the result lists the status s.
+func (r *Result) Has(s string) bool {
+	for _, h := range r.Health {
+		if h.Status == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Capabilities are what a driver's sidecar advertises.
+type Capabilities struct {
+	// Driver is the driver's name as it reports it.
+	Driver string
+	// Probe, Heal and ListVolumes say which operations the driver serves.
+	Probe, Heal, ListVolumes bool
+	// Attributes are the driver's free-form attributes for policies.
+	Attributes map[string]string
+}
+
+// StagedVolume is a volume the driver has staged on the sidecar's node.
+type StagedVolume struct {
+	// PV is the PersistentVolume name, empty where the sidecar could not map the volume.
+	PV string
+	// VolumeID is the driver's volume handle.
+	VolumeID string
+}
+
+// Options configure a Client.
+type Options struct {
+	// TLS is the client TLS configuration; nil dials without TLS (tests and demos only). Default nil.
+	TLS *tls.Config
+	// TokenFile holds the ServiceAccount token sent on every call; re-read every TokenRefresh so a
+	// rotated projected token is picked up. Empty sends no token. Default "".
+	TokenFile string
+	// TokenRefresh is how long a read token is reused. Default 1m.
+	TokenRefresh time.Duration
+	// ProbeTimeout bounds a probe, a capabilities call and a list call. Default 10s.
+	ProbeTimeout time.Duration
+	// HealTimeout bounds a heal. Default 2m.
+	HealTimeout time.Duration
+	// MaxMessageSize bounds responses. Default 4 MiB.
+	MaxMessageSize int
+	// Clock tells time for the token cache. Default real.
+	Clock clock.PassiveClock
+}
+
+func (o *Options) defaults() {
+	if o.TokenRefresh <= 0 {
+		o.TokenRefresh = time.Minute
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = 10 * time.Second
+	}
+	if o.HealTimeout <= 0 {
+		o.HealTimeout = 2 * time.Minute
+	}
+	if o.MaxMessageSize <= 0 {
+		o.MaxMessageSize = 4 << 20
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+}
+
+// Client calls healer sidecars. It is safe for concurrent use.
+type Client struct {
+	opts Options
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+	caps  map[capKey]*Capabilities
+
+	tokenMu   sync.Mutex
+	token     string
+	tokenRead time.Time
+}
+
+type capKey struct{ driver, node, endpoint string }
+
+// New returns a Client with no connection yet; connections are made on first use.
+func New(opts Options) *Client {
+	opts.defaults()
+	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}}
+}
+
+// conn returns the pooled connection to endpoint, creating it on first use.
+func (c *Client) conn(endpoint string) (healerv1alpha1.NodeHealerClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc, ok := c.conns[endpoint]; ok {
+		return healerv1alpha1.NewNodeHealerClient(cc), nil
+	}
+	creds := insecure.NewCredentials()
+	if c.opts.TLS != nil {
+		creds = credentials.NewTLS(c.opts.TLS)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+endpoint,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.opts.MaxMessageSize)),
+		grpc.WithPerRPCCredentials(tokenCreds{c}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sidecar %s: %w", ErrUnreachable, endpoint, err)
+	}
+	c.conns[endpoint] = cc
+	return healerv1alpha1.NewNodeHealerClient(cc), nil
+}
+
+// Forget closes the connection to endpoint and drops the cached capabilities of every target behind
+// it: the sidecar restarted or moved.
+func (c *Client) Forget(endpoint string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc, ok := c.conns[endpoint]; ok {
+		_ = cc.Close()
+		delete(c.conns, endpoint)
+	}
+	for k := range c.caps {
+		if k.endpoint == endpoint {
+			delete(c.caps, k)
+		}
+	}
+}
+
+// Refresh drops the cached capabilities of (driver, node), for example after its node plugin
+// restarted; the next call asks the sidecar again.
+func (c *Client) Refresh(driver, node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.caps {
+		if k.driver == driver && k.node == node {
+			delete(c.caps, k)
+		}
+	}
+}
+
+// Close closes every connection.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ep, cc := range c.conns {
+		_ = cc.Close()
+		delete(c.conns, ep)
+	}
+}
+
+// Capabilities returns the capabilities of t, from the cache when they were fetched before.
+func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, error) {
+	key := capKey{t.Driver, t.Node, t.Endpoint}
+	c.mu.Lock()
+	cached := c.caps[key]
+	c.mu.Unlock()
+	if cached != nil {
+		return cached, nil
+	}
+	client, err := c.conn(t.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
+	defer cancel()
+	resp, err := client.GetHealerCapabilities(ctx, &healerv1alpha1.NodeGetHealerCapabilitiesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, Classify(err))
+	}
+	if resp.GetDriverName() != t.Driver {
+		return nil, fmt.Errorf("%w: sidecar %s on node %s serves driver %q, the CSIAddonsNode names %q",
+			ErrMalformed, t.Endpoint, t.Node, resp.GetDriverName(), t.Driver)
+	}
+	caps := &Capabilities{
+		Driver:      resp.GetDriverName(),
+		Probe:       healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE),
+		Heal:        healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
+		ListVolumes: healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
+		Attributes:  resp.GetAttributes(),
+	}
+	c.mu.Lock()
+	c.caps[key] = caps
+	c.mu.Unlock()
+	return caps, nil
+}
+
+// Probe asks the sidecar of t how the volume of PersistentVolume pv is.
+func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error) {
+	client, err := c.conn(t.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
+	defer cancel()
+	resp, err := client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv})
+	if err != nil {
+		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, Classify(err))
+	}
+	health, err := convertHealth(resp.GetHealthStatuses())
+	if err != nil {
+		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, err)
+	}
+	return &Result{
+		VolumeID:     resp.GetVolumeId(),
+		Health:       health,
+		Healable:     resp.GetHealable(),
+		RecheckAfter: resp.GetRecheckAfter().AsDuration(),
+	}, nil
+}
+
+// Heal asks the sidecar of t to heal the volume of PersistentVolume pv, and returns its health
+// after the heal.
+func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error) {
+	client, err := c.conn(t.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.HealTimeout)
+	defer cancel()
+	resp, err := client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: pv})
+	if err != nil {
+		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, Classify(err))
+	}
+	health, err := convertHealth(resp.GetHealthStatuses())
+	if err != nil {
+		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
+	}
+	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: true, RecheckAfter: resp.GetRecheckAfter().AsDuration()}, nil
+}
+
+// ListStaged lists the volumes the driver of t has staged on its node, following next tokens.
+func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, error) {
+	client, err := c.conn(t.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	var out []StagedVolume
+	token := ""
+	for page := 0; ; page++ {
+		// A sidecar that keeps returning next tokens would loop forever; no node stages this many pages.
+		if page > 10000 {
+			return nil, fmt.Errorf("%w: list of %s on node %s: more than 10000 pages", ErrMalformed, t.Driver, t.Node)
+		}
+		callCtx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
+		resp, err := client.ListStagedVolumes(callCtx, &healerv1alpha1.NodeListStagedVolumesRequest{StartingToken: token})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, Classify(err))
+		}
+		for _, e := range resp.GetEntries() {
+			out = append(out, StagedVolume{PV: e.GetPvName(), VolumeID: e.GetVolumeId()})
+		}
+		if resp.GetNextToken() == "" {
+			return out, nil
+		}
+		if resp.GetNextToken() == token {
+			return nil, fmt.Errorf("%w: list of %s on node %s: next token %q repeats", ErrMalformed, t.Driver, t.Node, token)
+		}
+		token = resp.GetNextToken()
+	}
+}
+
+// convertHealth turns the wire's health entries into ours. Unknown status values are kept (the CSI
+// spec asks to surface them, not to act on them); an entry without a reason breaks the protocol.
+func convertHealth(entries []*csi.VolumeHealth_VolumeHealthEntry) ([]Health, error) {
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	out := make([]Health, 0, len(entries))
+	for i, e := range entries {
+		if e.GetReason() == "" {
+			return nil, fmt.Errorf("%w: health entry %d (%s) has no reason", ErrMalformed, i, e.GetStatus())
+		}
+		name := e.GetStatus().String()
+		if _, known := csi.VolumeHealthErrorType_name[int32(e.GetStatus())]; !known {
+			name = "UNKNOWN_" + strconv.Itoa(int(e.GetStatus()))
+		}
+		out = append(out, Health{Status: name, Reason: e.GetReason(), Message: e.GetMessage()})
+	}
+	return out, nil
+}
+
+// tokenCreds attaches the ServiceAccount token to every call.
+type tokenCreds struct{ c *Client }
+
+func (t tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	tok, err := t.c.currentToken()
+	if err != nil || tok == "" {
+		return nil, err
+	}
+	return map[string]string{"authorization": "Bearer " + tok}, nil
+}
+
+// RequireTransportSecurity is false so that tests and demos can run without TLS; with TLS off the
+// token crosses the wire in clear, which the configuration's validation warns about.
+func (t tokenCreds) RequireTransportSecurity() bool { return false }
+
+func (c *Client) currentToken() (string, error) {
+	if c.opts.TokenFile == "" {
+		return "", nil
+	}
+	c.tokenMu.Lock()
+	defer c.tokenMu.Unlock()
+	now := c.opts.Clock.Now()
+	if c.token != "" && now.Sub(c.tokenRead) < c.opts.TokenRefresh {
+		return c.token, nil
+	}
+	data, err := os.ReadFile(c.opts.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("read ServiceAccount token %s: %w", c.opts.TokenFile, err)
+	}
+	c.token, c.tokenRead = strings.TrimSpace(string(data)), now
+	return c.token, nil
+}

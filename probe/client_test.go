@@ -1,0 +1,333 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// fakeSidecar serves NodeHealer with scripted answers and records what it saw.
+type fakeSidecar struct {
+	healerv1alpha1.UnimplementedNodeHealerServer
+	mu        sync.Mutex
+	tokens    []string
+	capsCalls int
+	probeErr  error
+	probe     *healerv1alpha1.NodeProbeVolumeResponse
+	hang      time.Duration
+	pages     map[string]*healerv1alpha1.NodeListStagedVolumesResponse
+}
+
+func (f *fakeSidecar) seen(ctx context.Context) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tokens = append(f.tokens, md.Get("authorization")...)
+}
+
+func (f *fakeSidecar) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
+	f.seen(ctx)
+	f.mu.Lock()
+	f.capsCalls++
+	f.mu.Unlock()
+	return &healerv1alpha1.NodeGetHealerCapabilitiesResponse{
+		DriverName: "rbd.csi.ceph.com",
+		NodeName:   "node-a",
+		Capabilities: []*healerv1alpha1.HealerCapability{
+			healerv1alpha1.NewRPCCapability(healerv1alpha1.HealerCapability_RPC_PROBE),
+			healerv1alpha1.NewRPCCapability(healerv1alpha1.HealerCapability_RPC_HEAL),
+		},
+		Attributes: map[string]string{"healMounters": "rbd-nbd"},
+	}, nil
+}
+
+func (f *fakeSidecar) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+	f.seen(ctx)
+	if f.hang > 0 {
+		select {
+		case <-time.After(f.hang):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if f.probeErr != nil {
+		return nil, f.probeErr
+	}
+	return f.probe, nil
+}
+
+func (f *fakeSidecar) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.NodeListStagedVolumesRequest) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
+	f.seen(ctx)
+	return f.pages[req.GetStartingToken()], nil
+}
+
+// countingListener counts accepted connections, to see that the client pools them.
+type countingListener struct {
+	net.Listener
+	accepted atomic.Int32
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+func serve(t *testing.T, f *fakeSidecar) (Target, *countingListener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingListener{Listener: ln}
+	srv := grpc.NewServer()
+	healerv1alpha1.RegisterNodeHealerServer(srv, f)
+	go func() { _ = srv.Serve(cl) }()
+	t.Cleanup(srv.Stop)
+	return Target{Driver: "rbd.csi.ceph.com", Node: "node-a", Endpoint: ln.Addr().String()}, cl
+}
+
+func TestProbeResultAndPooling(t *testing.T) {
+	f := &fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{
+		VolumeId: "0001-abc",
+		HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{
+			{Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: "MountGone", Message: "rbd-nbd died"},
+			{Status: csi.VolumeHealthErrorType(42), Reason: "FutureThing"},
+		},
+		Healable:     true,
+		RecheckAfter: durationpb.New(90 * time.Second),
+	}}
+	target, ln := serve(t, f)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("tok-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc := clocktesting.NewFakePassiveClock(time.Now())
+	c := New(Options{TokenFile: tokenFile, Clock: fc})
+	defer c.Close()
+	ctx := context.Background()
+
+	for i := 0; i < 5; i++ {
+		res, err := c.Probe(ctx, target, "pvc-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Healthy() || !res.Has("INACCESSIBLE") || !res.Healable || res.RecheckAfter != 90*time.Second || res.VolumeID != "0001-abc" {
+			t.Fatalf("probe result = %+v", res)
+		}
+		if res.Health[1].Status != "UNKNOWN_42" {
+			t.Errorf("an unknown status is surfaced as %q, want UNKNOWN_42", res.Health[1].Status)
+		}
+	}
+	if n := ln.accepted.Load(); n != 1 {
+		t.Errorf("5 probes opened %d connections, want 1 pooled connection", n)
+	}
+
+	// A rotated token is sent once the refresh interval has passed, not before.
+	if err := os.WriteFile(tokenFile, []byte("tok-2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Probe(ctx, target, "pvc-1"); err != nil {
+		t.Fatal(err)
+	}
+	fc.SetTime(fc.Now().Add(2 * time.Minute))
+	if _, err := c.Probe(ctx, target, "pvc-1"); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	tokens := append([]string(nil), f.tokens...)
+	f.mu.Unlock()
+	if len(tokens) != 7 || tokens[0] != "Bearer tok-1" || tokens[5] != "Bearer tok-1" || tokens[6] != "Bearer tok-2" {
+		t.Errorf("tokens seen = %v, want tok-1 six times then tok-2", tokens)
+	}
+
+	// Forget drops the connection: the next call dials again.
+	c.Forget(target.Endpoint)
+	if _, err := c.Probe(ctx, target, "pvc-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := ln.accepted.Load(); n != 2 {
+		t.Errorf("after Forget: %d connections, want 2", n)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	tests := map[string]struct {
+		code      codes.Code
+		want      error
+		retryable bool
+	}{
+		"busy volume":      {codes.Aborted, ErrBusy, true},
+		"not implemented":  {codes.Unimplemented, ErrUnsupported, false},
+		"not staged":       {codes.FailedPrecondition, ErrNotStaged, false},
+		"unknown volume":   {codes.NotFound, ErrNotFound, false},
+		"bad request":      {codes.InvalidArgument, ErrInvalid, false},
+		"no token":         {codes.Unauthenticated, ErrRejected, false},
+		"wrong identity":   {codes.PermissionDenied, ErrRejected, false},
+		"driver down":      {codes.Unavailable, ErrUnreachable, true},
+		"driver hung":      {codes.DeadlineExceeded, ErrTimeout, true},
+		"driver exploded":  {codes.Internal, ErrCall, true},
+		"resource limited": {codes.ResourceExhausted, ErrCall, true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := &fakeSidecar{probeErr: status.Error(tc.code, "driver says "+name)}
+			target, _ := serve(t, f)
+			c := New(Options{})
+			defer c.Close()
+			_, err := c.Probe(context.Background(), target, "pvc-9")
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("error = %v, want %v", err, tc.want)
+			}
+			if Retryable(err) != tc.retryable {
+				t.Errorf("Retryable(%v) = %v, want %v", err, !tc.retryable, tc.retryable)
+			}
+			if status.Code(errors.Unwrap(err)) == codes.OK && !errors.Is(err, tc.want) {
+				t.Error("the gRPC status is lost from the chain")
+			}
+			for _, w := range []string{"pvc-9", "node-a", "driver says"} {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
+}
+
+func TestProbeTimeout(t *testing.T) {
+	target, _ := serve(t, &fakeSidecar{hang: time.Minute})
+	c := New(Options{ProbeTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	start := time.Now()
+	_, err := c.Probe(context.Background(), target, "pvc-1")
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("error = %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("a hung sidecar held the call for %v", d)
+	}
+}
+
+func TestMalformedResponse(t *testing.T) {
+	target, _ := serve(t, &fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{
+		HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DEGRADED}},
+	}})
+	c := New(Options{})
+	defer c.Close()
+	if _, err := c.Probe(context.Background(), target, "pvc-1"); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a health entry without a reason: error = %v, want ErrMalformed", err)
+	}
+}
+
+func TestCapabilitiesCachedUntilRefresh(t *testing.T) {
+	f := &fakeSidecar{}
+	target, _ := serve(t, f)
+	c := New(Options{})
+	defer c.Close()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		caps, err := c.Capabilities(ctx, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !caps.Probe || !caps.Heal || caps.ListVolumes || caps.Attributes["healMounters"] != "rbd-nbd" {
+			t.Fatalf("capabilities = %+v", caps)
+		}
+	}
+	c.Refresh("rbd.csi.ceph.com", "node-a")
+	if _, err := c.Capabilities(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if f.capsCalls != 2 {
+		t.Errorf("capability calls = %d, want 2 (one, then one after the restart)", f.capsCalls)
+	}
+
+	wrong := target
+	wrong.Driver = "cephfs.csi.ceph.com"
+	if _, err := c.Capabilities(ctx, wrong); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a sidecar serving another driver: error = %v, want ErrMalformed", err)
+	}
+}
+
+func TestListStagedFollowsPages(t *testing.T) {
+	f := &fakeSidecar{pages: map[string]*healerv1alpha1.NodeListStagedVolumesResponse{
+		"":     {Entries: []*healerv1alpha1.NodeListStagedVolumesResponse_Entry{{PvName: "pv-1", VolumeId: "v1"}}, NextToken: "t1"},
+		"t1":   {Entries: []*healerv1alpha1.NodeListStagedVolumesResponse_Entry{{VolumeId: "v-unmapped"}, {PvName: "pv-3", VolumeId: "v3"}}},
+		"loop": {NextToken: "loop"},
+	}}
+	target, _ := serve(t, f)
+	c := New(Options{})
+	defer c.Close()
+	got, err := c.ListStaged(context.Background(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].PV != "pv-1" || got[1].PV != "" || got[2].VolumeID != "v3" {
+		t.Fatalf("staged = %+v", got)
+	}
+	f.pages[""] = &healerv1alpha1.NodeListStagedVolumesResponse{NextToken: "loop"}
+	if _, err := c.ListStaged(context.Background(), target); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a repeating next token: error = %v, want ErrMalformed", err)
+	}
+}
+
+func TestTargetFor(t *testing.T) {
+	node := func(annotation, endpoint string) *csiaddonsv1alpha1.CSIAddonsNode {
+		n := &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "n"}}
+		if annotation != "" {
+			n.Annotations = map[string]string{EndpointAnnotation: annotation}
+		}
+		n.Spec.Driver = csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "d", NodeID: "node-a", EndPoint: endpoint}
+		return n
+	}
+	tests := map[string]struct {
+		node    *csiaddonsv1alpha1.CSIAddonsNode
+		want    string
+		wantErr bool
+	}{
+		"healer annotation wins":  {node: node("10.0.0.5:9070", "pod://plugin.csi:9070"), want: "10.0.0.5:9070"},
+		"IPv6 annotation":         {node: node("[fd00::5]:9070", ""), want: "[fd00::5]:9070"},
+		"plain spec endpoint":     {node: node("", "10.0.0.6:9070"), want: "10.0.0.6:9070"},
+		"csi-addons pod URL only": {node: node("", "pod://plugin.csi:9070"), wantErr: true},
+		"no endpoint at all":      {node: node("", ""), wantErr: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := TargetFor(tc.node)
+			if tc.wantErr {
+				if !errors.Is(err, ErrNoEndpoint) || !strings.Contains(err.Error(), "csi/n") {
+					t.Fatalf("error = %v, want ErrNoEndpoint naming csi/n", err)
+				}
+				return
+			}
+			if err != nil || got.Endpoint != tc.want || got.Node != "node-a" {
+				t.Fatalf("target = %+v, %v; want endpoint %s", got, err, tc.want)
+			}
+		})
+	}
+}
