@@ -1,0 +1,156 @@
+package scheduler
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+func pv(name, sc, driver string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			StorageClassName:       sc,
+			ClaimRef:               &corev1.ObjectReference{Namespace: "shop", Name: "claim-" + name},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: "h-" + name}},
+		},
+		Status: corev1.PersistentVolumeStatus{Phase: phase},
+	}
+}
+
+func va(pvName, driver, node string, attached bool) *storagev1.VolumeAttachment {
+	return &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "va-" + pvName + "-" + node},
+		Spec:       storagev1.VolumeAttachmentSpec{Attacher: driver, NodeName: node, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status:     storagev1.VolumeAttachmentStatus{Attached: attached},
+	}
+}
+
+func newTestPlanner(t *testing.T, objs ...any) *Planner {
+	t.Helper()
+	c := Caches{
+		PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVIndexers()),
+		VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, VAIndexers()),
+		PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVCIndexers()),
+		StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
+		CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
+		Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
+	}
+	for _, o := range objs {
+		var err error
+		switch o.(type) {
+		case *corev1.PersistentVolume:
+			err = c.PVs.Add(o)
+		case *storagev1.VolumeAttachment:
+			err = c.VolumeAttachments.Add(o)
+		case *corev1.PersistentVolumeClaim:
+			err = c.PVCs.Add(o)
+		case *storagev1.StorageClass:
+			err = c.StorageClasses.Add(o)
+		case *storagev1.CSIDriver:
+			err = c.CSIDrivers.Add(o)
+		case *corev1.Node:
+			err = c.Nodes.Add(o)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return NewPlanner(c)
+}
+
+func TestPlannerGuards(t *testing.T) {
+	now := metav1.Now()
+	deleting := func(p *corev1.PersistentVolume) *corev1.PersistentVolume { p.DeletionTimestamp = &now; return p }
+	detaching := func(v *storagev1.VolumeAttachment) *storagev1.VolumeAttachment { v.DeletionTimestamp = &now; return v }
+	detachErr := func(v *storagev1.VolumeAttachment) *storagev1.VolumeAttachment {
+		v.Status.DetachError = &storagev1.VolumeError{Message: "busy"}
+		return v
+	}
+	tests := map[string]struct {
+		pv     *corev1.PersistentVolume
+		va     *storagev1.VolumeAttachment
+		reason string // "" = selected
+	}{
+		"bound and attached":             {pv: pv("a", "gold", "d", corev1.VolumeBound), va: va("a", "d", "n1", true)},
+		"VolumeAttachment being deleted": {pv: pv("a", "gold", "d", corev1.VolumeBound), va: detaching(va("a", "d", "n1", true)), reason: "VolumeAttachment is being deleted (detaching)"},
+		"VolumeAttachment detach error":  {pv: pv("a", "gold", "d", corev1.VolumeBound), va: detachErr(va("a", "d", "n1", true)), reason: "VolumeAttachment has a detach error (detaching)"},
+		"VolumeAttachment not attached":  {pv: pv("a", "gold", "d", corev1.VolumeBound), va: va("a", "d", "n1", false), reason: "VolumeAttachment is not attached"},
+		"PV released":                    {pv: pv("a", "gold", "d", corev1.VolumeReleased), va: va("a", "d", "n1", true), reason: "PV is Released, not Bound"},
+		"PV being deleted":               {pv: deleting(pv("a", "gold", "d", corev1.VolumeBound)), va: va("a", "d", "n1", true), reason: "PV is being deleted"},
+		"PV missing from the cache":      {va: va("a", "d", "n1", true), reason: "PV not found"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			objs := []any{tc.va}
+			if tc.pv != nil {
+				objs = append(objs, tc.pv)
+			}
+			p := newTestPlanner(t, objs...)
+			vols, skipped := p.NodeVolumes("d", "n1")
+			if tc.reason == "" {
+				if len(vols) != 1 || len(skipped) != 0 || vols[0].PV.Name != "a" || vols[0].NodeName != "n1" {
+					t.Fatalf("volumes %v, skipped %v; want volume a on n1", vols, skipped)
+				}
+				return
+			}
+			if len(vols) != 0 || len(skipped) != 1 || skipped[0].Reason != tc.reason {
+				t.Fatalf("volumes %v, skipped %+v; want skipped with %q", vols, skipped, tc.reason)
+			}
+		})
+	}
+}
+
+func TestPlannerSelection(t *testing.T) {
+	noAttach := false
+	p := newTestPlanner(t,
+		pv("r1", "rbd-nbd", "rbd", corev1.VolumeBound), pv("r2", "rbd-nbd", "rbd", corev1.VolumeBound),
+		pv("r3", "krbd", "rbd", corev1.VolumeBound), pv("f1", "cephfs", "cephfs", corev1.VolumeBound),
+		va("r1", "rbd", "n1", true), va("r2", "rbd", "n2", true), va("r3", "rbd", "n1", true),
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "claim-r1"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "r1"}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd-nbd"}, Parameters: map[string]string{"mounter": "rbd-nbd"}},
+		&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "cephfs"}, Spec: storagev1.CSIDriverSpec{AttachRequired: &noAttach}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"zone": "a"}}},
+	)
+
+	vols, _ := p.NodeVolumes("rbd", "n1")
+	if len(vols) != 2 || vols[0].PV.Name != "r1" || vols[1].PV.Name != "r3" {
+		t.Fatalf("rbd on n1 = %v, want r1 and r3", names(vols))
+	}
+	if vols[0].PVC == nil || vols[0].PVC.Name != "claim-r1" || vols[0].StorageClass == nil || vols[0].Node == nil || vols[0].Node.Labels["zone"] != "a" {
+		t.Errorf("r1's objects not joined: %+v", vols[0])
+	}
+
+	vols, _ = p.ClassVolumes("rbd-nbd")
+	if len(vols) != 2 || vols[0].NodeName != "n1" || vols[1].NodeName != "n2" {
+		t.Fatalf("class rbd-nbd = %v, want r1 on n1 and r2 on n2", names(vols))
+	}
+	if vols, _ := p.ClassVolumes("cephfs"); len(vols) != 0 {
+		t.Fatalf("class cephfs from attachments = %v, want none (no attach step)", names(vols))
+	}
+	if d := p.ClassDrivers("cephfs"); len(d) != 1 || d[0] != "cephfs" {
+		t.Fatalf("drivers without attach in cephfs = %v", d)
+	}
+	if p.AttachRequired("cephfs") || !p.AttachRequired("rbd") || !p.AttachRequired("unknown") {
+		t.Error("AttachRequired does not follow the CSIDriver objects")
+	}
+
+	vols, skipped := p.StagedVolumes("cephfs", "n3", []string{"f1", "r1", "gone"})
+	if len(vols) != 1 || vols[0].PV.Name != "f1" || vols[0].NodeName != "n3" || vols[0].Attachment != nil {
+		t.Fatalf("staged cephfs on n3 = %v, want f1 without attachment", names(vols))
+	}
+	if len(skipped) != 2 {
+		t.Errorf("skipped = %+v, want r1 (other driver) and gone (no PV)", skipped)
+	}
+}
+
+func names(vols []Volume) []string {
+	var out []string
+	for _, v := range vols {
+		out = append(out, v.PV.Name+"@"+v.NodeName)
+	}
+	return out
+}
