@@ -1,0 +1,233 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/volume-healer/volume-healer/policy"
+)
+
+func newPolicyCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy",
+		Short: "Test, evaluate and explain volume-healer policies",
+	}
+	cmd.AddCommand(newPolicyTestCommand(), newPolicyEvalCommand(), newPolicyExplainCommand())
+	return cmd
+}
+
+func newPolicyTestCommand() *cobra.Command {
+	var opts policy.TestOptions
+	cmd := &cobra.Command{
+		Use:   "test [PATH...]",
+		Short: "Run the Rego unit tests (test_* rules) of policy files or folders",
+		Long: "Runs the Rego unit tests of the .rego files at PATH (files, or folders searched recursively)\n" +
+			"the way `opa test` does, through the controller's own loader and compiler. Without PATH it\n" +
+			"runs the tests of the built-in default policy. Exits non-zero when a test fails.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			modules := policy.DefaultTestModules()
+			if len(args) > 0 {
+				var err error
+				if modules, err = policy.LoadFiles(args...); err != nil {
+					return err
+				}
+			}
+			results, err := policy.RunTests(cmd.Context(), modules, opts)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, r := range results {
+				fmt.Fprintln(out, r)
+			}
+			if err := policy.CheckTests(results); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "PASS: %d tests\n", len(results))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&opts.Run, "run", "", "run only the tests whose name matches this regular expression")
+	cmd.Flags().DurationVar(&opts.Timeout, "timeout", 5*time.Second, "time limit of each test")
+	return cmd
+}
+
+func newPolicyEvalCommand() *cobra.Command {
+	var paths []string
+	var inputFile string
+	var opts policy.CompileOptions
+	cmd := &cobra.Command{
+		Use:   "eval --input FILE [--policy PATH]...",
+		Short: "Print the decision of a policy for one input document",
+		Long: "Compiles and validates the policy at PATH (files or folders; the built-in default without\n" +
+			"--policy) exactly as the controller would, evaluates it against the input document in FILE\n" +
+			"(JSON; - for standard input) and prints the decision as JSON.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			in, err := readInput(cmd.InOrStdin(), inputFile)
+			if err != nil {
+				return err
+			}
+			rev, err := compileFrom(cmd, paths, opts)
+			if err != nil {
+				return err
+			}
+			d, err := rev.Evaluate(cmd.Context(), in)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(d)
+		},
+	}
+	cmd.Flags().StringArrayVar(&paths, "policy", nil, "policy file or folder (repeatable); default: the built-in policy")
+	cmd.Flags().StringVar(&inputFile, "input", "", "input document (JSON), - for standard input")
+	cmd.Flags().DurationVar(&opts.EvalTimeout, "timeout", policy.DefaultEvalTimeout, "evaluation timeout")
+	_ = cmd.MarkFlagRequired("input")
+	return cmd
+}
+
+func readInput(stdin io.Reader, file string) (*policy.Input, error) {
+	var r io.Reader = stdin
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("reading input: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var in policy.Input
+	if err := dec.Decode(&in); err != nil {
+		return nil, fmt.Errorf("decoding input %s: %w", file, err)
+	}
+	return &in, nil
+}
+
+func compileFrom(cmd *cobra.Command, paths []string, opts policy.CompileOptions) (*policy.Revision, error) {
+	modules := policy.DefaultModules()
+	if len(paths) > 0 {
+		var err error
+		if modules, err = policy.LoadFiles(paths...); err != nil {
+			return nil, err
+		}
+	}
+	return policy.Compile(cmd.Context(), modules, opts)
+}
+
+func newPolicyExplainCommand() *cobra.Command {
+	var (
+		kubeconfig, kubeContext  string
+		trigger, node, probe     string
+		probeReason              string
+		healable, full           bool
+		capabilities, identities []string
+		attributes               map[string]string
+		paths                    []string
+		namespace, selector      string
+		opts                     policy.CompileOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "explain PV",
+		Short: "Show how the policy decides for one volume of a live cluster, and which rules fired",
+		Long: "Builds the policy input for the PersistentVolume PV from the cluster (PV, PVC, StorageClass,\n" +
+			"VolumeAttachment, Node), evaluates the policy the controller would use (the policy ConfigMaps,\n" +
+			"the built-in default when there are none, or --policy) and prints the decision, the rules that\n" +
+			"fired and those that did not. It is a dry run: it reads from the API server and calls no sidecar\n" +
+			"or driver, so what only the driver knows is assumed from flags (--driver-capability, --probe).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			loading := clientcmd.NewDefaultClientConfigLoadingRules()
+			loading.ExplicitPath = kubeconfig
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(loading,
+				&clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+			if err != nil {
+				return fmt.Errorf("loading kubeconfig: %w", err)
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("creating Kubernetes client: %w", err)
+			}
+
+			driver, err := policy.AssumedDriver(capabilities, identities, attributes)
+			if err != nil {
+				return err
+			}
+			in, err := policy.InputFromCluster(ctx, client, args[0], policy.ClusterInputOptions{
+				Trigger: policy.Trigger(trigger),
+				Node:    node,
+				Driver:  driver,
+			})
+			if err != nil {
+				return err
+			}
+			if probe != "" {
+				if in.Probe, err = policy.AssumedProbe(probe, probeReason, healable); err != nil {
+					return err
+				}
+			}
+
+			modules := policy.DefaultModules()
+			if len(paths) > 0 {
+				if modules, err = policy.LoadFiles(paths...); err != nil {
+					return err
+				}
+			} else {
+				list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+				if err != nil {
+					return fmt.Errorf("listing policy ConfigMaps: %w", err)
+				}
+				cms := make([]*corev1.ConfigMap, len(list.Items))
+				for i := range list.Items {
+					cms[i] = &list.Items[i]
+				}
+				if found := policy.ModulesFromConfigMaps(cms); len(found) > 0 {
+					modules = found
+				}
+			}
+			rev, err := policy.Compile(ctx, modules, opts)
+			if err != nil {
+				if errors.Is(err, policy.ErrRejected) {
+					return fmt.Errorf("%w (the controller keeps serving its last good revision)", err)
+				}
+				return err
+			}
+			x, err := rev.Explain(ctx, &in)
+			if err != nil {
+				return err
+			}
+			return x.WriteText(cmd.OutOrStdout(), full)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; default: $KUBECONFIG or ~/.kube/config")
+	f.StringVar(&kubeContext, "context", "", "kubeconfig context; default: the current context")
+	f.StringVar(&trigger, "trigger", string(policy.TriggerRestart), "sweep to assume: restart, schedule or manual")
+	f.StringVar(&node, "node", "", "node to assume when the volume has no VolumeAttachment")
+	f.StringVar(&probe, "probe", "", "assume a probe result and explain the second evaluation: healthy, "+
+		strings.Join([]string{string(policy.HealthDegraded), string(policy.HealthInaccessible), string(policy.HealthDataLoss)}, ", "))
+	f.StringVar(&probeReason, "probe-reason", "Assumed", "reason of the assumed probe result")
+	f.BoolVar(&healable, "healable", true, "whether the assumed probe result says the volume can be healed")
+	f.StringSliceVar(&capabilities, "driver-capability", []string{"probe", "heal"}, "healer capabilities to assume the driver advertises: probe, heal, listVolumes")
+	f.StringSliceVar(&identities, "identity-capability", nil, "CSI-Addons identity capabilities to assume, such as SERVICE:NODE_SERVICE")
+	f.StringToStringVar(&attributes, "driver-attribute", nil, "healer attributes to assume the driver publishes, key=value")
+	f.StringArrayVar(&paths, "policy", nil, "explain with this policy file or folder instead of the cluster's (repeatable)")
+	f.StringVar(&namespace, "policy-namespace", policy.DefaultPolicyNamespace, "namespace of the policy ConfigMaps")
+	f.StringVar(&selector, "policy-selector", policy.DefaultPolicySelector, "label selector of the policy ConfigMaps")
+	f.DurationVar(&opts.EvalTimeout, "timeout", policy.DefaultEvalTimeout, "evaluation timeout")
+	f.BoolVar(&full, "trace", false, "also print OPA's full evaluation trace")
+	return cmd
+}

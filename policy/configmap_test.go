@@ -1,0 +1,267 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+const testNamespace = "volume-healer"
+
+// policyConfigMap returns a ConfigMap selected by the default selector.
+func policyConfigMap(name string, data map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: testNamespace,
+			Name:      name,
+			Labels:    map[string]string{"healer.csiaddons.openshift.io/policy": "rego"},
+		},
+		Data: data,
+	}
+}
+
+// skipPolicy is a policy that skips every volume with reason.
+func skipPolicy(reason string) string {
+	return policyText(fmt.Sprintf(`decision := {"action": "skip", "reason": %q}`, reason))
+}
+
+// configMapHarness runs a ConfigMapSource against a clientset.
+type configMapHarness struct {
+	t      *testing.T
+	ctx    context.Context
+	client kubernetes.Interface
+	engine *Engine
+	source *ConfigMapSource
+}
+
+func startConfigMapSource(t *testing.T, client kubernetes.Interface, recorder record.EventRecorder, engine *Engine) *configMapHarness {
+	t.Helper()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
+	src, err := NewConfigMapSource(client, engine, ConfigMapOptions{Namespace: testNamespace, Recorder: recorder})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- src.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Start returned %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Start did not return after its context was cancelled")
+		}
+	})
+	h := &configMapHarness{t: t, ctx: ctx, client: client, engine: engine, source: src}
+	h.eventually("the source syncs", func() (bool, string) { return src.HasSynced(), "not synced" })
+	return h
+}
+
+// eventually polls cond until it holds, failing the test after 20 seconds with cond's last word.
+func (h *configMapHarness) eventually(what string, cond func() (bool, string)) {
+	h.t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(h.ctx, 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		ok, detail := cond()
+		last = detail
+		return ok, nil
+	})
+	if err != nil {
+		h.t.Fatalf("waiting until %s: %v (last seen: %s)", what, err, last)
+	}
+}
+
+// decides waits until the engine's decision for a restart of the sample volume has reason.
+func (h *configMapHarness) decides(reason string) {
+	h.t.Helper()
+	h.eventually("the decision's reason is "+reason, func() (bool, string) {
+		in := sampleInput()
+		d, err := h.engine.Decide(h.ctx, &in)
+		return err == nil && d.Reason == reason, fmt.Sprintf("%+v, %v", d, err)
+	})
+}
+
+// status waits until the ConfigMap's status annotation satisfies check.
+func (h *configMapHarness) status(name string, check func(PolicyStatus) bool) PolicyStatus {
+	h.t.Helper()
+	var st PolicyStatus
+	h.eventually("ConfigMap "+name+" has the expected status", func() (bool, string) {
+		cm, err := h.client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		raw := cm.Annotations[StatusAnnotation]
+		st = PolicyStatus{}
+		if err := json.Unmarshal([]byte(raw), &st); err != nil {
+			return false, fmt.Sprintf("annotation %q: %v", raw, err)
+		}
+		return check(st), raw
+	})
+	return st
+}
+
+func (h *configMapHarness) create(cm *corev1.ConfigMap) {
+	h.t.Helper()
+	if _, err := h.client.CoreV1().ConfigMaps(cm.Namespace).Create(h.ctx, cm, metav1.CreateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// update replaces the data of a ConfigMap, keeping what the source wrote.
+func (h *configMapHarness) update(name string, data map[string]string) {
+	h.t.Helper()
+	cm, err := h.client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cm.Data = data
+	if _, err := h.client.CoreV1().ConfigMaps(testNamespace).Update(h.ctx, cm, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *configMapHarness) delete(name string) {
+	h.t.Helper()
+	if err := h.client.CoreV1().ConfigMaps(testNamespace).Delete(h.ctx, name, metav1.DeleteOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func isOK(st PolicyStatus) bool { return st.Status == StatusOK && st.Revision != "" }
+
+// TestConfigMapDelivery walks a policy ConfigMap through its life: created, updated, broken,
+// joined by a second ConfigMap, fixed, deleted.
+func TestConfigMapDelivery(t *testing.T) {
+	client := fake.NewClientset(
+		// Not selected: without the label, a ConfigMap is no policy.
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "unlabelled"},
+			Data: map[string]string{"p.rego": skipPolicy("Unlabelled")}},
+	)
+	recorder := record.NewFakeRecorder(100)
+	engine, reg := newTestEngine(t, Options{})
+	h := startConfigMapSource(t, client, recorder, engine)
+
+	// No policy ConfigMap: the built-in default serves.
+	h.decides("ProbeAfterRestart")
+	builtin := engine.Revision().ID()
+
+	h.create(policyConfigMap("site-policy", map[string]string{"policy.rego": skipPolicy("SitePolicyV1"), "README": "not Rego"}))
+	h.decides("SitePolicyV1")
+	if st := h.status("site-policy", isOK); st.Revision != engine.Revision().ID() {
+		t.Errorf("status names revision %s, serving %s", st.Revision, engine.Revision().ID())
+	}
+	if got := engine.Revision().Files(); len(got) != 1 || got[0] != "volume-healer/site-policy/policy.rego" {
+		t.Errorf("serving files %v", got)
+	}
+
+	h.update("site-policy", map[string]string{"policy.rego": skipPolicy("SitePolicyV2")})
+	h.decides("SitePolicyV2")
+	good := engine.Revision().ID()
+	h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusOK && st.Revision == good })
+
+	// Broken: the last good revision keeps serving, the ConfigMap says why, an Event is emitted.
+	h.update("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)})
+	st := h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+	if st.Reason != KindParse || !strings.Contains(st.Error, "volume-healer/site-policy/policy.rego:4") {
+		t.Errorf("status %+v, want a parse error naming volume-healer/site-policy/policy.rego:4", st)
+	}
+	if ev := nextEvent(t, recorder); !strings.HasPrefix(ev, "Warning PolicyRejected") ||
+		!strings.Contains(ev, "volume-healer/site-policy/policy.rego:4") || !strings.Contains(ev, good) {
+		t.Errorf("event %q, want a PolicyRejected warning naming the file and the serving revision", ev)
+	}
+	if id := engine.Revision().ID(); id != good {
+		t.Errorf("serving %s after the rejection, want %s", id, good)
+	}
+	h.decides("SitePolicyV2")
+	if v := metricValue(t, reg, "volume_healer_policy_load_errors_total", map[string]string{"reason": "parse"}); v != 1 {
+		t.Errorf("load errors{reason=parse} = %v, want 1", v)
+	}
+
+	// A second, healthy ConfigMap is blocked by the broken one; it blames the other.
+	h.create(policyConfigMap("zz-helpers", map[string]string{"helpers.rego": "package volumehealer\n\nhelper_reason := \"Helped\"\n"}))
+	st = h.status("zz-helpers", func(st PolicyStatus) bool { return st.Status == StatusBlocked })
+	if !strings.Contains(st.Error, "volume-healer/site-policy") {
+		t.Errorf("blocked status %+v does not name the offending ConfigMap", st)
+	}
+	if ev := nextEvent(t, recorder); !strings.Contains(ev, "site-policy") {
+		t.Errorf("event %q, want it to concern site-policy again", ev)
+	}
+
+	// Fixed, using the other ConfigMap's rule: both serve, both say ok.
+	h.update("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": helper_reason}`)})
+	h.decides("Helped")
+	h.status("site-policy", isOK)
+	h.status("zz-helpers", isOK)
+
+	// A runtime error is blamed on the right ConfigMap, with the line.
+	h.update("zz-helpers", map[string]string{"helpers.rego": "package volumehealer\n\nhelper_reason := sprintf(\"%d\", [1 / 0])\n"})
+	st = h.status("zz-helpers", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+	if st.Reason != KindRuntime || !strings.Contains(st.Error, "volume-healer/zz-helpers/helpers.rego:3") {
+		t.Errorf("status %+v, want a runtime error naming volume-healer/zz-helpers/helpers.rego:3", st)
+	}
+	h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusBlocked })
+	h.decides("Helped")
+
+	// A labelled ConfigMap without Rego is reported, not loaded.
+	h.create(policyConfigMap("notes", map[string]string{"notes.txt": "hello"}))
+	h.status("notes", func(st PolicyStatus) bool { return st.Status == StatusIgnored })
+
+	// Every policy deleted: back to the built-in default.
+	h.delete("site-policy")
+	h.delete("zz-helpers")
+	h.decides("ProbeAfterRestart")
+	if id := engine.Revision().ID(); id != builtin {
+		t.Errorf("serving %s after deleting every policy, want the built-in %s", id, builtin)
+	}
+	if v := metricValue(t, reg, "volume_healer_policy_revision_info", map[string]string{"revision": builtin}); v != 1 {
+		t.Errorf("revision_info{revision=%s} = %v, want 1", builtin, v)
+	}
+}
+
+// nextEvent returns the next Event the recorder received.
+func nextEvent(t *testing.T, r *record.FakeRecorder) string {
+	t.Helper()
+	select {
+	case ev := <-r.Events:
+		return ev
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Event recorded")
+		return ""
+	}
+}
+
+func TestConfigMapSourceRejectsABadSelector(t *testing.T) {
+	engine, _ := newTestEngine(t, Options{})
+	if _, err := NewConfigMapSource(fake.NewClientset(), engine, ConfigMapOptions{LabelSelector: "a in (b"}); err == nil {
+		t.Fatal("a malformed selector was accepted")
+	}
+}
+
+func TestModulesFromConfigMaps(t *testing.T) {
+	cms := []*corev1.ConfigMap{
+		policyConfigMap("b", map[string]string{"z.rego": "z", "a.rego": "a", "data.json": "{}"}),
+		policyConfigMap("a", map[string]string{"main.rego": "m"}),
+	}
+	var got []string
+	for _, m := range ModulesFromConfigMaps(cms) {
+		got = append(got, m.File+"="+m.Text)
+	}
+	want := "volume-healer/a/main.rego=m volume-healer/b/a.rego=a volume-healer/b/z.rego=z"
+	if strings.Join(got, " ") != want {
+		t.Errorf("modules %v, want %s", got, want)
+	}
+}

@@ -1,0 +1,141 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// Action is what the controller does with a volume.
+type Action string
+
+const (
+	// ActionProbe asks the driver whether the volume is healthy; the policy is evaluated again with
+	// the result.
+	ActionProbe Action = "probe"
+	// ActionHeal asks the driver to heal the volume.
+	ActionHeal Action = "heal"
+	// ActionSkip leaves the volume alone.
+	ActionSkip Action = "skip"
+)
+
+// actions lists every Action, so that metrics can start every label at zero.
+var actions = []Action{ActionProbe, ActionHeal, ActionSkip}
+
+// Valid reports whether a is one of the documented actions.
+func (a Action) Valid() bool { return a == ActionProbe || a == ActionHeal || a == ActionSkip }
+
+// Decision is the typed form of data.volumehealer.decision.
+type Decision struct {
+	// Action is probe, heal or skip.
+	Action Action
+	// Reason explains the decision to operators (Events, logs); required, never empty.
+	Reason string
+	// Timeout bounds the probe or heal call; zero means the controller's configured default.
+	Timeout time.Duration
+	// Priority orders work within a sweep, higher first; zero when the policy sets none.
+	Priority int
+}
+
+// decisionJSON is the wire form of a Decision: the same object the policy returns.
+type decisionJSON struct {
+	Action   Action `json:"action"`
+	Reason   string `json:"reason"`
+	Timeout  string `json:"timeout,omitempty"`
+	Priority int    `json:"priority,omitempty"`
+}
+
+// MarshalJSON writes the decision in the form the policy returns it, the timeout as a Go duration.
+func (d Decision) MarshalJSON() ([]byte, error) {
+	w := decisionJSON{Action: d.Action, Reason: d.Reason, Priority: d.Priority}
+	if d.Timeout > 0 {
+		w.Timeout = d.Timeout.String()
+	}
+	return json.Marshal(w)
+}
+
+// decodeDecision turns the policy's output into a Decision. Everything that is not exactly the
+// documented object is an error that names the problem, because a decision the controller
+// misreads is worse than none.
+func decodeDecision(v ast.Value) (Decision, error) {
+	obj, ok := v.(ast.Object)
+	if !ok {
+		return Decision{}, fmt.Errorf("%w: decision is %s %v, want an object with action and reason",
+			ErrInvalidDecision, ast.ValueName(v), truncate(v.String(), 200))
+	}
+	var d Decision
+	var err error
+	var haveAction, haveReason bool
+	obj.Foreach(func(k, val *ast.Term) {
+		if err != nil {
+			return
+		}
+		key, isString := k.Value.(ast.String)
+		if !isString {
+			err = fmt.Errorf("key %v is not a string", k)
+			return
+		}
+		switch string(key) {
+		case "action":
+			s, isStr := val.Value.(ast.String)
+			if !isStr {
+				err = fmt.Errorf("action is %s %v, want a string", ast.ValueName(val.Value), val)
+				return
+			}
+			d.Action, haveAction = Action(s), true
+			if !d.Action.Valid() {
+				err = fmt.Errorf("action %q is not one of probe, heal, skip", string(s))
+			}
+		case "reason":
+			s, isStr := val.Value.(ast.String)
+			if !isStr {
+				err = fmt.Errorf("reason is %s %v, want a string", ast.ValueName(val.Value), val)
+				return
+			}
+			d.Reason, haveReason = string(s), true
+			if d.Reason == "" {
+				err = fmt.Errorf("reason is empty")
+			}
+		case "timeout":
+			s, isStr := val.Value.(ast.String)
+			if !isStr {
+				err = fmt.Errorf("timeout is %s %v, want a duration string such as \"30s\"", ast.ValueName(val.Value), val)
+				return
+			}
+			d.Timeout, err = time.ParseDuration(string(s))
+			if err != nil {
+				err = fmt.Errorf("timeout %q: %w", string(s), err)
+			} else if d.Timeout <= 0 {
+				err = fmt.Errorf("timeout %q is not positive", string(s))
+			}
+		case "priority":
+			n, isNum := val.Value.(ast.Number)
+			if !isNum {
+				err = fmt.Errorf("priority is %s %v, want an integer", ast.ValueName(val.Value), val)
+				return
+			}
+			i, isInt := n.Int64()
+			if !isInt || i < math.MinInt32 || i > math.MaxInt32 {
+				err = fmt.Errorf("priority %v is not an integer between %d and %d", n, math.MinInt32, math.MaxInt32)
+				return
+			}
+			d.Priority = int(i)
+		default:
+			err = fmt.Errorf("unknown key %v (known: action, reason, timeout, priority)", k)
+		}
+	})
+	switch {
+	case err != nil:
+	case !haveAction:
+		err = fmt.Errorf("action is missing")
+	case !haveReason:
+		err = fmt.Errorf("reason is missing")
+	}
+	if err != nil {
+		return Decision{}, fmt.Errorf("%w %s: %w", ErrInvalidDecision, truncate(v.String(), 200), err)
+	}
+	return d, nil
+}

@@ -1,0 +1,60 @@
+# The built-in policy of volume-healer.
+#
+# It serves when no policy ConfigMap exists (decision.rego routes data.volumehealer.decision here),
+# and every policy can fall back to it as data.volumehealer.builtin.decision.
+#
+# The controller evaluates the policy up to twice per volume: first without a probe result (probe
+# or skip?), then, after a probe, with input.probe set (heal or skip?). docs/policy.md explains
+# every rule.
+package volumehealer.builtin
+
+default decision := {"action": "skip", "reason": "NoRuleMatched"}
+
+decision := first_pass if not probed
+
+decision := second_pass if probed
+
+# probed is true in the second evaluation. It tests input.probe.healthy rather than input.probe as a
+# whole: the engine memoizes decisions by the input fields a policy reads, and probe messages
+# differ from volume to volume.
+probed if is_boolean(input.probe.healthy)
+
+# First pass: probe every attached volume of a driver that can probe.
+first_pass := skip("DriverCannotProbe") if {
+	not input.driver.healer.probe
+} else := skip("VolumeDetaching") if {
+	input.attachment.detaching
+} else := skip("VolumeNotAttached") if {
+	input.attachment.attached == false
+} else := {
+	"action": "probe",
+	"reason": probe_reason[input.trigger],
+	"priority": priority[input.trigger],
+}
+
+# Second pass: heal a broken volume when the driver says it can, unless data may be lost.
+second_pass := skip("Healthy") if {
+	input.probe.healthy
+} else := skip("DataLoss") if {
+	# A volume that may have lost data needs a human: healing could make it worse.
+	input.probe.health[_].status == "DATA_LOSS"
+} else := skip("NotHealable") if {
+	not input.probe.healable
+} else := skip("DriverCannotHeal") if {
+	not input.driver.healer.heal
+} else := skip("VolumeDetaching") if {
+	input.attachment.detaching
+} else := {
+	"action": "heal",
+	"reason": heal_reason[input.trigger],
+	"priority": priority[input.trigger],
+}
+
+# A node plugin restart (or an operator) comes before routine checks.
+priority := {"restart": 100, "manual": 100, "schedule": 10}
+
+probe_reason := {"restart": "ProbeAfterRestart", "manual": "ProbeRequested", "schedule": "ScheduledProbe"}
+
+heal_reason := {"restart": "HealAfterRestart", "manual": "HealRequested", "schedule": "HealAfterScheduledProbe"}
+
+skip(reason) := {"action": "skip", "reason": reason}

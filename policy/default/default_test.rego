@@ -1,0 +1,106 @@
+package volumehealer_test
+
+import data.volumehealer
+
+# An rbd-nbd volume on an attached node, as the controller builds it.
+volume := {
+	"pv": "pvc-3f2a9c1e",
+	"handle": "0001-0009-rook-ceph-0000000000000002-7c1e2d3f",
+	"driver": "rbd.csi.ceph.com",
+	"attributes": {"mounter": "rbd-nbd", "pool": "replicapool"},
+	"mountOptions": ["discard"],
+	"accessModes": ["ReadWriteOnce"],
+	"storageClass": {"name": "ceph-rbd-nbd", "parameters": {"mounter": "rbd-nbd"}},
+	"pvc": {"namespace": "shop", "name": "orders-db", "labels": {}, "annotations": {}},
+}
+
+driver := {
+	"name": "rbd.csi.ceph.com",
+	"identityCapabilities": ["SERVICE:NODE_SERVICE"],
+	"healer": {"probe": true, "heal": true, "listVolumes": false, "attributes": {}},
+}
+
+first(trigger) := {
+	"trigger": trigger,
+	"volume": volume,
+	"attachment": {"node": "node-1", "attached": true, "detaching": false},
+	"node": {"name": "node-1", "labels": {}},
+	"driver": driver,
+	"history": {"consecutiveFailures": 0},
+}
+
+second(trigger, probe) := object.union(first(trigger), {"probe": probe})
+
+broken := {
+	"healthy": false,
+	"health": [{"status": "INACCESSIBLE", "reason": "MountGone", "message": "/dev/nbd0 is gone"}],
+	"healable": true,
+	"recheckAfterSeconds": 0,
+}
+
+test_restart_probes if {
+	volumehealer.decision == {"action": "probe", "reason": "ProbeAfterRestart", "priority": 100} with input as first("restart")
+}
+
+test_manual_probes_like_restart if {
+	volumehealer.decision == {"action": "probe", "reason": "ProbeRequested", "priority": 100} with input as first("manual")
+}
+
+test_schedule_probes if {
+	volumehealer.decision == {"action": "probe", "reason": "ScheduledProbe", "priority": 10} with input as first("schedule")
+}
+
+test_driver_without_probe_is_skipped if {
+	d := object.union(driver, {"healer": {"probe": false, "heal": false, "listVolumes": false, "attributes": {}}})
+	doc := object.union(first("restart"), {"driver": d})
+	volumehealer.decision == {"action": "skip", "reason": "DriverCannotProbe"} with input as doc
+}
+
+test_detaching_volume_is_skipped if {
+	doc := object.union(first("restart"), {"attachment": {"node": "node-1", "attached": true, "detaching": true}})
+	volumehealer.decision.action == "skip" with input as doc
+}
+
+test_unattached_volume_is_skipped if {
+	doc := object.union(first("restart"), {"attachment": {"node": "node-1", "attached": false, "detaching": false}})
+	volumehealer.decision == {"action": "skip", "reason": "VolumeNotAttached"} with input as doc
+}
+
+test_volume_without_attachment_is_probed if {
+	doc := json.remove(first("restart"), ["attachment"])
+	volumehealer.decision.action == "probe" with input as doc
+}
+
+test_restart_heals_broken_volume if {
+	volumehealer.decision == {"action": "heal", "reason": "HealAfterRestart", "priority": 100} with input as second("restart", broken)
+}
+
+test_schedule_heals_broken_volume if {
+	volumehealer.decision == {"action": "heal", "reason": "HealAfterScheduledProbe", "priority": 10} with input as second("schedule", broken)
+}
+
+test_healthy_volume_is_skipped if {
+	healthy := {"healthy": true, "health": [], "healable": true, "recheckAfterSeconds": 0}
+	volumehealer.decision == {"action": "skip", "reason": "Healthy"} with input as second("restart", healthy)
+}
+
+test_data_loss_is_never_healed if {
+	lost := object.union(broken, {"health": [
+		{"status": "INACCESSIBLE", "reason": "MountGone", "message": ""},
+		{"status": "DATA_LOSS", "reason": "ImageCorrupt", "message": ""},
+	]})
+	every trigger in ["restart", "schedule", "manual"] {
+		volumehealer.decision == {"action": "skip", "reason": "DataLoss"} with input as second(trigger, lost)
+	}
+}
+
+test_unhealable_volume_is_skipped if {
+	doc := second("restart", object.union(broken, {"healable": false}))
+	volumehealer.decision == {"action": "skip", "reason": "NotHealable"} with input as doc
+}
+
+test_driver_without_heal_is_skipped if {
+	d := object.union(driver, {"healer": {"probe": true, "heal": false, "listVolumes": false, "attributes": {}}})
+	doc := object.union(second("restart", broken), {"driver": d})
+	volumehealer.decision == {"action": "skip", "reason": "DriverCannotHeal"} with input as doc
+}

@@ -1,0 +1,331 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// Trigger says why a volume is being looked at.
+type Trigger string
+
+const (
+	// TriggerRestart is a sweep after a node plugin (re)started: its userspace mounters may have died
+	// with it.
+	TriggerRestart Trigger = "restart"
+	// TriggerSchedule is a periodic sweep.
+	TriggerSchedule Trigger = "schedule"
+	// TriggerManual is a sweep an operator asked for.
+	TriggerManual Trigger = "manual"
+)
+
+// Valid reports whether t is one of the documented triggers.
+func (t Trigger) Valid() bool {
+	return t == TriggerRestart || t == TriggerSchedule || t == TriggerManual
+}
+
+// HealthStatus is the CSI VolumeHealth status vocabulary.
+type HealthStatus string
+
+const (
+	// HealthDegraded means the volume works with reduced function or performance.
+	HealthDegraded HealthStatus = "DEGRADED"
+	// HealthInaccessible means the volume cannot be used, for example because its mount is gone.
+	HealthInaccessible HealthStatus = "INACCESSIBLE"
+	// HealthDataLoss means data on the volume may be lost. Never healed automatically by the default
+	// policy.
+	HealthDataLoss HealthStatus = "DATA_LOSS"
+)
+
+// Input is the document a policy sees as `input`. The controller builds one per volume and
+// evaluates the policy twice: first without Probe (probe, heal or skip?), then, when the first
+// answer was probe, with the probe result (heal or skip?).
+//
+// The JSON form (field names below) is the Rego form. Absent optional parts are left out rather
+// than null, and maps and lists are always present (empty when there is nothing), so a policy can
+// write `input.volume.attributes.mounter` or `count(input.volume.mountOptions)` without guards.
+type Input struct {
+	// Trigger is why the volume is looked at: "restart", "schedule" or "manual".
+	Trigger Trigger `json:"trigger"`
+	// Volume describes the PersistentVolume and what it is bound to.
+	Volume Volume `json:"volume"`
+	// Attachment is the volume's VolumeAttachment; absent for drivers that need no attach step
+	// (CSIDriver attachRequired: false, such as CephFS).
+	Attachment *Attachment `json:"attachment,omitempty"`
+	// Node is the node the volume is used on; absent when not known.
+	Node *Node `json:"node,omitempty"`
+	// Driver is what the CSI driver advertises about itself.
+	Driver DriverInfo `json:"driver"`
+	// History is what the controller remembers about earlier probes and heals of this volume.
+	History History `json:"history"`
+	// Probe is the result of probing the volume; present only in the second evaluation.
+	Probe *ProbeResult `json:"probe,omitempty"`
+}
+
+// Volume describes a PersistentVolume.
+type Volume struct {
+	// PV is the PersistentVolume name.
+	PV string `json:"pv"`
+	// Handle is the CSI volume handle.
+	Handle string `json:"handle"`
+	// Driver is the CSI driver name from the PV.
+	Driver string `json:"driver"`
+	// Attributes are the PV's spec.csi.volumeAttributes (for Ceph RBD, `mounter: rbd-nbd` selects
+	// the userspace mounter).
+	Attributes map[string]string `json:"attributes"`
+	// MountOptions are the PV's spec.mountOptions.
+	MountOptions []string `json:"mountOptions"`
+	// AccessModes are the PV's spec.accessModes, such as "ReadWriteOnce".
+	AccessModes []string `json:"accessModes"`
+	// StorageClass is the PV's StorageClass; absent when the PV names none.
+	StorageClass *StorageClass `json:"storageClass,omitempty"`
+	// PVC is the claim the PV is bound to; absent when the PV is not bound.
+	PVC *Claim `json:"pvc,omitempty"`
+}
+
+// StorageClass is the part of a StorageClass a policy sees.
+type StorageClass struct {
+	// Name is the StorageClass name.
+	Name string `json:"name"`
+	// Parameters are the StorageClass parameters; empty when the StorageClass no longer exists.
+	Parameters map[string]string `json:"parameters"`
+}
+
+// Claim is the part of a PersistentVolumeClaim a policy sees.
+type Claim struct {
+	// Namespace is the claim's namespace.
+	Namespace string `json:"namespace"`
+	// Name is the claim's name.
+	Name string `json:"name"`
+	// Labels are the claim's labels.
+	Labels map[string]string `json:"labels"`
+	// Annotations are the claim's annotations.
+	Annotations map[string]string `json:"annotations"`
+}
+
+// Attachment is the state of the volume's VolumeAttachment.
+type Attachment struct {
+	// Node is the node the volume is attached to.
+	Node string `json:"node"`
+	// Attached is the VolumeAttachment's status.attached.
+	Attached bool `json:"attached"`
+	// Detaching is true once the VolumeAttachment is being deleted.
+	Detaching bool `json:"detaching"`
+}
+
+// Node is the part of a Node a policy sees.
+type Node struct {
+	// Name is the node name.
+	Name string `json:"name"`
+	// Labels are the node's labels.
+	Labels map[string]string `json:"labels"`
+}
+
+// DriverInfo is what a CSI driver advertises: its CSI-Addons identity capabilities and its healer
+// capabilities.
+type DriverInfo struct {
+	// Name is the CSI driver name.
+	Name string `json:"name"`
+	// IdentityCapabilities are the driver's CSI-Addons identity capabilities as strings, such as
+	// "SERVICE:NODE_SERVICE".
+	IdentityCapabilities []string `json:"identityCapabilities"`
+	// Healer is what the driver's healer service supports.
+	Healer HealerCapabilities `json:"healer"`
+}
+
+// HealerCapabilities is the driver's answer to the healer capability call.
+type HealerCapabilities struct {
+	// Probe is true when the driver can probe a volume.
+	Probe bool `json:"probe"`
+	// Heal is true when the driver can heal a volume.
+	Heal bool `json:"heal"`
+	// ListVolumes is true when the driver can list the volumes staged on its node.
+	ListVolumes bool `json:"listVolumes"`
+	// Attributes are free-form attributes the driver publishes, such as
+	// "healMounters": "rbd-nbd,fuse".
+	Attributes map[string]string `json:"attributes"`
+}
+
+// History is what the controller remembers about a volume.
+type History struct {
+	// LastProbe is the most recent probe; absent when the volume was never probed.
+	LastProbe *ProbeRecord `json:"lastProbe,omitempty"`
+	// ConsecutiveFailures counts failed probes and heals since the last success.
+	ConsecutiveFailures int `json:"consecutiveFailures"`
+	// LastHeal is when the volume was last healed; absent when it never was. RFC 3339 in Rego.
+	LastHeal *time.Time `json:"lastHeal,omitempty"`
+}
+
+// ProbeRecord is a remembered probe.
+type ProbeRecord struct {
+	// Time is when the probe ran. RFC 3339 in Rego (time.parse_rfc3339_ns reads it).
+	Time time.Time `json:"time"`
+	// Healthy is the probe's verdict.
+	Healthy bool `json:"healthy"`
+	// Health lists the problems found.
+	Health []Health `json:"health"`
+}
+
+// ProbeResult is the driver's answer to a probe, handed to the second evaluation.
+type ProbeResult struct {
+	// Healthy is true when the driver found nothing wrong.
+	Healthy bool `json:"healthy"`
+	// Health lists the problems found, in the CSI VolumeHealth vocabulary.
+	Health []Health `json:"health"`
+	// Healable is the driver's statement whether this volume can be healed at all.
+	Healable bool `json:"healable"`
+	// RecheckAfterSeconds is the driver's hint to probe again after that many seconds; 0 means none.
+	RecheckAfterSeconds int64 `json:"recheckAfterSeconds"`
+}
+
+// Health is one problem a probe found.
+type Health struct {
+	// Status is DEGRADED, INACCESSIBLE or DATA_LOSS.
+	Status HealthStatus `json:"status"`
+	// Reason is a CamelCase reason, such as "MountGone".
+	Reason string `json:"reason"`
+	// Message is a human-readable explanation.
+	Message string `json:"message"`
+}
+
+// validate checks what the engine relies on before evaluating.
+func (in *Input) validate() error {
+	if !in.Trigger.Valid() {
+		return fmt.Errorf("%w: trigger %q is not one of restart, schedule, manual", ErrInvalidInput, in.Trigger)
+	}
+	return nil
+}
+
+// MarshalJSON writes the input exactly as the policy sees it.
+func (in Input) MarshalJSON() ([]byte, error) {
+	v, err := ast.JSON(in.astValue())
+	if err != nil {
+		return nil, fmt.Errorf("converting policy input to JSON: %w", err)
+	}
+	return json.Marshal(v)
+}
+
+// formatTime is how times reach Rego: RFC 3339 in UTC, with as many fractional digits as needed.
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// astValue converts the input to the Rego value the policy evaluates against. It builds the value
+// directly, without a JSON round trip, because it runs for every evaluation that misses the memo.
+func (in *Input) astValue() ast.Value {
+	items := make([][2]*ast.Term, 0, 7)
+	items = append(items,
+		item("trigger", ast.StringTerm(string(in.Trigger))),
+		item("volume", ast.NewTerm(in.Volume.astValue())),
+	)
+	if in.Attachment != nil {
+		items = append(items, item("attachment", ast.ObjectTerm(
+			item("node", ast.StringTerm(in.Attachment.Node)),
+			item("attached", ast.InternedTerm(in.Attachment.Attached)),
+			item("detaching", ast.InternedTerm(in.Attachment.Detaching)),
+		)))
+	}
+	if in.Node != nil {
+		items = append(items, item("node", ast.ObjectTerm(
+			item("name", ast.StringTerm(in.Node.Name)),
+			item("labels", stringMapTerm(in.Node.Labels)),
+		)))
+	}
+	items = append(items,
+		item("driver", ast.ObjectTerm(
+			item("name", ast.StringTerm(in.Driver.Name)),
+			item("identityCapabilities", stringsTerm(in.Driver.IdentityCapabilities)),
+			item("healer", ast.ObjectTerm(
+				item("probe", ast.InternedTerm(in.Driver.Healer.Probe)),
+				item("heal", ast.InternedTerm(in.Driver.Healer.Heal)),
+				item("listVolumes", ast.InternedTerm(in.Driver.Healer.ListVolumes)),
+				item("attributes", stringMapTerm(in.Driver.Healer.Attributes)),
+			)),
+		)),
+		item("history", ast.NewTerm(in.History.astValue())),
+	)
+	if in.Probe != nil {
+		items = append(items, item("probe", ast.ObjectTerm(
+			item("healthy", ast.InternedTerm(in.Probe.Healthy)),
+			item("health", healthTerm(in.Probe.Health)),
+			item("healable", ast.InternedTerm(in.Probe.Healable)),
+			item("recheckAfterSeconds", ast.InternedTerm(in.Probe.RecheckAfterSeconds)),
+		)))
+	}
+	return ast.NewObject(items...)
+}
+
+func (v *Volume) astValue() ast.Value {
+	items := make([][2]*ast.Term, 0, 8)
+	items = append(items,
+		item("pv", ast.StringTerm(v.PV)),
+		item("handle", ast.StringTerm(v.Handle)),
+		item("driver", ast.StringTerm(v.Driver)),
+		item("attributes", stringMapTerm(v.Attributes)),
+		item("mountOptions", stringsTerm(v.MountOptions)),
+		item("accessModes", stringsTerm(v.AccessModes)),
+	)
+	if v.StorageClass != nil {
+		items = append(items, item("storageClass", ast.ObjectTerm(
+			item("name", ast.StringTerm(v.StorageClass.Name)),
+			item("parameters", stringMapTerm(v.StorageClass.Parameters)),
+		)))
+	}
+	if v.PVC != nil {
+		items = append(items, item("pvc", ast.ObjectTerm(
+			item("namespace", ast.StringTerm(v.PVC.Namespace)),
+			item("name", ast.StringTerm(v.PVC.Name)),
+			item("labels", stringMapTerm(v.PVC.Labels)),
+			item("annotations", stringMapTerm(v.PVC.Annotations)),
+		)))
+	}
+	return ast.NewObject(items...)
+}
+
+func (h *History) astValue() ast.Value {
+	items := make([][2]*ast.Term, 0, 3)
+	if h.LastProbe != nil {
+		items = append(items, item("lastProbe", ast.ObjectTerm(
+			item("time", ast.StringTerm(formatTime(h.LastProbe.Time))),
+			item("healthy", ast.InternedTerm(h.LastProbe.Healthy)),
+			item("health", healthTerm(h.LastProbe.Health)),
+		)))
+	}
+	items = append(items, item("consecutiveFailures", ast.InternedTerm(h.ConsecutiveFailures)))
+	if h.LastHeal != nil {
+		items = append(items, item("lastHeal", ast.StringTerm(formatTime(*h.LastHeal))))
+	}
+	return ast.NewObject(items...)
+}
+
+func item(key string, value *ast.Term) [2]*ast.Term {
+	return [2]*ast.Term{ast.InternedTerm(key), value}
+}
+
+func stringMapTerm(m map[string]string) *ast.Term {
+	obj := ast.NewObjectWithCapacity(len(m))
+	for k, v := range m {
+		obj.Insert(ast.StringTerm(k), ast.StringTerm(v))
+	}
+	return ast.NewTerm(obj)
+}
+
+func stringsTerm(s []string) *ast.Term {
+	terms := make([]*ast.Term, len(s))
+	for i, x := range s {
+		terms[i] = ast.StringTerm(x)
+	}
+	return ast.ArrayTerm(terms...)
+}
+
+func healthTerm(hs []Health) *ast.Term {
+	terms := make([]*ast.Term, len(hs))
+	for i := range hs {
+		terms[i] = ast.ObjectTerm(
+			item("status", ast.StringTerm(string(hs[i].Status))),
+			item("reason", ast.StringTerm(hs[i].Reason)),
+			item("message", ast.StringTerm(hs[i].Message)),
+		)
+	}
+	return ast.ArrayTerm(terms...)
+}

@@ -1,0 +1,105 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+)
+
+// cannedInput is one input a new revision must decide for before it serves.
+type cannedInput struct {
+	name  string
+	input Input
+}
+
+// validationInputs returns inputs that walk a policy through its usual branches: every trigger,
+// first and second evaluation (healthy, broken, broken and unhealable, data loss), a driver that
+// advertises everything and one that advertises nothing, a block volume with attachment and PVC
+// and a shared filesystem volume without either. A policy that errs, conflicts, returns a
+// malformed or undefined decision, or runs past the timeout on any of them is rejected.
+func validationInputs() []cannedInput {
+	lastProbe := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	volumes := []struct {
+		name       string
+		volume     Volume
+		attachment *Attachment
+	}{
+		{
+			name: "an attached rbd-nbd volume",
+			volume: Volume{
+				PV:           "pvc-validation-rbd",
+				Handle:       "0001-0009-rook-ceph-0000000000000002-validation",
+				Driver:       "rbd.csi.ceph.com",
+				Attributes:   map[string]string{"mounter": "rbd-nbd", "pool": "replicapool"},
+				MountOptions: []string{"discard"},
+				AccessModes:  []string{"ReadWriteOnce"},
+				StorageClass: &StorageClass{Name: "ceph-rbd-nbd", Parameters: map[string]string{"mounter": "rbd-nbd"}},
+				PVC: &Claim{Namespace: "default", Name: "data",
+					Labels: map[string]string{"app": "db"}, Annotations: map[string]string{}},
+			},
+			attachment: &Attachment{Node: "node-1", Attached: true},
+		},
+		{
+			name: "an unbound ceph-fuse volume without attachment",
+			volume: Volume{
+				PV:          "pvc-validation-cephfs",
+				Handle:      "0001-0009-rook-ceph-0000000000000001-validation",
+				Driver:      "cephfs.csi.ceph.com",
+				Attributes:  map[string]string{"mounter": "fuse"},
+				AccessModes: []string{"ReadWriteMany"},
+			},
+		},
+	}
+	drivers := []struct {
+		name   string
+		driver DriverInfo
+	}{
+		{name: "a driver that probes and heals", driver: DriverInfo{
+			Name:                 "rbd.csi.ceph.com",
+			IdentityCapabilities: []string{"SERVICE:NODE_SERVICE"},
+			Healer:               HealerCapabilities{Probe: true, Heal: true, ListVolumes: true, Attributes: map[string]string{"healMounters": "rbd-nbd"}},
+		}},
+		{name: "a driver without healer capabilities", driver: DriverInfo{Name: "ebs.csi.aws.com"}},
+	}
+	probes := []struct {
+		name  string
+		probe *ProbeResult
+	}{
+		{name: "before probing"},
+		{name: "after a healthy probe", probe: &ProbeResult{Healthy: true, Healable: true}},
+		{name: "after a probe found it inaccessible", probe: &ProbeResult{Healable: true,
+			Health: []Health{{Status: HealthInaccessible, Reason: "MountGone", Message: "the mount is gone"}}}},
+		{name: "after a probe found it degraded and unhealable", probe: &ProbeResult{RecheckAfterSeconds: 30,
+			Health: []Health{{Status: HealthDegraded, Reason: "ReadOnly", Message: "remounted read-only"}}}},
+		{name: "after a probe found data loss", probe: &ProbeResult{Healable: true,
+			Health: []Health{{Status: HealthDataLoss, Reason: "Corrupt", Message: "the image is corrupt"}}}},
+	}
+
+	var out []cannedInput
+	for _, trigger := range []Trigger{TriggerRestart, TriggerSchedule, TriggerManual} {
+		for _, v := range volumes {
+			for _, d := range drivers {
+				for _, p := range probes {
+					in := Input{
+						Trigger:    trigger,
+						Volume:     v.volume,
+						Attachment: v.attachment,
+						Driver:     d.driver,
+						Probe:      p.probe,
+					}
+					if v.attachment != nil {
+						in.Node = &Node{Name: v.attachment.Node, Labels: map[string]string{"kubernetes.io/hostname": v.attachment.Node}}
+						in.History = History{
+							LastProbe:           &ProbeRecord{Time: lastProbe, Healthy: true},
+							ConsecutiveFailures: 1,
+						}
+					}
+					out = append(out, cannedInput{
+						name:  fmt.Sprintf("a %s sweep of %s of %s %s", trigger, v.name, d.name, p.name),
+						input: in,
+					})
+				}
+			}
+		}
+	}
+	return out
+}
