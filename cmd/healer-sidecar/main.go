@@ -1,0 +1,134 @@
+// Command healer-sidecar runs in a CSI node plugin pod beside the driver. It serves the
+// volume-healer NodeHealer service to the controller over TCP with TLS and relays each call to
+// the driver's Healer service on its CSI-Addons UNIX socket. See docs/sidecar.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg, err := parse(os.Args[1:], os.LookupEnv)
+	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
+	if err == nil {
+		err = run(ctx, cfg)
+	}
+	klog.Flush()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "healer-sidecar:", err)
+		os.Exit(1)
+	}
+}
+
+// config is what the command line gives: the sidecar's options, and how to reach the API
+// server.
+type config struct {
+	opts       sidecar.Options
+	kubeconfig string
+}
+
+// parse reads the flags; the downward API's environment variables fill what the flags leave
+// empty.
+func parse(args []string, env func(string) (string, bool)) (*config, error) {
+	cfg := &config{}
+	o := &cfg.opts
+	fs := pflag.NewFlagSet("healer-sidecar", pflag.ContinueOnError)
+	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path of a kubeconfig file; empty uses the pod's ServiceAccount (in-cluster).")
+	fs.StringVar(&o.DriverEndpoint, "driver-endpoint", sidecar.DefaultDriverEndpoint, "The driver's CSI-Addons UNIX socket.")
+	fs.StringVar(&o.NodeName, "node-name", "", "The Node this pod runs on. Default: $NODE_NAME.")
+	fs.StringVar(&o.Namespace, "namespace", "", "Namespace of the CSIAddonsNode (the pod's namespace). Default: $POD_NAMESPACE.")
+	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of this pod, part of the restart marker. Default: $POD_UID.")
+	fs.StringVar(&o.PodIP, "pod-ip", "", "IP of this pod, for the advertised endpoint. Default: $POD_IP.")
+	fs.StringVar(&o.ListenAddress, "listen", sidecar.DefaultListenAddress, "TCP address to serve NodeHealer on (host:port, :port, [ipv6]:port).")
+	fs.StringVar(&o.AdvertiseAddress, "advertise-address", "", "host[:port] the controller dials, written to the CSIAddonsNode. Default: the pod IP and the listening port.")
+	fs.StringVar(&o.CSIAddonsNodeName, "csiaddonsnode-name", "", "CSIAddonsNode to create or update. Default: the one in --namespace for this driver and node, else <node>-<driver with dots replaced by dashes>.")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "PEM serving certificate; read again when it changes.")
+	fs.StringVar(&o.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file.")
+	fs.BoolVar(&o.Insecure, "insecure", false, "Serve without TLS. For tests and demos only: tokens travel in clear text.")
+	fs.StringVar(&o.TokenAudience, "token-audience", "", "Audience the controller's token must carry. Default: the API server's audiences.")
+	fs.StringSliceVar(&o.AllowedIdentities, "allowed-identities", []string{sidecar.DefaultAllowedIdentity}, "User names (from TokenReview) allowed to call, comma separated.")
+	fs.DurationVar(&o.AuthCacheTTL, "auth-cache-ttl", sidecar.DefaultAuthCacheTTL, "How long an accepted token is trusted before it is reviewed again.")
+	fs.DurationVar(&o.AuthFailureCacheTTL, "auth-failure-cache-ttl", sidecar.DefaultAuthFailureCacheTTL, "How long a rejected token stays rejected before it is reviewed again.")
+	fs.IntVar(&o.MaxMessageSize, "max-message-size", sidecar.DefaultMaxMessageSize, "Largest gRPC message, in bytes, accepted or sent, toward the controller and the driver.")
+	fs.DurationVar(&o.DriverTimeout, "driver-timeout", sidecar.DefaultDriverTimeout, "Timeout of each call to the driver; a shorter deadline of the controller wins.")
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sidecar.DefaultShutdownTimeout, "On SIGTERM, how long calls in flight may still finish.")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", sidecar.DefaultMetricsAddress, "Address of /metrics, /healthz and /readyz; 0 turns it off.")
+
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, f := range []struct {
+		value *string
+		env   string
+	}{
+		{&o.NodeName, "NODE_NAME"},
+		{&o.Namespace, "POD_NAMESPACE"},
+		{&o.PodUID, "POD_UID"},
+		{&o.PodIP, "POD_IP"},
+	} {
+		if *f.value == "" {
+			*f.value, _ = env(f.env)
+		}
+	}
+	return cfg, nil
+}
+
+// run builds the sidecar and serves until ctx ends.
+func run(ctx context.Context, cfg *config) error {
+	restCfg, err := restConfig(cfg.kubeconfig)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "volume-healer-sidecar"
+	cfg.opts.KubeConfig = restCfg
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.opts.Registry = reg
+	s, err := sidecar.New(cfg.opts)
+	if err != nil {
+		return err
+	}
+	return s.Start(ctx)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+		}
+		return c, nil
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster configuration (outside a pod, pass --kubeconfig): %w", err)
+	}
+	return c, nil
+}

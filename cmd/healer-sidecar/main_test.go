@@ -1,0 +1,61 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+)
+
+func TestParse(t *testing.T) {
+	env := map[string]string{"NODE_NAME": "worker-1", "POD_NAMESPACE": "ceph-csi", "POD_UID": "0b1c", "POD_IP": "10.1.2.3"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	tests := map[string]struct {
+		args  []string
+		check func(t *testing.T, c *config)
+	}{
+		"defaults and the downward API": {
+			check: func(t *testing.T, c *config) {
+				o := c.opts
+				if o.NodeName != "worker-1" || o.Namespace != "ceph-csi" || o.PodUID != "0b1c" || o.PodIP != "10.1.2.3" {
+					t.Errorf("downward API values not taken: %+v", o)
+				}
+				if o.DriverEndpoint != sidecar.DefaultDriverEndpoint || o.ListenAddress != ":9070" || o.MetricsAddress != ":9071" ||
+					o.DriverTimeout != 30*time.Second || o.ShutdownTimeout != 10*time.Second ||
+					!slices.Equal(o.AllowedIdentities, []string{sidecar.DefaultAllowedIdentity}) {
+					t.Errorf("defaults = %+v", o)
+				}
+			},
+		},
+		"flags win over the environment": {
+			args: []string{"--node-name=worker-2", "--namespace=csi", "--driver-endpoint=unix:///plugin/addons.sock",
+				"--listen=[::]:9443", "--allowed-identities=a,b", "--driver-timeout=5s", "--insecure", "--token-audience=healer",
+				"--csiaddonsnode-name=n1", "--advertise-address=node.example:9443", "--max-message-size=1024", "-v=4"},
+			check: func(t *testing.T, c *config) {
+				o := c.opts
+				if o.NodeName != "worker-2" || o.Namespace != "csi" || o.DriverEndpoint != "unix:///plugin/addons.sock" ||
+					o.ListenAddress != "[::]:9443" || !slices.Equal(o.AllowedIdentities, []string{"a", "b"}) ||
+					o.DriverTimeout != 5*time.Second || !o.Insecure || o.TokenAudience != "healer" ||
+					o.CSIAddonsNodeName != "n1" || o.AdvertiseAddress != "node.example:9443" || o.MaxMessageSize != 1024 {
+					t.Errorf("flags not applied: %+v", o)
+				}
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c, err := parse(tc.args, lookup)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+	if _, err := parse([]string{"--no-such-flag"}, lookup); err == nil {
+		t.Error("an unknown flag was accepted")
+	}
+	if _, err := parse([]string{"stray"}, lookup); err == nil {
+		t.Error("a stray argument was accepted")
+	}
+}

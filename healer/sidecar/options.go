@@ -1,0 +1,284 @@
+package sidecar
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+)
+
+// Defaults of Options, exported so that the command line can show them.
+const (
+	// DefaultDriverEndpoint is the driver's CSI-Addons socket as the node plugin pod mounts it.
+	DefaultDriverEndpoint = "unix:///csi/csi-addons.sock"
+	// DefaultListenAddress serves NodeHealer on every address, IPv4 and IPv6.
+	DefaultListenAddress = ":9070"
+	// DefaultMetricsAddress serves /metrics, /healthz and /readyz.
+	DefaultMetricsAddress = ":9071"
+	// DefaultAllowedIdentity is the controller's ServiceAccount in the default installation.
+	DefaultAllowedIdentity = "system:serviceaccount:volume-healer:volume-healer"
+	// DefaultKubeletDir is kubelet's root folder, the base of the staging paths.
+	DefaultKubeletDir = "/var/lib/kubelet"
+	// DefaultMaxMessageSize bounds every gRPC message, in both directions, on both sides.
+	DefaultMaxMessageSize = 4 << 20
+	// DefaultDriverTimeout bounds each call to the driver.
+	DefaultDriverTimeout = 30 * time.Second
+	// DefaultShutdownTimeout bounds how long calls in flight may run after a stop is requested.
+	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultAuthCacheTTL is how long an accepted token is trusted without a new TokenReview.
+	DefaultAuthCacheTTL = 30 * time.Second
+	// DefaultAuthFailureCacheTTL is how long a rejected token stays rejected without a new
+	// TokenReview.
+	DefaultAuthFailureCacheTTL = 10 * time.Second
+	// DefaultSecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be
+	// cached the first time that namespace is needed.
+	DefaultSecretSyncTimeout = 5 * time.Second
+)
+
+// Options configure a Sidecar. Zero values take the defaults documented on each field.
+type Options struct {
+	// KubeConfig reaches the API server with the sidecar's own ServiceAccount. Required.
+	KubeConfig *rest.Config
+
+	// NodeName is the Kubernetes Node the sidecar runs on (downward API spec.nodeName). It is
+	// reported by GetHealerCapabilities and written as spec.driver.nodeID of the CSIAddonsNode,
+	// as the csi-addons sidecar does. Required.
+	NodeName string
+
+	// Namespace is where the CSIAddonsNode lives: the node plugin pod's namespace (downward API
+	// metadata.namespace). Required.
+	Namespace string
+
+	// PodUID is the node plugin pod's UID (downward API metadata.uid). It is part of the restart
+	// marker so that the marker changes even if two starts read the same clock. Default: none,
+	// the marker is the start time alone.
+	PodUID string
+
+	// PodIP is the node plugin pod's IP (downward API status.podIP), used for the advertised
+	// endpoint when AdvertiseAddress is empty. Default: none.
+	PodIP string
+
+	// DriverEndpoint is the driver's CSI-Addons UNIX socket, "unix:///path" or "/path".
+	// Default: DefaultDriverEndpoint.
+	DriverEndpoint string
+
+	// ListenAddress is the TCP address NodeHealer is served on, "host:port"; ":port" listens on
+	// every IPv4 and IPv6 address, "[::1]:port" on one IPv6 address. Default:
+	// DefaultListenAddress.
+	ListenAddress string
+
+	// AdvertiseAddress is the "host:port" the controller dials, written to the CSIAddonsNode.
+	// A value without a port gets the port of ListenAddress. Default: PodIP and the listening
+	// port; when PodIP is empty too, the listening address if it names one host.
+	AdvertiseAddress string
+
+	// CSIAddonsNodeName names the CSIAddonsNode to create or update. Default: the CSIAddonsNode
+	// in Namespace whose spec.driver names this driver and node, if there is one (the csi-addons
+	// sidecar's), else DefaultCSIAddonsNodeName(NodeName, driver name).
+	CSIAddonsNodeName string
+
+	// TLSCertFile and TLSKeyFile hold the serving certificate and key, PEM encoded. They are read
+	// again when they change, so a rotated certificate needs no restart. Required unless
+	// Insecure.
+	TLSCertFile string
+	// TLSKeyFile: see TLSCertFile.
+	TLSKeyFile string
+
+	// Insecure serves NodeHealer without TLS, for tests and demos only: tokens then cross the
+	// network in clear text. Default: false.
+	Insecure bool
+
+	// TokenAudience, when set, is the audience the controller's token must carry; the
+	// TokenReview asks for it. Default: none, the API server's own audiences.
+	TokenAudience string
+
+	// AllowedIdentities are the user names (from the TokenReview) allowed to call. Default:
+	// [DefaultAllowedIdentity].
+	AllowedIdentities []string
+
+	// AuthCacheTTL is how long an accepted token is trusted before it is reviewed again.
+	// Default: DefaultAuthCacheTTL.
+	AuthCacheTTL time.Duration
+
+	// AuthFailureCacheTTL is how long a rejected token stays rejected before it is reviewed
+	// again. Default: DefaultAuthFailureCacheTTL.
+	AuthFailureCacheTTL time.Duration
+
+	// AuthCacheSize bounds the number of cached TokenReview results. Default: 1024.
+	AuthCacheSize int
+
+	// MaxMessageSize bounds every gRPC message received or sent, from the controller and from
+	// the driver, in bytes. Default: DefaultMaxMessageSize (4 MiB).
+	MaxMessageSize int
+
+	// DriverTimeout bounds each call to the driver; a shorter deadline of the caller wins.
+	// Default: DefaultDriverTimeout.
+	DriverTimeout time.Duration
+
+	// ShutdownTimeout bounds how long calls in flight may finish once Start's context is done;
+	// then they are cut off. Default: DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+
+	// KubeletDir is kubelet's root folder, from which staging paths are derived. Default:
+	// DefaultKubeletDir.
+	KubeletDir string
+
+	// SecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be cached
+	// the first time it needs one from there. Default: DefaultSecretSyncTimeout.
+	SecretSyncTimeout time.Duration
+
+	// MetricsAddress serves /metrics, /healthz and /readyz over HTTP. "0" turns the server off
+	// (the metrics are still recorded in Registry). Default: DefaultMetricsAddress.
+	MetricsAddress string
+
+	// Registry receives the sidecar's metrics and is what /metrics serves. Default: a new
+	// registry of its own.
+	Registry *prometheus.Registry
+
+	// RegisterBackoff is the first wait between two failed CSIAddonsNode registrations; the wait
+	// doubles up to RegisterMaxBackoff. Default: 500ms.
+	RegisterBackoff time.Duration
+
+	// RegisterMaxBackoff caps the wait between failed registrations. Default: 30s.
+	RegisterMaxBackoff time.Duration
+
+	// Clock tells time for caches, backoffs and the restart marker. Default: the real clock.
+	Clock clock.WithTicker
+}
+
+func (o *Options) setDefaults() error {
+	var missing []string
+	if o.KubeConfig == nil {
+		missing = append(missing, "KubeConfig")
+	}
+	if o.NodeName == "" {
+		missing = append(missing, "NodeName (--node-name or NODE_NAME)")
+	}
+	if o.Namespace == "" {
+		missing = append(missing, "Namespace (--namespace or POD_NAMESPACE)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s required", ErrInvalidOptions, strings.Join(missing, ", "))
+	}
+	if o.DriverEndpoint == "" {
+		o.DriverEndpoint = DefaultDriverEndpoint
+	}
+	target, err := driverTarget(o.DriverEndpoint)
+	if err != nil {
+		return err
+	}
+	o.DriverEndpoint = target
+	if o.ListenAddress == "" {
+		o.ListenAddress = DefaultListenAddress
+	}
+	if _, _, err := net.SplitHostPort(o.ListenAddress); err != nil {
+		return fmt.Errorf("%w: listen address %q: %w (want host:port, :port or [ipv6]:port)", ErrInvalidOptions, o.ListenAddress, err)
+	}
+	if !o.Insecure && (o.TLSCertFile == "" || o.TLSKeyFile == "") {
+		return fmt.Errorf("%w: TLSCertFile and TLSKeyFile (--tls-cert-file, --tls-key-file) are required unless Insecure (--insecure) is set", ErrInvalidOptions)
+	}
+	if o.Insecure && (o.TLSCertFile != "" || o.TLSKeyFile != "") {
+		return fmt.Errorf("%w: Insecure (--insecure) and a TLS certificate were both given; choose one", ErrInvalidOptions)
+	}
+	if len(o.AllowedIdentities) == 0 {
+		o.AllowedIdentities = []string{DefaultAllowedIdentity}
+	}
+	for _, id := range o.AllowedIdentities {
+		if strings.TrimSpace(id) == "" {
+			return fmt.Errorf("%w: AllowedIdentities (--allowed-identities) holds an empty name", ErrInvalidOptions)
+		}
+	}
+	durations := []struct {
+		name  string
+		value *time.Duration
+		def   time.Duration
+	}{
+		{"AuthCacheTTL", &o.AuthCacheTTL, DefaultAuthCacheTTL},
+		{"AuthFailureCacheTTL", &o.AuthFailureCacheTTL, DefaultAuthFailureCacheTTL},
+		{"DriverTimeout (--driver-timeout)", &o.DriverTimeout, DefaultDriverTimeout},
+		{"ShutdownTimeout (--shutdown-timeout)", &o.ShutdownTimeout, DefaultShutdownTimeout},
+		{"SecretSyncTimeout", &o.SecretSyncTimeout, DefaultSecretSyncTimeout},
+		{"RegisterBackoff", &o.RegisterBackoff, 500 * time.Millisecond},
+		{"RegisterMaxBackoff", &o.RegisterMaxBackoff, 30 * time.Second},
+	}
+	for _, d := range durations {
+		if *d.value < 0 {
+			return fmt.Errorf("%w: %s must not be negative, got %s", ErrInvalidOptions, d.name, *d.value)
+		}
+		if *d.value == 0 {
+			*d.value = d.def
+		}
+	}
+	if o.AuthCacheSize == 0 {
+		o.AuthCacheSize = 1024
+	}
+	if o.AuthCacheSize < 0 {
+		return fmt.Errorf("%w: AuthCacheSize must not be negative, got %d", ErrInvalidOptions, o.AuthCacheSize)
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if o.MaxMessageSize < 0 {
+		return fmt.Errorf("%w: MaxMessageSize must not be negative, got %d", ErrInvalidOptions, o.MaxMessageSize)
+	}
+	if o.KubeletDir == "" {
+		o.KubeletDir = DefaultKubeletDir
+	}
+	if !filepath.IsAbs(o.KubeletDir) {
+		return fmt.Errorf("%w: KubeletDir (--kubelet-dir) must be an absolute path, got %q", ErrInvalidOptions, o.KubeletDir)
+	}
+	if o.MetricsAddress == "" {
+		o.MetricsAddress = DefaultMetricsAddress
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return nil
+}
+
+// driverTarget turns a driver endpoint into a gRPC target: "unix:///path", or a bare absolute
+// path, which gets the scheme.
+func driverTarget(endpoint string) (string, error) {
+	path, ok := strings.CutPrefix(endpoint, "unix://")
+	if !ok {
+		if !filepath.IsAbs(endpoint) {
+			return "", fmt.Errorf("%w: driver endpoint %q must look like unix:///path/to/csi-addons.sock", ErrInvalidOptions, endpoint)
+		}
+		path = endpoint
+	}
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("%w: driver endpoint %q must name an absolute socket path, as in unix:///csi/csi-addons.sock", ErrInvalidOptions, endpoint)
+	}
+	return "unix://" + path, nil
+}
+
+// advertiseAddress is the host:port the controller dials, from the options and the port the
+// listener got.
+func advertiseAddress(o *Options, listened net.Addr) (string, error) {
+	_, port, err := net.SplitHostPort(listened.String())
+	if err != nil {
+		return "", fmt.Errorf("listening address %s: %w", listened, err)
+	}
+	if a := o.AdvertiseAddress; a != "" {
+		if _, _, err := net.SplitHostPort(a); err == nil {
+			return a, nil
+		}
+		return net.JoinHostPort(strings.Trim(a, "[]"), port), nil
+	}
+	if o.PodIP != "" {
+		return net.JoinHostPort(o.PodIP, port), nil
+	}
+	host, _, _ := net.SplitHostPort(o.ListenAddress)
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return net.JoinHostPort(host, port), nil
+	}
+	return "", fmt.Errorf("%w: no address to advertise: set AdvertiseAddress (--advertise-address) or PodIP (POD_IP from the downward API), or listen on one address", ErrInvalidOptions)
+}

@@ -1,0 +1,93 @@
+package sidecar
+
+import (
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+func validOptions() Options {
+	return Options{KubeConfig: &rest.Config{Host: "https://127.0.0.1:6443"}, NodeName: "node-a", Namespace: "csi", Insecure: true}
+}
+
+func TestOptionsDefaults(t *testing.T) {
+	o := validOptions()
+	if err := o.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if o.DriverEndpoint != DefaultDriverEndpoint || o.ListenAddress != ":9070" || o.MetricsAddress != ":9071" ||
+		o.DriverTimeout != 30*time.Second || o.ShutdownTimeout != 10*time.Second || o.MaxMessageSize != 4<<20 ||
+		o.KubeletDir != "/var/lib/kubelet" || len(o.AllowedIdentities) != 1 || o.AllowedIdentities[0] != DefaultAllowedIdentity {
+		t.Errorf("defaults = %+v", o)
+	}
+}
+
+func TestOptionsInvalid(t *testing.T) {
+	tests := map[string]func(*Options){
+		"no kubeconfig":               func(o *Options) { o.KubeConfig = nil },
+		"no node name":                func(o *Options) { o.NodeName = "" },
+		"no namespace":                func(o *Options) { o.Namespace = "" },
+		"no TLS and not insecure":     func(o *Options) { o.Insecure = false },
+		"TLS and insecure":            func(o *Options) { o.TLSCertFile, o.TLSKeyFile = "c", "k" },
+		"tcp driver endpoint":         func(o *Options) { o.DriverEndpoint = "tcp://10.0.0.1:50051" },
+		"relative driver socket":      func(o *Options) { o.DriverEndpoint = "unix://csi.sock" },
+		"listen address without port": func(o *Options) { o.ListenAddress = "0.0.0.0" },
+		"negative driver timeout":     func(o *Options) { o.DriverTimeout = -time.Second },
+		"empty allowed identity":      func(o *Options) { o.AllowedIdentities = []string{"a", " "} },
+		"relative kubelet dir":        func(o *Options) { o.KubeletDir = "var/lib/kubelet" },
+		"negative message size":       func(o *Options) { o.MaxMessageSize = -1 },
+	}
+	for name, mutate := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := validOptions()
+			mutate(&o)
+			if err := o.setDefaults(); !errors.Is(err, ErrInvalidOptions) {
+				t.Errorf("setDefaults: %v, want ErrInvalidOptions", err)
+			}
+		})
+	}
+}
+
+func TestDriverTarget(t *testing.T) {
+	tests := map[string]struct{ in, want string }{
+		"unix URL":  {in: "unix:///csi/csi-addons.sock", want: "unix:///csi/csi-addons.sock"},
+		"bare path": {in: "/csi/csi-addons.sock", want: "unix:///csi/csi-addons.sock"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := driverTarget(tc.in)
+			if err != nil || got != tc.want {
+				t.Errorf("driverTarget(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestAdvertiseAddress(t *testing.T) {
+	listened := &net.TCPAddr{IP: net.IPv6unspecified, Port: 9070}
+	tests := map[string]struct {
+		listen, advertise, podIP string
+		want                     string
+		wantErr                  bool
+	}{
+		"pod IP and the listening port":   {listen: ":9070", podIP: "10.1.2.3", want: "10.1.2.3:9070"},
+		"IPv6 pod IP gets brackets":       {listen: ":9070", podIP: "fd00::5", want: "[fd00::5]:9070"},
+		"advertise address with a port":   {listen: ":9070", advertise: "node-a.example:443", podIP: "10.1.2.3", want: "node-a.example:443"},
+		"advertise host alone":            {listen: ":9070", advertise: "10.9.9.9", want: "10.9.9.9:9070"},
+		"advertise IPv6 host alone":       {listen: ":9070", advertise: "[fd00::9]", want: "[fd00::9]:9070"},
+		"listening on one address":        {listen: "192.168.1.5:9070", want: "192.168.1.5:9070"},
+		"listening everywhere, no pod IP": {listen: "[::]:9070", wantErr: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := &Options{ListenAddress: tc.listen, AdvertiseAddress: tc.advertise, PodIP: tc.podIP}
+			got, err := advertiseAddress(o, listened)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("advertiseAddress = %q, %v; want %q (error %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,231 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// nodeHealer serves NodeHealer: it resolves each PV from the caches and relays the call to the
+// driver.
+type nodeHealer struct {
+	healerv1alpha1.UnimplementedNodeHealerServer
+	nodeName string
+	driver   *driverClient
+	volumes  *volumes
+}
+
+var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
+
+// GetHealerCapabilities answers from the cache of the driver's identity and capabilities.
+func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
+	info, err := h.driver.current(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if info.healerUnimplemented {
+		return nil, status.Errorf(codes.Unimplemented, "the driver %q at %s does not serve the %s service",
+			info.name, h.driver.endpoint, healerv1alpha1.Healer_ServiceDesc.ServiceName)
+	}
+	return &healerv1alpha1.NodeGetHealerCapabilitiesResponse{
+		DriverName:    info.name,
+		VendorVersion: info.vendorVersion,
+		NodeName:      h.nodeName,
+		Capabilities:  info.capabilities,
+		Attributes:    info.attributes,
+	}, nil
+}
+
+// ProbeVolume probes the volume of a PV.
+func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+	vol, ctx, err := h.prepare(ctx, req.GetPvName(), healerv1alpha1.HealerCapability_RPC_PROBE)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	cctx, cancel := h.driver.callContext(ctx)
+	defer cancel()
+	resp, err := h.driver.healer.ProbeVolume(cctx, &healerv1alpha1.ProbeVolumeRequest{
+		VolumeId:          vol.volumeID,
+		StagingTargetPath: vol.stagingPath,
+		VolumeContext:     vol.context,
+		VolumeCapability:  vol.capability,
+		Secrets:           vol.secrets,
+	})
+	if err != nil {
+		return nil, h.driver.relay(err)
+	}
+	if err := checkProbe(resp); err != nil {
+		return nil, toStatus(err)
+	}
+	klog.FromContext(ctx).V(4).Info("Probed", "health", len(resp.GetHealthStatuses()), "healable", resp.GetHealable())
+	return &healerv1alpha1.NodeProbeVolumeResponse{
+		HealthStatuses: resp.GetHealthStatuses(),
+		Healable:       resp.GetHealable(),
+		RecheckAfter:   resp.GetRecheckAfter(),
+		VolumeId:       vol.volumeID,
+	}, nil
+}
+
+// HealVolume heals the volume of a PV.
+func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHealVolumeRequest) (*healerv1alpha1.NodeHealVolumeResponse, error) {
+	vol, ctx, err := h.prepare(ctx, req.GetPvName(), healerv1alpha1.HealerCapability_RPC_HEAL)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	cctx, cancel := h.driver.callContext(ctx)
+	defer cancel()
+	resp, err := h.driver.healer.HealVolume(cctx, &healerv1alpha1.HealVolumeRequest{
+		VolumeId:          vol.volumeID,
+		StagingTargetPath: vol.stagingPath,
+		VolumeContext:     vol.context,
+		VolumeCapability:  vol.capability,
+		Secrets:           vol.secrets,
+	})
+	if err != nil {
+		return nil, h.driver.relay(err)
+	}
+	if err := checkHeal(resp); err != nil {
+		return nil, toStatus(err)
+	}
+	klog.FromContext(ctx).Info("Heal done", "remainingHealth", len(resp.GetHealthStatuses()))
+	return &healerv1alpha1.NodeHealVolumeResponse{
+		HealthStatuses: resp.GetHealthStatuses(),
+		RecheckAfter:   resp.GetRecheckAfter(),
+		VolumeId:       vol.volumeID,
+	}, nil
+}
+
+// ListStagedVolumes relays one page of the driver's list, with the PV of each volume.
+func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.NodeListStagedVolumesRequest) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "max_entries must not be negative, got %d", req.GetMaxEntries())
+	}
+	info, err := h.driver.current(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		return nil, toStatus(notAdvertised(info, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES))
+	}
+	if !h.volumes.synced() {
+		return nil, status.Error(codes.Unavailable, "the sidecar's PersistentVolume cache has not synced yet; retry later")
+	}
+	cctx, cancel := h.driver.callContext(ctx)
+	defer cancel()
+	resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{
+		MaxEntries:    req.GetMaxEntries(),
+		StartingToken: req.GetStartingToken(),
+	})
+	if err != nil {
+		return nil, h.driver.relay(err)
+	}
+	if err := checkList(resp); err != nil {
+		return nil, toStatus(err)
+	}
+	out := &healerv1alpha1.NodeListStagedVolumesResponse{NextToken: resp.GetNextToken()}
+	for _, e := range resp.GetEntries() {
+		out.Entries = append(out.Entries, &healerv1alpha1.NodeListStagedVolumesResponse_Entry{
+			PvName:            h.volumes.pvNameFor(info.name, e.GetVolumeId()),
+			VolumeId:          e.GetVolumeId(),
+			StagingTargetPath: e.GetStagingTargetPath(),
+		})
+	}
+	return out, nil
+}
+
+// prepare makes the checks every volume RPC shares, in the order of the protocol's error
+// tables, and resolves the PV. The returned context logs with the volume ID too.
+func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alpha1.HealerCapability_RPC_Type) (*volume, context.Context, error) {
+	if pvName == "" {
+		return nil, ctx, fmt.Errorf("%w: pv_name is required", ErrInvalidRequest)
+	}
+	info, err := h.driver.current(ctx)
+	if err != nil {
+		return nil, ctx, err
+	}
+	log := klog.FromContext(ctx)
+	if !info.serves(rpc) {
+		return nil, ctx, notAdvertised(info, rpc)
+	}
+	vol, err := h.volumes.resolve(ctx, info.name, pvName)
+	if err != nil {
+		return nil, ctx, err
+	}
+	return vol, klog.NewContext(ctx, log.WithValues("volume", vol.volumeID)), nil
+}
+
+func notAdvertised(info *driverInfo, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
+	if info.healerUnimplemented {
+		return fmt.Errorf("%w: the driver %q does not serve the Healer service", ErrNotAdvertised, info.name)
+	}
+	return fmt.Errorf("%w: the driver %q does not advertise %s", ErrNotAdvertised, info.name, rpc)
+}
+
+// toStatus is where the sidecar's own errors get their gRPC codes (docs/protocol.md, NodeHealer
+// error tables). The sidecar's sentinel errors decide first, so that "not ready because the
+// driver said X" is UNAVAILABLE whatever X was; other errors that carry a status keep it.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	code, ok := codes.Internal, true
+	switch {
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotCSIVolume), errors.Is(err, ErrOtherDriver):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrPVNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrSecretNotFound):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrNotAdvertised):
+		code = codes.Unimplemented
+	case errors.Is(err, ErrNotReady), errors.Is(err, ErrSecretsUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, ErrMalformedResponse):
+		code = codes.Internal
+	default:
+		ok = false
+	}
+	if ok {
+		return status.Error(code, err.Error())
+	}
+	if st, isStatus := status.FromError(err); isStatus {
+		return st.Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// observe counts and times every call, logs failures, and gives the handler a logger with the
+// RPC, the driver and the PV.
+func (s *Sidecar) observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	rpc := path.Base(info.FullMethod)
+	// The server's contexts do not derive from Start's, so the logger comes from the sidecar.
+	log := s.log.WithValues("rpc", rpc)
+	if d := s.driver.cached(); d != nil {
+		log = log.WithValues("driver", d.name)
+	}
+	if r, ok := req.(interface{ GetPvName() string }); ok {
+		log = log.WithValues("pv", r.GetPvName())
+	}
+	start := s.opts.Clock.Now()
+	resp, err := handler(klog.NewContext(ctx, log), req)
+	took := s.opts.Clock.Since(start)
+	code := status.Code(err)
+	s.metrics.call(rpc, code, took)
+	switch code {
+	case codes.OK:
+		log.V(5).Info("Call answered", "took", took)
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		log.Error(err, "Call failed", "code", code, "took", took)
+	default:
+		log.V(2).Info("Call refused", "code", code, "error", err.Error(), "took", took)
+	}
+	return resp, err
+}

@@ -1,0 +1,92 @@
+package sidecar
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// writePair writes a self-signed certificate for cn and its key, stamped with modTime.
+func writePair(t *testing.T, certFile, keyFile, cn string, modTime time.Time) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, block := range map[string]*pem.Block{
+		certFile: {Type: "CERTIFICATE", Bytes: der},
+		keyFile:  {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(file, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(file, modTime, modTime); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func servedName(t *testing.T, k *keyPair) string {
+	t.Helper()
+	c, err := k.GetCertificate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf.Subject.CommonName
+}
+
+// TestKeyPairRotation serves a rotated certificate without a restart, and keeps the last good
+// one while the files are half written.
+func TestKeyPairRotation(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	writePair(t, certFile, keyFile, "first", t0)
+	k, err := newKeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := servedName(t, k); got != "first" {
+		t.Fatalf("serving %q, want first", got)
+	}
+	writePair(t, certFile, keyFile, "second", t0.Add(time.Minute))
+	if got := servedName(t, k); got != "second" {
+		t.Errorf("after rotation serving %q, want second", got)
+	}
+	if err := os.WriteFile(keyFile, []byte("half written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := servedName(t, k); got != "second" {
+		t.Errorf("with a broken key file serving %q, want the last good certificate", got)
+	}
+}
+
+func TestKeyPairInvalidAtStart(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := newKeyPair(filepath.Join(dir, "missing.crt"), filepath.Join(dir, "missing.key")); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("newKeyPair with missing files: %v, want ErrInvalidOptions", err)
+	}
+}
