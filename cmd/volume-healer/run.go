@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
@@ -13,8 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -26,6 +33,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
 )
 
@@ -90,11 +100,75 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	}
 
 	recorder := mgr.GetEventRecorderFor("volume-healer") //nolint:staticcheck // the record API is what the scheduler takes
-	sweeps := &sweepLog{}
+	clientset, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+
+	// Policy: the built-in default until the ConfigMaps are read, then whatever they say.
+	policyMetrics, err := policy.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	engine, err := policy.NewEngine(ctx, policy.Options{
+		Compile: policy.CompileOptions{EvalTimeout: cfg.Policy.EvaluationTimeout},
+		Metrics: policyMetrics,
+	})
+	if err != nil {
+		return err
+	}
+	policySource, err := policy.NewConfigMapSource(clientset, engine, policy.ConfigMapOptions{
+		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: recorder,
+	})
+	if err != nil {
+		return err
+	}
+
+	// Storage objects: shared informers with the planner's indexes, stripped of managed fields.
+	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(stripManagedFields))
+	caches, err := plannerCaches(factory)
+	if err != nil {
+		return err
+	}
+
+	sidecars, err := sidecarClient(cfg)
+	if err != nil {
+		return err
+	}
+	dispatcher, err := scheduler.NewDispatcher(scheduler.DispatcherOptions{
+		Global:      cfg.Budgets.Global,
+		PerDriver:   cfg.Budgets.PerDriver,
+		PerNode:     cfg.Budgets.PerNode,
+		BackoffBase: cfg.Backoff.Base,
+		BackoffMax:  cfg.Backoff.Max,
+		// A task is a probe, a heal and a confirming probe.
+		DefaultTimeout: 2*cfg.Timeouts.Probe + cfg.Timeouts.Heal,
+		Metrics:        scheduler.NewDispatchMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+	targets := healer.NewTargetMap()
+	sweeper, err := healer.New(healer.Options{
+		Planner:    scheduler.NewPlanner(caches),
+		Policy:     engine,
+		Sidecars:   sidecars,
+		Dispatcher: dispatcher,
+		Targets:    targets,
+		Client:     mgr.GetClient(),
+		Recorder:   recorder,
+		Metrics:    healer.NewMetrics(reg),
+		DryRun:     cfg.DryRun,
+	})
+	if err != nil {
+		return err
+	}
+	sweeps := &sweepRunner{sweeper: sweeper}
+
 	restarts, err := scheduler.NewRestarts(scheduler.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
 		Metrics:  schedMetrics,
-		Sweeps:   sweeps.submit(ctx),
+		Sweeps:   sweeps.submit,
 	})
 	if err != nil {
 		return err
@@ -105,15 +179,47 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Stagger:        cfg.Schedule.Stagger,
 		Recorder:       recorder,
 		Metrics:        schedMetrics,
-		Sweeps:         sweeps.submit(ctx),
+		Sweeps:         sweeps.submit,
 	})
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, mgr, restarts, periodic); err != nil {
+	if err := watchTriggers(ctx, mgr, factory, targets, restarts, periodic); err != nil {
 		return err
 	}
-	for _, r := range []manager.Runnable{restarts, periodic} {
+	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
+		// A closed channel makes the wait a look: ready now or not.
+		now := make(chan struct{})
+		close(now)
+		synced := factory.WaitForCacheSync(now)
+		if len(synced) == 0 {
+			return errors.New("storage informers not started")
+		}
+		for typ, ok := range synced {
+			if !ok {
+				return fmt.Errorf("%v informer not synced", typ)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// The informers and the policy source run on every replica, so a new leader starts warm; the
+	// dispatcher, the triggers and the sweeps run on the leader only.
+	for _, r := range []manager.Runnable{
+		manager.RunnableFunc(func(ctx context.Context) error {
+			factory.Start(ctx.Done())
+			<-ctx.Done()
+			factory.Shutdown()
+			return nil
+		}),
+		manager.RunnableFunc(policySource.Start),
+	} {
+		if err := mgr.Add(everyReplica{r}); err != nil {
+			return err
+		}
+	}
+	for _, r := range []manager.Runnable{dispatcher, sweeps, restarts, periodic} {
 		if err := mgr.Add(r); err != nil {
 			return err
 		}
@@ -124,28 +230,26 @@ func Run(ctx context.Context, cfg *config.Config) error {
 }
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
-// restart and periodic triggers.
-func watchTriggers(ctx context.Context, mgr manager.Manager, restarts *scheduler.Restarts, periodic *scheduler.Periodic) error {
+// sidecar targets and to the restart and periodic triggers.
+func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, restarts *scheduler.Restarts, periodic *scheduler.Periodic) error {
 	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
 	if err != nil {
 		return fmt.Errorf("CSIAddonsNode informer: %w", err)
 	}
 	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { observeNode(ctx, restarts, obj) },
-		UpdateFunc: func(_, obj any) { observeNode(ctx, restarts, obj) },
+		AddFunc:    func(obj any) { observeNode(ctx, targets, restarts, obj) },
+		UpdateFunc: func(_, obj any) { observeNode(ctx, targets, restarts, obj) },
 		DeleteFunc: func(obj any) {
 			if n := csiAddonsNodeFrom(obj); n != nil {
-				restarts.Forget(types.NamespacedName{Namespace: n.Namespace, Name: n.Name})
+				key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
+				targets.Delete(key)
+				restarts.Forget(key)
 			}
 		},
 	}); err != nil {
 		return err
 	}
-	classes, err := mgr.GetCache().GetInformer(ctx, &storagev1.StorageClass{})
-	if err != nil {
-		return fmt.Errorf("StorageClass informer: %w", err)
-	}
-	_, err = classes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	_, err = factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { setClass(ctx, periodic, obj) },
 		UpdateFunc: func(_, obj any) { setClass(ctx, periodic, obj) },
 		DeleteFunc: func(obj any) {
@@ -160,8 +264,9 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, restarts *scheduler
 	return err
 }
 
-func observeNode(ctx context.Context, restarts *scheduler.Restarts, obj any) {
+func observeNode(ctx context.Context, targets *healer.TargetMap, restarts *scheduler.Restarts, obj any) {
 	if n := csiAddonsNodeFrom(obj); n != nil {
+		targets.Set(n)
 		restarts.Observe(ctx, n)
 	}
 }
@@ -180,15 +285,118 @@ func setClass(ctx context.Context, periodic *scheduler.Periodic, obj any) {
 	}
 }
 
-// sweepLog receives the sweeps the triggers request. Volume selection, policy and calls attach
-// here; until then each requested sweep is logged and left pending, so that no restart is marked
-// handled without its volumes having been looked at.
-type sweepLog struct{}
+// sweepRunner runs each requested sweep in its own goroutine, on the leader, and waits for them
+// when leadership or the process ends. Overlapping sweeps are safe: the dispatcher never runs two
+// calls on one volume.
+type sweepRunner struct {
+	sweeper *healer.Sweeper
+	mu      sync.Mutex
+	ctx     context.Context
+	pending []scheduler.Sweep
+	wg      sync.WaitGroup
+}
 
-func (s *sweepLog) submit(ctx context.Context) func(scheduler.Sweep) {
-	return func(sw scheduler.Sweep) {
-		klog.FromContext(ctx).Info("Sweep requested", "trigger", sw.Trigger, "driver", sw.Driver, "node", sw.Node, "storageClass", sw.StorageClass, "marker", sw.Marker)
+// submit starts sw, or keeps it until Start when the runner has not started yet.
+func (r *sweepRunner) submit(sw scheduler.Sweep) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx == nil {
+		r.pending = append(r.pending, sw)
+		return
 	}
+	if r.ctx.Err() != nil {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.sweeper.Run(r.ctx, sw)
+	}()
+}
+
+// Start runs sweeps until ctx ends, then waits for the running ones to stop.
+func (r *sweepRunner) Start(ctx context.Context) error {
+	r.mu.Lock()
+	r.ctx = ctx
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	for _, sw := range pending {
+		r.submit(sw)
+	}
+	<-ctx.Done()
+	r.wg.Wait()
+	return nil
+}
+
+// everyReplica marks a runnable that runs whether or not this replica leads.
+type everyReplica struct{ manager.Runnable }
+
+// NeedLeaderElection reports that the runnable runs on standby replicas too.
+func (everyReplica) NeedLeaderElection() bool { return false }
+
+// plannerCaches registers the planner's informers and indexes with factory.
+func plannerCaches(factory informers.SharedInformerFactory) (scheduler.Caches, error) {
+	pvs := factory.Core().V1().PersistentVolumes().Informer()
+	vas := factory.Storage().V1().VolumeAttachments().Informer()
+	pvcs := factory.Core().V1().PersistentVolumeClaims().Informer()
+	for _, add := range []struct {
+		informer toolscache.SharedIndexInformer
+		indexers toolscache.Indexers
+	}{{pvs, scheduler.PVIndexers()}, {vas, scheduler.VAIndexers()}, {pvcs, scheduler.PVCIndexers()}} {
+		if err := add.informer.AddIndexers(add.indexers); err != nil {
+			return scheduler.Caches{}, err
+		}
+	}
+	return scheduler.Caches{
+		PVs:               pvs.GetIndexer(),
+		VolumeAttachments: vas.GetIndexer(),
+		PVCs:              pvcs.GetIndexer(),
+		StorageClasses:    factory.Storage().V1().StorageClasses().Informer().GetStore(),
+		CSIDrivers:        factory.Storage().V1().CSIDrivers().Informer().GetStore(),
+		Nodes:             factory.Core().V1().Nodes().Informer().GetStore(),
+	}, nil
+}
+
+// stripManagedFields drops what no part of the controller reads from cached objects, to keep the
+// caches of large clusters small.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// sidecarClient builds the client of the sidecars from the configuration.
+func sidecarClient(cfg *config.Config) (*probe.Client, error) {
+	opts := probe.Options{
+		TokenFile:    cfg.Sidecar.Auth.TokenFile,
+		ProbeTimeout: cfg.Timeouts.Probe,
+		HealTimeout:  cfg.Timeouts.Heal,
+	}
+	if cfg.Sidecar.TLS.Enabled {
+		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} //nolint:gosec // insecureSkipVerify is an explicit, validated setting
+		if cfg.Sidecar.TLS.CAFile != "" {
+			pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+			}
+			tlsCfg.RootCAs = pool
+		}
+		if cfg.Sidecar.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.Sidecar.TLS.CertFile, cfg.Sidecar.TLS.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("sidecar.tls.certFile and keyFile: %w", err)
+			}
+			tlsCfg.Certificates = []tls.Certificate{cert}
+		}
+		opts.TLS = tlsCfg
+	}
+	return probe.New(opts), nil
 }
 
 // restConfig loads the kubeconfig at path, or $KUBECONFIG, or the in-cluster configuration.

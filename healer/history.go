@@ -1,0 +1,116 @@
+package healer
+
+import (
+	"sync"
+	"time"
+
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
+)
+
+// volumeState is what the controller remembers about one volume on one node.
+type volumeState struct {
+	history policy.History
+	// notHealable is set when the driver said the volume cannot be healed, with the capabilities
+	// generation of its driver on its node at that time (notHealableGen); the volume is not offered
+	// for healing again until that generation changes.
+	notHealable    bool
+	notHealableGen uint64
+	// recheckAt is the driver's "check again after" hint; periodic sweeps leave the volume alone
+	// until then.
+	recheckAt time.Time
+}
+
+// memory holds volumeState by PV name. It lives in the leader's memory: a new leader starts
+// without history, which only makes it probe once more.
+type memory struct {
+	mu     sync.Mutex
+	states map[string]*volumeState
+	// gens counts capability changes per driver and node: a restart of the node plugin bumps it.
+	gens map[string]uint64
+}
+
+func newMemory() *memory {
+	return &memory{states: map[string]*volumeState{}, gens: map[string]uint64{}}
+}
+
+func (m *memory) get(pv string) volumeState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s, ok := m.states[pv]; ok {
+		return *s
+	}
+	return volumeState{}
+}
+
+func (m *memory) update(pv string, f func(*volumeState)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.states[pv]
+	if !ok {
+		s = &volumeState{}
+		m.states[pv] = s
+	}
+	f(s)
+}
+
+func (m *memory) generation(driver, node string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gens[driver+"/"+node]
+}
+
+// capabilitiesChanged marks a restart of the driver's node plugin: volumes it called not
+// healable may be healable now.
+func (m *memory) capabilitiesChanged(driver, node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gens[driver+"/"+node]++
+}
+
+// offeredForHealing reports whether a volume the driver once called not healable may be offered
+// again: only after its driver's capabilities changed.
+func (s volumeState) offeredForHealing(gen uint64) bool {
+	return !s.notHealable || s.notHealableGen != gen
+}
+
+func (m *memory) recordProbe(pv string, at time.Time, r *probe.Result, gen uint64) {
+	m.update(pv, func(s *volumeState) {
+		s.history.LastProbe = &policy.ProbeRecord{Time: at, Healthy: r.Healthy(), Health: policyHealth(r.Health)}
+		if r.Healthy() {
+			s.history.ConsecutiveFailures = 0
+		}
+		switch {
+		case r.Healthy():
+			s.notHealable = false
+		case !r.Healable:
+			s.notHealable, s.notHealableGen = true, gen
+		}
+		// A healable answer does not lift a "not healable" verdict given since the last
+		// capability change: the driver's word stands until its node plugin restarts.
+		s.recheckAt = time.Time{}
+		if r.RecheckAfter > 0 {
+			s.recheckAt = at.Add(r.RecheckAfter)
+		}
+	})
+}
+
+func (m *memory) recordFailure(pv string) {
+	m.update(pv, func(s *volumeState) { s.history.ConsecutiveFailures++ })
+}
+
+func (m *memory) recordHeal(pv string, at time.Time) {
+	m.update(pv, func(s *volumeState) {
+		t := at
+		s.history.LastHeal = &t
+		s.history.ConsecutiveFailures = 0
+	})
+}
+
+func policyHealth(hs []probe.Health) []policy.Health {
+	out := make([]policy.Health, 0, len(hs))
+	for _, h := range hs {
+		out = append(out, policy.Health{Status: policy.HealthStatus(h.Status), Reason: h.Reason, Message: h.Message})
+	}
+	return out
+}

@@ -1,0 +1,230 @@
+package healer_test
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// family is what a dashboard or an alert relies on: a metric's type and its label names.
+type family struct {
+	typ    dto.MetricType
+	labels []string
+}
+
+// controllerFamilies are the metrics the controller exposes besides the Go and process
+// collectors. deploy/prometheus/rules.yaml, the dashboard and docs/operations.md use these names;
+// renaming one, or changing its labels, breaks them.
+var controllerFamilies = map[string]family{
+	"volume_healer_sweeps_started_total":               {dto.MetricType_COUNTER, []string{"trigger"}},
+	"volume_healer_sweeps_finished_total":              {dto.MetricType_COUNTER, []string{"result", "trigger"}},
+	"volume_healer_sweep_duration_seconds":             {dto.MetricType_HISTOGRAM, []string{"trigger"}},
+	"volume_healer_sweep_decisions_total":              {dto.MetricType_COUNTER, []string{"action", "trigger"}},
+	"volume_healer_probes_total":                       {dto.MetricType_COUNTER, []string{"driver", "result"}},
+	"volume_healer_heals_total":                        {dto.MetricType_COUNTER, []string{"driver", "result"}},
+	"volume_healer_call_duration_seconds":              {dto.MetricType_HISTOGRAM, []string{"operation"}},
+	"volume_healer_volume_heal_failing":                {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
+	"volume_healer_scheduler_schedule_errors_total":    {dto.MetricType_COUNTER, nil},
+	"volume_healer_scheduler_schedule_invalid":         {dto.MetricType_GAUGE, []string{"storageclass"}},
+	"volume_healer_scheduler_triggers_total":           {dto.MetricType_COUNTER, []string{"trigger"}},
+	"volume_healer_dispatch_in_flight":                 {dto.MetricType_GAUGE, []string{"driver"}},
+	"volume_healer_dispatch_queued":                    {dto.MetricType_GAUGE, nil},
+	"volume_healer_dispatch_budget_wait_seconds":       {dto.MetricType_HISTOGRAM, []string{"trigger"}},
+	"volume_healer_dispatch_retries_total":             {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_dispatch_given_up_total":            {dto.MetricType_COUNTER, nil},
+	"volume_healer_policy_evaluation_duration_seconds": {dto.MetricType_HISTOGRAM, nil},
+	"volume_healer_policy_evaluation_errors_total":     {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_policy_load_errors_total":           {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_policy_revision_info":               {dto.MetricType_GAUGE, []string{"revision"}},
+	"volume_healer_policy_memo_lookups_total":          {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_policy_decisions_total":             {dto.MetricType_COUNTER, []string{"action"}},
+}
+
+// sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
+var sidecarFamilies = map[string]family{
+	"volume_healer_sidecar_calls_total":           {dto.MetricType_COUNTER, []string{"code", "rpc"}},
+	"volume_healer_sidecar_call_duration_seconds": {dto.MetricType_HISTOGRAM, []string{"rpc"}},
+	"volume_healer_sidecar_auth_failures_total":   {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_sidecar_driver_errors_total":   {dto.MetricType_COUNTER, []string{"code"}},
+}
+
+// volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that
+// hold failing volumes alone may carry them (the way kubelet's per-PVC health gauge does), never
+// a counter or a histogram, whose series live until the process ends.
+var volumeLabels = []string{"persistentvolumeclaim", "persistentvolume", "pv", "pvc", "volume", "volume_handle"}
+
+// recorder registers with a registry and remembers what was registered, so that every vector
+// can be given one child: a vector without children is not exposed, and then neither linted nor
+// seen by the test.
+type recorder struct {
+	*prometheus.Registry
+	collectors []prometheus.Collector
+}
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	r.collectors = append(r.collectors, c)
+	return r.Registry.Register(c)
+}
+
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// touch gives every vector registered so far one child. The number of labels is found by trying:
+// a vector refuses label values of the wrong count.
+func (r *recorder) touch(t *testing.T) {
+	t.Helper()
+	for _, c := range r.collectors {
+		var get func(...string) error
+		switch v := c.(type) {
+		case *prometheus.CounterVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		case *prometheus.GaugeVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		case *prometheus.HistogramVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		case *prometheus.SummaryVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		default:
+			continue // a plain metric is always exposed
+		}
+		touched := false
+		for n := 0; n <= 10 && !touched; n++ {
+			vals := make([]string, n)
+			for i := range vals {
+				vals[i] = "x"
+			}
+			touched = get(vals...) == nil
+		}
+		if !touched {
+			t.Fatalf("could not give the vector %T a child with up to 10 label values", c)
+		}
+	}
+}
+
+// exposed builds instruments on a fresh registry with build, touches every vector and returns
+// what the registry exposes.
+func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.MetricFamily {
+	t.Helper()
+	r := &recorder{Registry: prometheus.NewRegistry()}
+	if err := build(r); err != nil {
+		t.Fatal(err)
+	}
+	r.touch(t)
+	mfs, err := r.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
+}
+
+func TestMetricsLint(t *testing.T) {
+	tests := map[string]struct {
+		build func(prometheus.Registerer) error
+		want  map[string]family
+	}{
+		"controller": {
+			// The same constructors, on one registry, as cmd/volume-healer wires them.
+			build: func(reg prometheus.Registerer) error {
+				healer.NewMetrics(reg)
+				scheduler.NewMetrics(reg)
+				scheduler.NewDispatchMetrics(reg)
+				_, err := policy.NewMetrics(reg)
+				return err
+			},
+			want: controllerFamilies,
+		},
+		"sidecar": {
+			build: func(reg prometheus.Registerer) error {
+				sidecar.NewMetrics(reg)
+				return nil
+			},
+			want: sidecarFamilies,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			mfs := exposed(t, tc.build)
+
+			problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range problems {
+				t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+			}
+
+			got := map[string]family{}
+			for _, mf := range mfs {
+				var labels []string
+				for _, lp := range mf.GetMetric()[0].GetLabel() {
+					labels = append(labels, lp.GetName())
+				}
+				sort.Strings(labels)
+				got[mf.GetName()] = family{typ: mf.GetType(), labels: labels}
+			}
+			for n, w := range tc.want {
+				g, ok := got[n]
+				switch {
+				case !ok:
+					t.Errorf("%s is not exposed", n)
+				case g.typ != w.typ:
+					t.Errorf("%s is a %s, want a %s", n, g.typ, w.typ)
+				case !slices.Equal(g.labels, w.labels):
+					t.Errorf("%s has labels %v, want %v", n, g.labels, w.labels)
+				}
+			}
+			for n := range got {
+				if _, ok := tc.want[n]; !ok {
+					t.Errorf("%s is exposed but not listed here: add it, with its type and labels, and document it in docs/operations.md", n)
+				}
+			}
+		})
+	}
+}
+
+// TestMetricsNamesAndLabels checks the naming rules of the project that promlint does not know:
+// one prefix, and no per-volume label on a series that outlives the volume's trouble.
+func TestMetricsNamesAndLabels(t *testing.T) {
+	var mfs []*dto.MetricFamily
+	for _, build := range []func(prometheus.Registerer) error{
+		func(reg prometheus.Registerer) error {
+			healer.NewMetrics(reg)
+			scheduler.NewMetrics(reg)
+			scheduler.NewDispatchMetrics(reg)
+			_, err := policy.NewMetrics(reg)
+			return err
+		},
+		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
+	} {
+		mfs = append(mfs, exposed(t, build)...)
+	}
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "volume_healer_") {
+			t.Errorf("%s does not start with volume_healer_", name)
+		}
+		for _, lp := range mf.GetMetric()[0].GetLabel() {
+			if slices.Contains(volumeLabels, lp.GetName()) && mf.GetType() != dto.MetricType_GAUGE {
+				t.Errorf("%s is a %s with the per-volume label %q: its series would never go away", name, mf.GetType(), lp.GetName())
+			}
+		}
+	}
+	if len(mfs) != len(controllerFamilies)+len(sidecarFamilies) {
+		t.Errorf("%d families exposed, %d listed", len(mfs), len(controllerFamilies)+len(sidecarFamilies))
+	}
+}

@@ -1,0 +1,590 @@
+// Package healer runs sweeps: for each volume a sweep selects, it asks the policy what to do,
+// probes and heals through the sidecars under the dispatcher's budgets, and reports the outcome as
+// Events, a status annotation on the PVC and metrics.
+package healer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// Decider is the policy engine as the sweeper uses it.
+type Decider interface {
+	Decide(ctx context.Context, in *policy.Input) (policy.Decision, error)
+}
+
+// Sidecars is the sidecar client as the sweeper uses it.
+type Sidecars interface {
+	Capabilities(ctx context.Context, t probe.Target) (*probe.Capabilities, error)
+	Probe(ctx context.Context, t probe.Target, pv string) (*probe.Result, error)
+	Heal(ctx context.Context, t probe.Target, pv string) (*probe.Result, error)
+	ListStaged(ctx context.Context, t probe.Target) ([]probe.StagedVolume, error)
+	Refresh(driver, node string)
+}
+
+// Dispatcher runs volume tasks under budgets.
+type Dispatcher interface {
+	Submit(tasks ...scheduler.Task)
+}
+
+// Targets finds the sidecar of a driver on a node, from the CSIAddonsNode cache.
+type Targets interface {
+	Target(driver, node string) (probe.Target, *csiaddonsv1alpha1.CSIAddonsNode, error)
+	// Nodes lists the nodes where driver has a sidecar.
+	Nodes(driver string) []string
+}
+
+var (
+	_ Sidecars   = (*probe.Client)(nil)
+	_ Dispatcher = (*scheduler.Dispatcher)(nil)
+)
+
+// Options configure a Sweeper.
+type Options struct {
+	// Planner selects volumes. Required.
+	Planner *scheduler.Planner
+	// Policy decides per volume. Required.
+	Policy Decider
+	// Sidecars makes the calls. Required.
+	Sidecars Sidecars
+	// Dispatcher runs the calls under budgets. Required.
+	Dispatcher Dispatcher
+	// Targets resolves sidecars. Required.
+	Targets Targets
+	// Client patches the PVC status annotation and the CSIAddonsNode's handled marker. Required.
+	Client client.Client
+	// Recorder receives Events on PVCs and CSIAddonsNodes. Default: none.
+	Recorder record.EventRecorder
+	// Metrics records sweeps, probes and heals. Default: none.
+	Metrics *Metrics
+	// DryRun decides and reports without calling probe or heal. Default false.
+	DryRun bool
+	// Clock tells time. Default real.
+	Clock clock.PassiveClock
+}
+
+// Sweeper runs sweeps. It is safe for concurrent use: overlapping sweeps share the dispatcher,
+// which never runs two calls on one volume.
+type Sweeper struct {
+	opts Options
+	mem  *memory
+}
+
+// New returns a Sweeper.
+func New(opts Options) (*Sweeper, error) {
+	if opts.Planner == nil || opts.Policy == nil || opts.Sidecars == nil || opts.Dispatcher == nil || opts.Targets == nil || opts.Client == nil {
+		return nil, errors.New("healer: Planner, Policy, Sidecars, Dispatcher, Targets and Client are required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Sweeper{opts: opts, mem: newMemory()}, nil
+}
+
+// Summary counts what a sweep did.
+type Summary struct {
+	// Volumes is the number of volumes the planner selected.
+	Volumes int
+	// Probed, Healed, Skipped, Failed count outcomes. A healed volume was probed too.
+	Probed, Healed, Skipped, Failed int
+	// Unhealthy counts volumes found unhealthy and left so (not healable, DATA_LOSS, policy).
+	Unhealthy int
+	// WouldProbe and WouldHeal count dry-run decisions.
+	WouldProbe, WouldHeal int
+	// Cancelled is true when the sweep stopped before every volume was handled.
+	Cancelled bool
+}
+
+func (s Summary) String() string {
+	out := fmt.Sprintf("%d volumes: %d probed, %d healed, %d unhealthy left alone, %d skipped, %d failed",
+		s.Volumes, s.Probed, s.Healed, s.Unhealthy, s.Skipped, s.Failed)
+	if s.WouldProbe+s.WouldHeal > 0 {
+		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
+	}
+	return out
+}
+
+// outcome is one volume's result in a sweep.
+type outcome int
+
+const (
+	outcomeSkipped outcome = iota
+	outcomeHealthy
+	outcomeUnhealthy
+	outcomeHealed
+	outcomeFailed
+	outcomeWouldProbe
+	outcomeWouldHeal
+)
+
+// Event reasons.
+const (
+	// ReasonVolumeHealed: a heal made the volume healthy again.
+	ReasonVolumeHealed = "VolumeHealed"
+	// ReasonVolumeHealFailed: the volume is still unhealthy after its heal attempts.
+	ReasonVolumeHealFailed = "VolumeHealFailed"
+	// ReasonVolumeDataLoss: the driver reports data loss; nothing is healed automatically.
+	ReasonVolumeDataLoss = "VolumeDataLoss"
+	// ReasonVolumeUnhealthy: a probe found the volume unhealthy and the policy chose not to heal.
+	ReasonVolumeUnhealthy = "VolumeUnhealthy"
+	// ReasonRestartSweepStarted and ReasonRestartSweepFinished bracket a restart sweep on the
+	// CSIAddonsNode.
+	ReasonRestartSweepStarted  = "RestartSweepStarted"
+	ReasonRestartSweepFinished = "RestartSweepFinished"
+)
+
+// Run runs one sweep to its end and returns what it did. A restart sweep that ends with every
+// volume handled records its marker on the CSIAddonsNode; one cut short by ctx does not, so the
+// next leader repeats it.
+func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
+	logger := klog.FromContext(ctx).WithValues("trigger", sw.Trigger, "driver", sw.Driver, "node", sw.Node, "storageClass", sw.StorageClass)
+	ctx = klog.NewContext(ctx, logger)
+	start := s.opts.Clock.Now()
+	m := s.opts.Metrics
+	if m != nil {
+		m.sweepsStarted.WithLabelValues(string(sw.Trigger)).Inc()
+	}
+
+	var source *csiaddonsv1alpha1.CSIAddonsNode
+	if sw.Trigger == scheduler.TriggerRestart {
+		// The node plugin restarted: what it advertised may have changed.
+		s.opts.Sidecars.Refresh(sw.Driver, sw.Node)
+		s.mem.capabilitiesChanged(sw.Driver, sw.Node)
+		if _, n, err := s.opts.Targets.Target(sw.Driver, sw.Node); err == nil {
+			source = n
+			s.event(n, corev1.EventTypeNormal, ReasonRestartSweepStarted, "Node plugin of %s on node %s restarted: sweeping its volumes", sw.Driver, sw.Node)
+		}
+	}
+
+	vols, skipped := s.plan(ctx, sw)
+	summary := Summary{Volumes: len(vols), Skipped: len(skipped)}
+	for _, sk := range skipped {
+		logger.V(3).Info("Volume left out by the planner", "pv", sk.PV, "node", sk.Node, "reason", sk.Reason)
+	}
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var tasks []scheduler.Task
+	count := func(o outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch o {
+		case outcomeSkipped:
+			summary.Skipped++
+		case outcomeHealthy:
+			summary.Probed++
+		case outcomeUnhealthy:
+			summary.Probed++
+			summary.Unhealthy++
+		case outcomeHealed:
+			summary.Probed++
+			summary.Healed++
+		case outcomeFailed:
+			summary.Failed++
+		case outcomeWouldProbe:
+			summary.WouldProbe++
+		case outcomeWouldHeal:
+			summary.WouldHeal++
+		}
+	}
+	for _, v := range vols {
+		if ctx.Err() != nil {
+			break
+		}
+		task, run, o := s.prepare(ctx, sw, v)
+		if task == nil {
+			count(o)
+			continue
+		}
+		// The dispatcher may run the task more than once (retries); the last run's outcome counts.
+		var last outcome
+		task.Run = func(ctx context.Context) error {
+			o, err := run(ctx)
+			mu.Lock()
+			last = o
+			mu.Unlock()
+			return err
+		}
+		task.Done = func(r scheduler.Result) {
+			defer wg.Done()
+			if r.Err != nil {
+				s.failed(ctx, v, r.Err)
+				count(outcomeFailed)
+				return
+			}
+			mu.Lock()
+			o := last
+			mu.Unlock()
+			count(o)
+		}
+		tasks = append(tasks, *task)
+	}
+	// One batch: the dispatcher orders a sweep's tasks among themselves and across nodes.
+	wg.Add(len(tasks))
+	s.opts.Dispatcher.Submit(tasks...)
+	wg.Wait()
+	summary.Cancelled = ctx.Err() != nil
+
+	result := "ok"
+	switch {
+	case summary.Cancelled:
+		result = "cancelled"
+	case summary.Failed > 0:
+		result = "failed"
+	}
+	if m != nil {
+		m.sweepsFinished.WithLabelValues(string(sw.Trigger), result).Inc()
+		m.sweepDuration.WithLabelValues(string(sw.Trigger)).Observe(s.opts.Clock.Since(start).Seconds())
+	}
+	logger.Info("Sweep finished", "summary", summary.String(), "duration", s.opts.Clock.Since(start))
+
+	if sw.Trigger == scheduler.TriggerRestart && !summary.Cancelled {
+		if source != nil {
+			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
+		}
+		if err := scheduler.RecordHandled(ctx, s.opts.Client, sw); err != nil {
+			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
+		}
+	}
+	return summary
+}
+
+// plan selects the sweep's volumes from the caches, asking the sidecars only for drivers whose
+// volumes have no VolumeAttachment.
+func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Volume, []scheduler.Skipped) {
+	p := s.opts.Planner
+	switch sw.Trigger {
+	case scheduler.TriggerRestart:
+		if p.AttachRequired(sw.Driver) {
+			return p.NodeVolumes(sw.Driver, sw.Node)
+		}
+		return s.staged(ctx, sw.Driver, sw.Node, "")
+	default:
+		if sw.StorageClass == "" && sw.Driver != "" && sw.Node != "" {
+			if p.AttachRequired(sw.Driver) {
+				return p.NodeVolumes(sw.Driver, sw.Node)
+			}
+			return s.staged(ctx, sw.Driver, sw.Node, "")
+		}
+		vols, skipped := p.ClassVolumes(sw.StorageClass)
+		for _, driver := range p.ClassDrivers(sw.StorageClass) {
+			for _, node := range s.opts.Targets.Nodes(driver) {
+				v, sk := s.staged(ctx, driver, node, sw.StorageClass)
+				vols, skipped = append(vols, v...), append(skipped, sk...)
+			}
+		}
+		if sw.Node != "" || sw.Driver != "" {
+			vols = filterVolumes(vols, func(v scheduler.Volume) bool {
+				return (sw.Node == "" || v.NodeName == sw.Node) && (sw.Driver == "" || v.Driver == sw.Driver)
+			})
+		}
+		return vols, skipped
+	}
+}
+
+// staged asks the sidecar of driver on node which volumes it has staged, restricted to class sc
+// when sc is set.
+func (s *Sweeper) staged(ctx context.Context, driver, node, sc string) ([]scheduler.Volume, []scheduler.Skipped) {
+	target, _, err := s.opts.Targets.Target(driver, node)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
+		return nil, nil
+	}
+	staged, err := s.opts.Sidecars.ListStaged(ctx, target)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
+		return nil, nil
+	}
+	var names []string
+	for _, v := range staged {
+		if v.PV != "" && (sc == "" || s.opts.Planner.InClass(v.PV, sc)) {
+			names = append(names, v.PV)
+		}
+	}
+	return s.opts.Planner.StagedVolumes(driver, node, names)
+}
+
+func filterVolumes(vols []scheduler.Volume, keep func(scheduler.Volume) bool) []scheduler.Volume {
+	out := vols[:0]
+	for _, v := range vols {
+		if keep(v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// volumeRun is the work of one volume: it reports the volume's outcome and, for the dispatcher,
+// an error.
+type volumeRun func(ctx context.Context) (outcome, error)
+
+// prepare makes the first decision for v. It returns no task when nothing is to be called, and
+// then the volume's outcome.
+func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.Volume) (*scheduler.Task, volumeRun, outcome) {
+	logger := klog.FromContext(ctx).WithValues("pv", v.PV.Name, "node", v.NodeName, "driver", v.Driver)
+	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
+	if err != nil {
+		logger.Error(err, "No sidecar for the volume's driver on its node")
+		return nil, nil, outcomeFailed
+	}
+	caps, err := s.opts.Sidecars.Capabilities(ctx, target)
+	if err != nil {
+		logger.Error(err, "Cannot read the driver's capabilities")
+		return nil, nil, outcomeFailed
+	}
+	if !caps.Probe && !caps.Heal {
+		return nil, nil, outcomeSkipped
+	}
+	state := s.mem.get(v.PV.Name)
+	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
+		logger.V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
+		return nil, nil, outcomeSkipped
+	}
+
+	in := policy.BuildInput(v.PV, v.PVC, v.StorageClass, v.Attachment, v.Node, driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
+	if in.Node == nil {
+		in.Node = &policy.Node{Name: v.NodeName}
+	}
+	in.History = state.history
+	d, err := s.opts.Policy.Decide(ctx, &in)
+	if err != nil {
+		logger.Error(err, "Policy evaluation failed; the volume is left alone")
+		return nil, nil, outcomeFailed
+	}
+	if m := s.opts.Metrics; m != nil {
+		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
+	}
+	logger.V(2).Info("Decision", "action", d.Action, "reason", d.Reason)
+
+	// Built-in guards: the driver must advertise the operation.
+	action := d.Action
+	switch {
+	case action == policy.ActionProbe && !caps.Probe, action == policy.ActionHeal && !caps.Heal:
+		action = policy.ActionSkip
+	case action == policy.ActionHeal && !state.offeredForHealing(s.mem.generation(v.Driver, v.NodeName)):
+		action = policy.ActionSkip
+	}
+	switch {
+	case action == policy.ActionSkip:
+		return nil, nil, outcomeSkipped
+	case s.opts.DryRun && action == policy.ActionProbe:
+		logger.Info("Dry run: would probe", "reason", d.Reason)
+		return nil, nil, outcomeWouldProbe
+	case s.opts.DryRun:
+		logger.Info("Dry run: would heal", "reason", d.Reason)
+		return nil, nil, outcomeWouldHeal
+	}
+
+	t := &scheduler.Task{
+		Volume:   v.PV.Name,
+		Driver:   v.Driver,
+		Node:     v.NodeName,
+		Trigger:  sw.Trigger,
+		Priority: d.Priority,
+		Timeout:  d.Timeout,
+	}
+	if sw.Stagger > 0 {
+		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
+	}
+	run := func(ctx context.Context) (outcome, error) {
+		return s.act(klog.NewContext(ctx, logger), v, target, caps, in, action)
+	}
+	return t, run, outcomeSkipped
+}
+
+// act probes, asks the policy again with the probe result, heals if it says so, and probes again
+// to confirm. Errors are classified for the dispatcher.
+func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
+	logger := klog.FromContext(ctx)
+	pv := v.PV.Name
+	gen := s.mem.generation(v.Driver, v.NodeName)
+	if action == policy.ActionProbe {
+		res, err := s.probe(ctx, v, target)
+		if err != nil {
+			return outcomeFailed, err
+		}
+		if res.Healthy() {
+			s.clearStatus(ctx, v)
+			return outcomeHealthy, nil
+		}
+		if res.Has(string(policy.HealthDataLoss)) {
+			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
+		}
+		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
+		in.History = s.mem.get(pv).history
+		d, err := s.opts.Policy.Decide(ctx, &in)
+		if err != nil {
+			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
+			return outcomeFailed, fmt.Errorf("%w: policy: %w", scheduler.ErrPermanent, err)
+		}
+		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
+		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
+			s.writeStatus(ctx, v, statusUnhealthy, res.Health, "")
+			if !res.Has(string(policy.HealthDataLoss)) {
+				s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeUnhealthy, "Volume is unhealthy on node %s (%s) and is not healed: %s", v.NodeName, describe(res.Health), d.Reason)
+			}
+			return outcomeUnhealthy, nil
+		}
+	}
+
+	start := s.opts.Clock.Now()
+	healed, err := s.opts.Sidecars.Heal(ctx, target, pv)
+	s.observe("heal", start)
+	if err != nil {
+		s.mem.recordFailure(pv)
+		s.count(v.Driver, false, "error")
+		return outcomeFailed, dispatchError(err)
+	}
+	confirm, err := s.probe(ctx, v, target)
+	if err != nil {
+		s.count(v.Driver, false, "failed")
+		return outcomeFailed, err
+	}
+	if !confirm.Healthy() || !healed.Healthy() {
+		s.mem.recordFailure(pv)
+		s.count(v.Driver, false, "failed")
+		return outcomeFailed, fmt.Errorf("volume still unhealthy after heal: %s", describe(confirm.Health))
+	}
+	s.mem.recordHeal(pv, s.opts.Clock.Now())
+	s.count(v.Driver, false, "healed")
+	s.writeStatus(ctx, v, statusHealed, nil, "")
+	s.setFailing(v, false)
+	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeHealed, "Volume healed on node %s by driver %s; a probe after the heal found it healthy", v.NodeName, v.Driver)
+	return outcomeHealed, nil
+}
+
+// probe calls the sidecar and remembers the result.
+func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Target) (*probe.Result, error) {
+	start := s.opts.Clock.Now()
+	res, err := s.opts.Sidecars.Probe(ctx, target, v.PV.Name)
+	s.observe("probe", start)
+	if err != nil {
+		s.mem.recordFailure(v.PV.Name)
+		s.count(v.Driver, true, "error")
+		return nil, dispatchError(err)
+	}
+	s.mem.recordProbe(v.PV.Name, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
+	result := "healthy"
+	if !res.Healthy() {
+		result = "unhealthy"
+	}
+	s.count(v.Driver, true, result)
+	return res, nil
+}
+
+// failed reports a volume whose task ended in an error after the dispatcher's retries.
+func (s *Sweeper) failed(ctx context.Context, v scheduler.Volume, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	klog.FromContext(ctx).Error(err, "Volume not healed", "pv", v.PV.Name, "node", v.NodeName, "driver", v.Driver)
+	s.writeStatus(ctx, v, statusFailed, nil, err.Error())
+	s.setFailing(v, true)
+	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
+}
+
+// dispatchError tells the dispatcher how to treat a sidecar error: busy volumes are retried
+// later, errors that cannot go away are not retried, others back off.
+func dispatchError(err error) error {
+	switch {
+	case errors.Is(err, probe.ErrBusy):
+		return fmt.Errorf("%w: %w", scheduler.ErrRetryLater, err)
+	case !probe.Retryable(err):
+		return fmt.Errorf("%w: %w", scheduler.ErrPermanent, err)
+	default:
+		return err
+	}
+}
+
+func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) policy.DriverInfo {
+	d := policy.DriverInfo{
+		Name: caps.Driver,
+		Healer: policy.HealerCapabilities{
+			Probe: caps.Probe, Heal: caps.Heal, ListVolumes: caps.ListVolumes, Attributes: caps.Attributes,
+		},
+		IdentityCapabilities: []string{},
+	}
+	if n != nil {
+		d.IdentityCapabilities = append(d.IdentityCapabilities, n.Status.Capabilities...)
+	}
+	if d.Healer.Attributes == nil {
+		d.Healer.Attributes = map[string]string{}
+	}
+	return d
+}
+
+func describe(hs []probe.Health) string {
+	if len(hs) == 0 {
+		return "healthy"
+	}
+	parts := make([]string, 0, len(hs))
+	for _, h := range hs {
+		p := h.Status + "/" + h.Reason
+		if h.Message != "" {
+			p += ": " + h.Message
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (s *Sweeper) observe(op string, start time.Time) {
+	if m := s.opts.Metrics; m != nil {
+		m.callDuration.WithLabelValues(op).Observe(s.opts.Clock.Since(start).Seconds())
+	}
+}
+
+func (s *Sweeper) count(driver string, isProbe bool, result string) {
+	m := s.opts.Metrics
+	if m == nil {
+		return
+	}
+	if isProbe {
+		m.probes.WithLabelValues(driver, result).Inc()
+		return
+	}
+	m.heals.WithLabelValues(driver, result).Inc()
+}
+
+func (s *Sweeper) setFailing(v scheduler.Volume, failing bool) {
+	m := s.opts.Metrics
+	if m == nil || v.PVC == nil {
+		return
+	}
+	if failing {
+		m.healFailing.WithLabelValues(v.PVC.Namespace, v.PVC.Name, v.Driver).Set(1)
+		return
+	}
+	m.healFailing.DeleteLabelValues(v.PVC.Namespace, v.PVC.Name, v.Driver)
+}
+
+// volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.
+func (s *Sweeper) volumeEvent(v scheduler.Volume, eventType, reason, format string, args ...any) {
+	var obj runtime.Object = v.PV
+	if v.PVC != nil {
+		obj = v.PVC
+	}
+	s.event(obj, eventType, reason, format, args...)
+}
+
+func (s *Sweeper) event(obj runtime.Object, eventType, reason, format string, args ...any) {
+	if s.opts.Recorder != nil {
+		s.opts.Recorder.Eventf(obj, eventType, reason, format, args...)
+	}
+}

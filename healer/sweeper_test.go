@@ -1,0 +1,277 @@
+package healer
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// fakeSidecars keeps volume health in memory and counts calls.
+type fakeSidecars struct {
+	mu       sync.Mutex
+	caps     probe.Capabilities
+	health   map[string][]probe.Health // by PV; absent = healthy
+	healable map[string]bool
+	probes   map[string]int
+	heals    map[string]int
+	refresh  int
+}
+
+func (f *fakeSidecars) Capabilities(context.Context, probe.Target) (*probe.Capabilities, error) {
+	c := f.caps
+	return &c, nil
+}
+
+func (f *fakeSidecars) Probe(_ context.Context, _ probe.Target, pv string) (*probe.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probes[pv]++
+	return &probe.Result{Health: f.health[pv], Healable: f.healable[pv]}, nil
+}
+
+func (f *fakeSidecars) Heal(_ context.Context, _ probe.Target, pv string) (*probe.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.heals[pv]++
+	if f.healable[pv] && !hasStatus(f.health[pv], "DATA_LOSS") {
+		delete(f.health, pv)
+	}
+	return &probe.Result{Health: f.health[pv], Healable: true}, nil
+}
+
+func (f *fakeSidecars) ListStaged(context.Context, probe.Target) ([]probe.StagedVolume, error) {
+	return nil, nil
+}
+
+func (f *fakeSidecars) Refresh(string, string) { f.refresh++ }
+
+func hasStatus(hs []probe.Health, s string) bool {
+	for _, h := range hs {
+		if h.Status == s {
+			return true
+		}
+	}
+	return false
+}
+
+type fixture struct {
+	sweeper  *Sweeper
+	sidecars *fakeSidecars
+	client   client.Client
+	recorder *record.FakeRecorder
+	node     *csiaddonsv1alpha1.CSIAddonsNode
+}
+
+// newFixture builds a node with volumes v1..vN of driver rbd on node-a, all attached and bound,
+// behind fake sidecars, with the real default policy and the real dispatcher.
+func newFixture(t *testing.T, n int, dryRun bool) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	caches := scheduler.Caches{
+		PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVIndexers()),
+		VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.VAIndexers()),
+		PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVCIndexers()),
+		StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
+		CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
+		Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
+	}
+	node := &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", Annotations: map[string]string{
+			scheduler.HealerRestartAnnotation: "start-2", probe.EndpointAnnotation: "127.0.0.1:9070",
+		}},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "rbd", NodeID: "node-a"}},
+	}
+	objs := []client.Object{node}
+	for i := 1; i <= n; i++ {
+		name := "v" + string(rune('0'+i))
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PersistentVolumeSpec{
+				ClaimRef:               &corev1.ObjectReference{Namespace: "app", Name: "claim-" + name},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "rbd", VolumeHandle: "h-" + name}},
+			},
+			Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound},
+		}
+		va := &storagev1.VolumeAttachment{
+			ObjectMeta: metav1.ObjectMeta{Name: "va-" + name},
+			Spec:       storagev1.VolumeAttachmentSpec{Attacher: "rbd", NodeName: "node-a", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv.Name}},
+			Status:     storagev1.VolumeAttachmentStatus{Attached: true},
+		}
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "claim-" + name}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: name}}
+		for _, err := range []error{caches.PVs.Add(pv), caches.VolumeAttachments.Add(va), caches.PVCs.Add(pvc)} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		objs = append(objs, pvc.DeepCopy())
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	engine, err := policy.NewEngine(ctx, policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := scheduler.NewDispatcher(scheduler.DispatcherOptions{Global: 4, PerDriver: 4, PerNode: 2, BackoffBase: time.Millisecond, BackoffMax: 4 * time.Millisecond, MaxAttempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = d.Start(ctx) }()
+	targets := NewTargetMap()
+	targets.Set(node)
+	sc := &fakeSidecars{
+		caps:     probe.Capabilities{Driver: "rbd", Probe: true, Heal: true},
+		health:   map[string][]probe.Health{},
+		healable: map[string]bool{},
+		probes:   map[string]int{},
+		heals:    map[string]int{},
+	}
+	recorder := record.NewFakeRecorder(100)
+	s, err := New(Options{
+		Planner: scheduler.NewPlanner(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
+		Targets: targets, Client: c, Recorder: recorder, DryRun: dryRun,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{sweeper: s, sidecars: sc, client: c, recorder: recorder, node: node}
+}
+
+func (f *fixture) restart() scheduler.Sweep {
+	return scheduler.Sweep{Trigger: scheduler.TriggerRestart, Driver: "rbd", Node: "node-a",
+		Source: client.ObjectKeyFromObject(f.node), Marker: scheduler.RestartMarker(f.node)}
+}
+
+func (f *fixture) events() string {
+	var out []string
+	for {
+		select {
+		case e := <-f.recorder.Events:
+			out = append(out, e)
+		default:
+			return strings.Join(out, "\n")
+		}
+	}
+}
+
+func TestRestartSweepHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
+	f := newFixture(t, 5, false)
+	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true  // rbd-nbd died: healable
+	f.sidecars.health["v2"], f.sidecars.healable["v2"] = gone, false // krbd: not healable
+	f.sidecars.health["v3"], f.sidecars.healable["v3"] = []probe.Health{{Status: "DATA_LOSS", Reason: "DataLoss"}}, true
+	f.sidecars.healable["v4"], f.sidecars.healable["v5"] = true, true // healthy
+
+	ctx := context.Background()
+	sum := f.sweeper.Run(ctx, f.restart())
+	if sum.Volumes != 5 || sum.Probed != 5 || sum.Healed != 1 || sum.Unhealthy != 2 || sum.Failed != 0 {
+		t.Fatalf("summary = %+v, want 5 probed, 1 healed, 2 unhealthy left alone", sum)
+	}
+	for pv, want := range map[string]int{"v1": 1, "v2": 0, "v3": 0, "v4": 0, "v5": 0} {
+		if got := f.sidecars.heals[pv]; got != want {
+			t.Errorf("heals of %s = %d, want %d", pv, got, want)
+		}
+	}
+	if f.sidecars.probes["v1"] != 2 {
+		t.Errorf("v1 probed %d times, want 2 (before and after the heal)", f.sidecars.probes["v1"])
+	}
+	events := f.events()
+	for _, want := range []string{ReasonRestartSweepStarted, ReasonVolumeHealed, ReasonVolumeDataLoss, ReasonVolumeUnhealthy, ReasonRestartSweepFinished} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events lack %s:\n%s", want, events)
+		}
+	}
+
+	var n csiaddonsv1alpha1.CSIAddonsNode
+	if err := f.client.Get(ctx, client.ObjectKeyFromObject(f.node), &n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Annotations[scheduler.HandledMarkerAnnotation] != "start-2" {
+		t.Errorf("handled marker = %q, want start-2", n.Annotations[scheduler.HandledMarkerAnnotation])
+	}
+	var pvc corev1.PersistentVolumeClaim
+	if err := f.client.Get(ctx, client.ObjectKey{Namespace: "app", Name: "claim-v2"}, &pvc); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(pvc.Annotations[StatusAnnotation], `"result":"unhealthy"`) {
+		t.Errorf("claim-v2 status = %q, want unhealthy", pvc.Annotations[StatusAnnotation])
+	}
+	if err := f.client.Get(ctx, client.ObjectKey{Namespace: "app", Name: "claim-v4"}, &pvc); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := pvc.Annotations[StatusAnnotation]; ok {
+		t.Error("a healthy volume got a status annotation: a sweep would write every PVC")
+	}
+}
+
+func TestNotHealableVolumeIsNotOfferedAgainUntilRestart(t *testing.T) {
+	f := newFixture(t, 1, false)
+	f.sidecars.health["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
+	ctx := context.Background()
+	f.sweeper.Run(ctx, f.restart())
+	// Later probes answer healable, but the driver's "not healable" stands until its node plugin
+	// restarts (its capabilities may then have changed).
+	f.sidecars.healable["v1"] = true
+	manual := scheduler.Sweep{Trigger: scheduler.TriggerManual, Driver: "rbd", Node: "node-a"}
+	if sum := f.sweeper.Run(ctx, manual); sum.Unhealthy != 1 || f.sidecars.heals["v1"] != 0 {
+		t.Fatalf("manual sweep: summary %+v, heals %d; want the volume left unhealthy, not healed", sum, f.sidecars.heals["v1"])
+	}
+	if sum := f.sweeper.Run(ctx, f.restart()); sum.Healed != 1 || f.sidecars.heals["v1"] != 1 {
+		t.Fatalf("after a restart: summary %+v, heals %d; want one heal", sum, f.sidecars.heals["v1"])
+	}
+}
+
+func TestDryRunCallsNothing(t *testing.T) {
+	f := newFixture(t, 3, true)
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if sum.WouldProbe != 3 || sum.Probed != 0 {
+		t.Fatalf("summary = %+v, want 3 would-probe and nothing probed", sum)
+	}
+	if len(f.sidecars.probes)+len(f.sidecars.heals) != 0 {
+		t.Fatalf("dry run made calls: probes %v heals %v", f.sidecars.probes, f.sidecars.heals)
+	}
+	if !strings.Contains(f.events(), "would probe 3") {
+		t.Error("the sweep's Event does not report what a dry run would have done")
+	}
+}
+
+func TestCancelledRestartSweepIsNotRecordedAsHandled(t *testing.T) {
+	f := newFixture(t, 2, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	sum := f.sweeper.Run(ctx, f.restart())
+	if !sum.Cancelled {
+		t.Fatalf("summary = %+v, want cancelled", sum)
+	}
+	var n csiaddonsv1alpha1.CSIAddonsNode
+	if err := f.client.Get(context.Background(), client.ObjectKeyFromObject(f.node), &n); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Annotations[scheduler.HandledMarkerAnnotation]; ok {
+		t.Error("a cancelled restart sweep was recorded as handled: the next leader would not repeat it")
+	}
+}

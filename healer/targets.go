@@ -1,0 +1,97 @@
+package healer
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-healer/volume-healer/probe"
+)
+
+// TargetMap resolves the sidecar of a driver on a node from the CSIAddonsNodes that the informer
+// hands it. Where two CSIAddonsNodes describe the same driver and node (a csi-addons sidecar's and
+// one created by the healer sidecar), the one carrying the healer endpoint annotation wins.
+type TargetMap struct {
+	mu    sync.RWMutex
+	nodes map[types.NamespacedName]*csiaddonsv1alpha1.CSIAddonsNode
+	// byDriverNode points at the keys of nodes, per "driver/node".
+	byDriverNode map[string]map[types.NamespacedName]bool
+}
+
+var _ Targets = (*TargetMap)(nil)
+
+// NewTargetMap returns an empty TargetMap.
+func NewTargetMap() *TargetMap {
+	return &TargetMap{nodes: map[types.NamespacedName]*csiaddonsv1alpha1.CSIAddonsNode{}, byDriverNode: map[string]map[types.NamespacedName]bool{}}
+}
+
+// Set records a created or changed CSIAddonsNode.
+func (m *TargetMap) Set(n *csiaddonsv1alpha1.CSIAddonsNode) {
+	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.removeLocked(key)
+	m.nodes[key] = n
+	dn := n.Spec.Driver.Name + "/" + n.Spec.Driver.NodeID
+	if m.byDriverNode[dn] == nil {
+		m.byDriverNode[dn] = map[types.NamespacedName]bool{}
+	}
+	m.byDriverNode[dn][key] = true
+}
+
+// Delete forgets a deleted CSIAddonsNode.
+func (m *TargetMap) Delete(key types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.removeLocked(key)
+}
+
+func (m *TargetMap) removeLocked(key types.NamespacedName) {
+	old, ok := m.nodes[key]
+	if !ok {
+		return
+	}
+	dn := old.Spec.Driver.Name + "/" + old.Spec.Driver.NodeID
+	delete(m.byDriverNode[dn], key)
+	if len(m.byDriverNode[dn]) == 0 {
+		delete(m.byDriverNode, dn)
+	}
+	delete(m.nodes, key)
+}
+
+// Target returns the sidecar of driver on node and the CSIAddonsNode it was read from.
+func (m *TargetMap) Target(driver, node string) (probe.Target, *csiaddonsv1alpha1.CSIAddonsNode, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var chosen *csiaddonsv1alpha1.CSIAddonsNode
+	for key := range m.byDriverNode[driver+"/"+node] {
+		n := m.nodes[key]
+		if chosen == nil || (n.Annotations[probe.EndpointAnnotation] != "" && chosen.Annotations[probe.EndpointAnnotation] == "") {
+			chosen = n
+		}
+	}
+	if chosen == nil {
+		return probe.Target{}, nil, fmt.Errorf("%w: no CSIAddonsNode for driver %s on node %s", probe.ErrNoEndpoint, driver, node)
+	}
+	t, err := probe.TargetFor(chosen)
+	return t, chosen, err
+}
+
+// Nodes lists the nodes where driver has a CSIAddonsNode, sorted.
+func (m *TargetMap) Nodes(driver string) []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range m.nodes {
+		if n.Spec.Driver.Name == driver && !seen[n.Spec.Driver.NodeID] {
+			seen[n.Spec.Driver.NodeID] = true
+			out = append(out, n.Spec.Driver.NodeID)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
