@@ -12,7 +12,7 @@ PKGS       ?= ./...
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build every binary into bin/.
@@ -39,17 +39,26 @@ lint: ## Check formatting (gofmt) and run go vet.
 generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alpha1/healer.proto.
 	hack/generate.sh
 
+DEMO_FLAGS ?=
+
 .PHONY: demo
-demo: build ## Run the demo: a local control plane, simulated nodes, the controller, a node plugin restart.
-	KUBEBUILDER_ASSETS="$(ASSETS)" $(BIN)/healer-demo
+demo: build ## Run the demo: local control plane, simulated nodes, controller, a node plugin restart healed.
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer $(DEMO_FLAGS)
+
+.PHONY: demo-hold
+demo-hold: ## Run the demo and keep its cluster up afterwards to look with kubectl (make demo-down ends it).
+	$(MAKE) demo DEMO_FLAGS=--hold
 
 .PHONY: demo-down
-demo-down: ## Stop what a demo left running and remove its state.
-	$(BIN)/healer-demo down 2>/dev/null || true
+demo-down: ## Stop a demo that is still running and remove its state (.demo/).
+	@for f in .demo/demo.pid .demo/controller.pid; do \
+	  if [ -f $$f ]; then kill "$$(cat $$f)" 2>/dev/null || true; fi; \
+	done
+	@sleep 2
 	rm -rf .demo
 
 .PHONY: bench
-bench: ## Run the benchmarks and write bench/results.json.
+bench: ## Run the Go benchmarks (policy decisions, dispatcher storm).
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 .PHONY: clean
