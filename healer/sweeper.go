@@ -147,6 +147,8 @@ const (
 	// CSIAddonsNode.
 	ReasonRestartSweepStarted  = "RestartSweepStarted"
 	ReasonRestartSweepFinished = "RestartSweepFinished"
+	// ReasonManualSweepFinished reports a requested sweep's outcome on the object that asked.
+	ReasonManualSweepFinished = "ManualSweepFinished"
 )
 
 // Run runs one sweep to its end and returns what it did. A restart sweep that ends with every
@@ -254,6 +256,12 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	}
 	logger.Info("Sweep finished", "summary", summary.String(), "duration", s.opts.Clock.Since(start))
 
+	if sw.Trigger == scheduler.TriggerManual && sw.Requester != nil && !summary.Cancelled {
+		s.event(sw.Requester, corev1.EventTypeNormal, ReasonManualSweepFinished, "Requested sweep %q finished: %s", sw.Marker, summary)
+		if err := scheduler.RecordManualHandled(ctx, s.opts.Client, sw); err != nil {
+			logger.Error(err, "Manual sweep finished but the request could not be marked handled; it will run again")
+		}
+	}
 	if sw.Trigger == scheduler.TriggerRestart && !summary.Cancelled {
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
@@ -274,18 +282,32 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Vol
 		if p.AttachRequired(sw.Driver) {
 			return p.NodeVolumes(sw.Driver, sw.Node)
 		}
-		return s.staged(ctx, sw.Driver, sw.Node, "")
+		return s.staged(ctx, sw.Driver, sw.Node, nil)
 	default:
+		if sw.PV != "" {
+			driver, ok := p.PVDriver(sw.PV)
+			if !ok || p.AttachRequired(driver) {
+				return p.PVVolumes(sw.PV)
+			}
+			var vols []scheduler.Volume
+			var skipped []scheduler.Skipped
+			for _, node := range s.opts.Targets.Nodes(driver) {
+				v, sk := s.staged(ctx, driver, node, func(pv string) bool { return pv == sw.PV })
+				vols, skipped = append(vols, v...), append(skipped, sk...)
+			}
+			return vols, skipped
+		}
 		if sw.StorageClass == "" && sw.Driver != "" && sw.Node != "" {
 			if p.AttachRequired(sw.Driver) {
 				return p.NodeVolumes(sw.Driver, sw.Node)
 			}
-			return s.staged(ctx, sw.Driver, sw.Node, "")
+			return s.staged(ctx, sw.Driver, sw.Node, nil)
 		}
 		vols, skipped := p.ClassVolumes(sw.StorageClass)
+		inClass := func(pv string) bool { return p.InClass(pv, sw.StorageClass) }
 		for _, driver := range p.ClassDrivers(sw.StorageClass) {
 			for _, node := range s.opts.Targets.Nodes(driver) {
-				v, sk := s.staged(ctx, driver, node, sw.StorageClass)
+				v, sk := s.staged(ctx, driver, node, inClass)
 				vols, skipped = append(vols, v...), append(skipped, sk...)
 			}
 		}
@@ -298,9 +320,9 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Vol
 	}
 }
 
-// staged asks the sidecar of driver on node which volumes it has staged, restricted to class sc
-// when sc is set.
-func (s *Sweeper) staged(ctx context.Context, driver, node, sc string) ([]scheduler.Volume, []scheduler.Skipped) {
+// staged asks the sidecar of driver on node which volumes it has staged, restricted to the PVs
+// that keep accepts when keep is set.
+func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]scheduler.Volume, []scheduler.Skipped) {
 	target, _, err := s.opts.Targets.Target(driver, node)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
@@ -313,7 +335,7 @@ func (s *Sweeper) staged(ctx context.Context, driver, node, sc string) ([]schedu
 	}
 	var names []string
 	for _, v := range staged {
-		if v.PV != "" && (sc == "" || s.opts.Planner.InClass(v.PV, sc)) {
+		if v.PV != "" && (keep == nil || keep(v.PV)) {
 			names = append(names, v.PV)
 		}
 	}

@@ -205,6 +205,34 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 	return vols, skipped
 }
 
+// PVVolumes returns the volume of the PersistentVolume named pv on every node it is attached to.
+// For a driver without an attach step it returns nothing: its nodes come from the sidecars.
+func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
+	vas, _ := p.c.VolumeAttachments.ByIndex(IndexVolumeName, pv)
+	var vols []Volume
+	var skipped []Skipped
+	for _, o := range vas {
+		va := o.(*storagev1.VolumeAttachment)
+		v, reason := p.volume(pv, va, va.Spec.NodeName)
+		if reason != "" {
+			skipped = append(skipped, Skipped{PV: pv, Node: va.Spec.NodeName, Reason: reason})
+			continue
+		}
+		vols = append(vols, v)
+	}
+	sortVolumes(vols)
+	return vols, skipped
+}
+
+// PVDriver returns the CSI driver of the PersistentVolume named pv, if it is in the cache.
+func (p *Planner) PVDriver(pv string) (string, bool) {
+	obj, ok, _ := p.c.PVs.GetByKey(pv)
+	if !ok || obj.(*corev1.PersistentVolume).Spec.CSI == nil {
+		return "", false
+	}
+	return obj.(*corev1.PersistentVolume).Spec.CSI.Driver, true
+}
+
 // ClassDrivers returns the drivers without an attach step that have PVs in StorageClass sc: a
 // periodic sweep asks their sidecars which of those volumes are staged where.
 func (p *Planner) ClassDrivers(sc string) []string {

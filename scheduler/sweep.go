@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Trigger says why a sweep runs. Restart sweeps take priority over the others.
@@ -31,11 +32,17 @@ type Sweep struct {
 	Driver string
 	// Node is the node whose volumes are swept (restart sweeps).
 	Node string
-	// StorageClass is the StorageClass whose volumes are swept (periodic sweeps).
+	// StorageClass is the StorageClass whose volumes are swept (periodic and manual sweeps).
 	StorageClass string
+	// PV is the one PersistentVolume swept (a manual sweep requested on its PVC).
+	PV string
+	// Requester is the object whose annotation requested a manual sweep; the outcome is recorded
+	// on it. Nil for other sweeps.
+	Requester client.Object
 	// Source is the object that caused the sweep: the CSIAddonsNode of a restart sweep.
 	Source types.NamespacedName
-	// Marker is the restart marker that a restart sweep handles; recorded on Source when it ends.
+	// Marker is the restart marker that a restart sweep handles, or the request value of a manual
+	// sweep; recorded on Source (or Requester) when the sweep ends.
 	Marker string
 	// Stagger spreads the sweep's calls over this window, by node (see StaggerOffset).
 	Stagger time.Duration
@@ -50,6 +57,15 @@ func (s Sweep) String() string {
 		return fmt.Sprintf("restart sweep of %s on node %s (marker %q)", s.Driver, s.Node, s.Marker)
 	case TriggerSchedule:
 		return fmt.Sprintf("periodic sweep of StorageClass %s", s.StorageClass)
+	case TriggerManual:
+		switch {
+		case s.PV != "":
+			return fmt.Sprintf("manual sweep of PV %s", s.PV)
+		case s.StorageClass != "":
+			return fmt.Sprintf("manual sweep of StorageClass %s", s.StorageClass)
+		default:
+			return fmt.Sprintf("manual sweep of %s on node %s", s.Driver, s.Node)
+		}
 	default:
 		return fmt.Sprintf("%s sweep", s.Trigger)
 	}

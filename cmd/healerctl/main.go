@@ -28,6 +28,6 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newPolicyCommand(), newSanityCommand())
+	root.AddCommand(newPolicyCommand(), newSanityCommand(), newSweepCommand())
 	return root
 }

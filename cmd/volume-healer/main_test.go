@@ -14,6 +14,7 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -192,5 +193,31 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	poll("the restart shows in the metrics", func(context.Context) (bool, error) {
 		_, body := get("http://" + metricsAddr + "/metrics")
 		return strings.Contains(body, want), nil
+	})
+
+	// An operator asks for a sweep of a StorageClass: the controller sweeps it once, marks the
+	// request handled and says so in an Event on the StorageClass.
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"}, Provisioner: "rbd.csi.ceph.com"}
+	if err := env.Client.Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	if err := scheduler.RequestSweep(ctx, env.Client, sc, "req-1"); err != nil {
+		t.Fatal(err)
+	}
+	poll("the manual sweep is handled", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return err == nil && scheduler.SweepHandled(sc, "req-1"), nil
+	})
+	poll("the ManualSweepFinished Event", func(ctx context.Context) (bool, error) {
+		var events corev1.EventList
+		if err := env.Client.List(ctx, &events); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "ManualSweepFinished" && e.InvolvedObject.Name == "gold" && strings.Contains(e.Message, "req-1") {
+				return true, nil
+			}
+		}
+		return false, nil
 	})
 }

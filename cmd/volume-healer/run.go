@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -184,7 +185,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, mgr, factory, targets, restarts, periodic); err != nil {
+	manual, err := scheduler.NewManual(scheduler.ManualOptions{Metrics: schedMetrics, Sweeps: sweeps.submit})
+	if err != nil {
+		return err
+	}
+	if err := watchTriggers(ctx, mgr, factory, targets, triggers{restarts, periodic, manual}); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
@@ -231,43 +236,64 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
 // sidecar targets and to the restart and periodic triggers.
-func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, restarts *scheduler.Restarts, periodic *scheduler.Periodic) error {
+func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, t triggers) error {
 	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
 	if err != nil {
 		return fmt.Errorf("CSIAddonsNode informer: %w", err)
 	}
 	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { observeNode(ctx, targets, restarts, obj) },
-		UpdateFunc: func(_, obj any) { observeNode(ctx, targets, restarts, obj) },
+		AddFunc:    func(obj any) { observeNode(ctx, targets, t, obj) },
+		UpdateFunc: func(_, obj any) { observeNode(ctx, targets, t, obj) },
 		DeleteFunc: func(obj any) {
 			if n := csiAddonsNodeFrom(obj); n != nil {
 				key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
 				targets.Delete(key)
-				restarts.Forget(key)
+				t.restarts.Forget(key)
 			}
 		},
 	}); err != nil {
 		return err
 	}
 	_, err = factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { setClass(ctx, periodic, obj) },
-		UpdateFunc: func(_, obj any) { setClass(ctx, periodic, obj) },
+		AddFunc:    func(obj any) { setClass(ctx, t, obj) },
+		UpdateFunc: func(_, obj any) { setClass(ctx, t, obj) },
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
 			}
 			if sc, ok := obj.(*storagev1.StorageClass); ok {
-				periodic.RemoveStorageClass(sc.Name)
+				t.periodic.RemoveStorageClass(sc.Name)
 			}
 		},
+	})
+	if err != nil {
+		return err
+	}
+	// PVCs carry manual sweep requests for their volume.
+	observeClaim := func(obj any) {
+		if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+			t.manual.Observe(ctx, pvc)
+		}
+	}
+	_, err = factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    observeClaim,
+		UpdateFunc: func(_, obj any) { observeClaim(obj) },
 	})
 	return err
 }
 
-func observeNode(ctx context.Context, targets *healer.TargetMap, restarts *scheduler.Restarts, obj any) {
+// triggers are what turns object changes into sweeps.
+type triggers struct {
+	restarts *scheduler.Restarts
+	periodic *scheduler.Periodic
+	manual   *scheduler.Manual
+}
+
+func observeNode(ctx context.Context, targets *healer.TargetMap, t triggers, obj any) {
 	if n := csiAddonsNodeFrom(obj); n != nil {
 		targets.Set(n)
-		restarts.Observe(ctx, n)
+		t.restarts.Observe(ctx, n)
+		t.manual.Observe(ctx, n)
 	}
 }
 
@@ -279,9 +305,10 @@ func csiAddonsNodeFrom(obj any) *csiaddonsv1alpha1.CSIAddonsNode {
 	return n
 }
 
-func setClass(ctx context.Context, periodic *scheduler.Periodic, obj any) {
+func setClass(ctx context.Context, t triggers, obj any) {
 	if sc, ok := obj.(*storagev1.StorageClass); ok {
-		periodic.SetStorageClass(ctx, sc)
+		t.periodic.SetStorageClass(ctx, sc)
+		t.manual.Observe(ctx, sc)
 	}
 }
 
