@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/robfig/cron/v3"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Validate checks every value and the rules between them, and returns all problems joined, one
@@ -191,36 +192,11 @@ func (c *Config) validate() []issue {
 // cronForms says what a schedule may look like, for error messages.
 const cronForms = `must be a cron spec: five fields such as "0 */6 * * *", or a descriptor such as @hourly or @every 1h`
 
-// cronReference is the instant from which a schedule must fire at least once. Any fixed instant
-// works: robfig/cron looks five years ahead, which covers every date a valid spec can name.
-var cronReference = time.Date(2024, time.January, 1, 0, 0, 0, 0, time.UTC)
-
 // checkCron parses spec the way the scheduler will and rejects specs that parse but can never
-// work.
+// work; the scheduler owns those rules.
 func checkCron(spec string) error {
-	body := spec
-	if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
-		i := strings.IndexByte(spec, ' ')
-		if i < 0 {
-			// robfig/cron v3.0.1 slices up to the first space without checking for one and panics.
-			return errors.New("a time zone prefix must be followed by a space and the schedule, as in CRON_TZ=Europe/Berlin 0 3 * * *")
-		}
-		body = strings.TrimSpace(spec[i:])
-	}
-	sched, err := cron.ParseStandard(spec)
-	if err != nil {
-		return err
-	}
-	if rest, ok := strings.CutPrefix(body, "@every "); ok {
-		// cron quietly turns anything below one second, including negative values, into 1s.
-		if d, err := time.ParseDuration(rest); err == nil && d < time.Second {
-			return fmt.Errorf("@every needs an interval of at least 1s, not %s", formatDuration(d))
-		}
-	}
-	if sched.Next(cronReference).IsZero() {
-		return errors.New("it names a date that never occurs")
-	}
-	return nil
+	_, err := scheduler.CheckSchedule(spec)
+	return err
 }
 
 // checkHostPort accepts host:port with a numeric port from 0 to 65535 and any (or no) host.

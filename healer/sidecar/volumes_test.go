@@ -124,6 +124,12 @@ func TestStagingPath(t *testing.T) {
 // startVolumes runs the caches against a fake clientset holding objs, for driver "d".
 func startVolumes(t *testing.T, objs ...any) *volumes {
 	t.Helper()
+	return startVolumesFor(t, "d", objs...)
+}
+
+// startVolumesFor runs the caches against a fake clientset holding objs, for driver driverName.
+func startVolumesFor(t testing.TB, driverName string, objs ...any) *volumes {
+	t.Helper()
 	client := fake.NewClientset()
 	for _, o := range objs {
 		var err error
@@ -137,10 +143,12 @@ func startVolumes(t *testing.T, objs ...any) *volumes {
 			t.Fatal(err)
 		}
 	}
-	return runVolumes(t, client, 2*time.Second)
+	v := runVolumes(t, client, 2*time.Second)
+	v.setDriver(driverName)
+	return v
 }
 
-func runVolumes(t *testing.T, client *fake.Clientset, secretSync time.Duration) *volumes {
+func runVolumes(t testing.TB, client *fake.Clientset, secretSync time.Duration) *volumes {
 	t.Helper()
 	v, err := newVolumes(client, &Options{KubeletDir: "/var/lib/kubelet", SecretSyncTimeout: secretSync})
 	if err != nil {
