@@ -11,6 +11,8 @@ import (
 // volumeState is what the controller remembers about one volume on one node.
 type volumeState struct {
 	history policy.History
+	// driver is the volume's CSI driver, for the unhealthy-volumes metric.
+	driver string
 	// notHealable is set when the driver said the volume cannot be healed, with the capabilities
 	// generation of its driver on its node at that time (notHealableGen); the volume is not offered
 	// for healing again until that generation changes.
@@ -74,8 +76,9 @@ func (s volumeState) offeredForHealing(gen uint64) bool {
 	return !s.notHealable || s.notHealableGen != gen
 }
 
-func (m *memory) recordProbe(pv string, at time.Time, r *probe.Result, gen uint64) {
+func (m *memory) recordProbe(pv, driver string, at time.Time, r *probe.Result, gen uint64) {
 	m.update(pv, func(s *volumeState) {
+		s.driver = driver
 		s.history.LastProbe = &policy.ProbeRecord{Time: at, Healthy: r.Healthy(), Health: policyHealth(r.Health)}
 		if r.Healthy() {
 			s.history.ConsecutiveFailures = 0
@@ -113,4 +116,32 @@ func policyHealth(hs []probe.Health) []policy.Health {
 		out = append(out, policy.Health{Status: policy.HealthStatus(h.Status), Reason: h.Reason, Message: h.Message})
 	}
 	return out
+}
+
+// unhealthy counts the volumes whose last probe found them unhealthy, by driver and health status.
+// A volume with two statuses counts under each.
+func (m *memory) unhealthy() map[[2]string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[[2]string]int{}
+	for _, s := range m.states {
+		if s.history.LastProbe == nil || s.history.LastProbe.Healthy {
+			continue
+		}
+		seen := map[policy.HealthStatus]bool{}
+		for _, h := range s.history.LastProbe.Health {
+			if !seen[h.Status] {
+				seen[h.Status] = true
+				out[[2]string{s.driver, string(h.Status)}]++
+			}
+		}
+	}
+	return out
+}
+
+// forget drops what is remembered about a deleted PV.
+func (m *memory) forget(pv string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.states, pv)
 }

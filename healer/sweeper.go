@@ -12,6 +12,7 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
@@ -96,6 +97,24 @@ func New(opts Options) (*Sweeper, error) {
 	}
 	return &Sweeper{opts: opts, mem: newMemory()}, nil
 }
+
+// Forget drops what the sweeper remembers about a deleted PersistentVolume.
+func (s *Sweeper) Forget(pv string) { s.mem.forget(pv) }
+
+// Describe sends the descriptor of the unhealthy-volumes gauge; Sweeper is a prometheus.Collector.
+func (s *Sweeper) Describe(ch chan<- *prometheus.Desc) { ch <- unhealthyDesc }
+
+// Collect reports the volumes whose last probe found them unhealthy, by driver and health status,
+// computed from what the sweeper remembers when Prometheus scrapes.
+func (s *Sweeper) Collect(ch chan<- prometheus.Metric) {
+	for k, n := range s.mem.unhealthy() {
+		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
+	}
+}
+
+var unhealthyDesc = prometheus.NewDesc("volume_healer_volumes_unhealthy",
+	"Volumes whose last probe found them unhealthy, by driver and health status (DEGRADED, INACCESSIBLE, DATA_LOSS).",
+	[]string{"driver", "status"}, nil)
 
 // Summary counts what a sweep did.
 type Summary struct {
@@ -501,7 +520,7 @@ func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Ta
 		s.count(v.Driver, true, "error")
 		return nil, dispatchError(err)
 	}
-	s.mem.recordProbe(v.PV.Name, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
+	s.mem.recordProbe(v.PV.Name, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
 	result := "healthy"
 	if !res.Healthy() {
 		result = "unhealthy"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -197,6 +198,15 @@ func TestRestartSweepHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
 	}
 	if f.sidecars.probes["v1"] != 2 {
 		t.Errorf("v1 probed %d times, want 2 (before and after the heal)", f.sidecars.probes["v1"])
+	}
+	want := `
+# HELP volume_healer_volumes_unhealthy Volumes whose last probe found them unhealthy, by driver and health status (DEGRADED, INACCESSIBLE, DATA_LOSS).
+# TYPE volume_healer_volumes_unhealthy gauge
+volume_healer_volumes_unhealthy{driver="rbd",status="DATA_LOSS"} 1
+volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 1
+`
+	if err := testutil.CollectAndCompare(f.sweeper, strings.NewReader(want)); err != nil {
+		t.Errorf("unhealthy volumes gauge: %v", err)
 	}
 	events := f.events()
 	for _, want := range []string{ReasonRestartSweepStarted, ReasonVolumeHealed, ReasonVolumeDataLoss, ReasonVolumeUnhealthy, ReasonRestartSweepFinished} {

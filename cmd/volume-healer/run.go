@@ -164,6 +164,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(sweeper)
 	sweeps := &sweepRunner{sweeper: sweeper}
 
 	restarts, err := scheduler.NewRestarts(scheduler.RestartOptions{
@@ -189,7 +190,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, mgr, factory, targets, triggers{restarts, periodic, manual}); err != nil {
+	if err := watchTriggers(ctx, mgr, factory, targets, sweeper, triggers{restarts, periodic, manual}); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
@@ -236,7 +237,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
 // sidecar targets and to the restart and periodic triggers.
-func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, t triggers) error {
+func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, sweeper *healer.Sweeper, t triggers) error {
 	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
 	if err != nil {
 		return fmt.Errorf("CSIAddonsNode informer: %w", err)
@@ -263,6 +264,20 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 			}
 			if sc, ok := obj.(*storagev1.StorageClass); ok {
 				t.periodic.RemoveStorageClass(sc.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// A deleted PV's history goes with it.
+	_, err = factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if pv, ok := obj.(*corev1.PersistentVolume); ok {
+				sweeper.Forget(pv.Name)
 			}
 		},
 	})
