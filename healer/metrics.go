@@ -1,6 +1,12 @@
 package healer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/volume-healer/volume-healer/probe"
+)
 
 // Metrics are the instruments of sweeps, probes and heals. A nil *Metrics records nothing.
 type Metrics struct {
@@ -12,6 +18,7 @@ type Metrics struct {
 	heals          *prometheus.CounterVec
 	callDuration   *prometheus.HistogramVec
 	healFailing    *prometheus.GaugeVec
+	callErrors     *prometheus.CounterVec
 }
 
 // NewMetrics creates the instruments and registers them with reg.
@@ -51,7 +58,35 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_volume_heal_failing",
 			Help: "1 for each PVC whose last heal failed; the series goes away when the volume is healthy again.",
 		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
+		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_sidecar_call_errors_total",
+			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
+		}, []string{"driver", "reason"}),
 	}
-	reg.MustRegister(m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
+	reg.MustRegister(m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
 	return m
+}
+
+// callError counts a failed sidecar call under a bounded reason.
+func (m *Metrics) callError(driver string, err error) {
+	if m == nil || err == nil {
+		return
+	}
+	m.callErrors.WithLabelValues(driver, errorReason(err)).Inc()
+}
+
+func errorReason(err error) string {
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{
+		{probe.ErrUnreachable, "unreachable"}, {probe.ErrNoEndpoint, "unreachable"}, {probe.ErrTimeout, "timeout"},
+		{probe.ErrRejected, "rejected"}, {probe.ErrBusy, "busy"}, {probe.ErrNotStaged, "not-staged"},
+		{probe.ErrUnsupported, "unsupported"}, {probe.ErrNotFound, "not-found"}, {probe.ErrMalformed, "malformed"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return "other"
 }

@@ -381,11 +381,13 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 	logger := klog.FromContext(ctx).WithValues("pv", v.PV.Name, "node", v.NodeName, "driver", v.Driver)
 	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
 	if err != nil {
+		s.opts.Metrics.callError(v.Driver, err)
 		logger.Error(err, "No sidecar for the volume's driver on its node")
 		return nil, nil, outcomeFailed
 	}
 	caps, err := s.opts.Sidecars.Capabilities(ctx, target)
 	if err != nil {
+		s.opts.Metrics.callError(v.Driver, err)
 		logger.Error(err, "Cannot read the driver's capabilities")
 		return nil, nil, outcomeFailed
 	}
@@ -490,6 +492,7 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 	if err != nil {
 		s.mem.recordFailure(pv)
 		s.count(v.Driver, false, "error")
+		s.opts.Metrics.callError(v.Driver, err)
 		return outcomeFailed, dispatchError(err)
 	}
 	confirm, err := s.probe(ctx, v, target)
@@ -518,6 +521,7 @@ func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Ta
 	if err != nil {
 		s.mem.recordFailure(v.PV.Name)
 		s.count(v.Driver, true, "error")
+		s.opts.Metrics.callError(v.Driver, err)
 		return nil, dispatchError(err)
 	}
 	s.mem.recordProbe(v.PV.Name, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
