@@ -1,18 +1,19 @@
-package healer_test
+package healer
 
 import (
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/healer/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
 )
 
@@ -34,6 +35,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_heals_total":                        {dto.MetricType_COUNTER, []string{"driver", "result"}},
 	"volume_healer_call_duration_seconds":              {dto.MetricType_HISTOGRAM, []string{"operation"}},
 	"volume_healer_volume_heal_failing":                {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
+	"volume_healer_volumes_unhealthy":                  {dto.MetricType_GAUGE, []string{"driver", "status"}},
+	"volume_healer_sidecar_call_errors_total":          {dto.MetricType_COUNTER, []string{"driver", "reason"}},
 	"volume_healer_scheduler_schedule_errors_total":    {dto.MetricType_COUNTER, nil},
 	"volume_healer_scheduler_schedule_invalid":         {dto.MetricType_GAUGE, []string{"storageclass"}},
 	"volume_healer_scheduler_triggers_total":           {dto.MetricType_COUNTER, []string{"trigger"}},
@@ -132,29 +135,33 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 	return mfs
 }
 
+// controllerMetrics registers the controller's instruments on reg as cmd/volume-healer wires
+// them, with the Sweeper as the collector of the unhealthy volumes. That gauge is computed from
+// the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
+func controllerMetrics(reg prometheus.Registerer) error {
+	NewMetrics(reg)
+	scheduler.NewMetrics(reg)
+	scheduler.NewDispatchMetrics(reg)
+	if _, err := policy.NewMetrics(reg); err != nil {
+		return err
+	}
+	s := &Sweeper{mem: newMemory()}
+	s.mem.recordProbe("pv-1", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)
+	return reg.Register(s)
+}
+
+func sidecarMetrics(reg prometheus.Registerer) error {
+	sidecar.NewMetrics(reg)
+	return nil
+}
+
 func TestMetricsLint(t *testing.T) {
 	tests := map[string]struct {
 		build func(prometheus.Registerer) error
 		want  map[string]family
 	}{
-		"controller": {
-			// The same constructors, on one registry, as cmd/volume-healer wires them.
-			build: func(reg prometheus.Registerer) error {
-				healer.NewMetrics(reg)
-				scheduler.NewMetrics(reg)
-				scheduler.NewDispatchMetrics(reg)
-				_, err := policy.NewMetrics(reg)
-				return err
-			},
-			want: controllerFamilies,
-		},
-		"sidecar": {
-			build: func(reg prometheus.Registerer) error {
-				sidecar.NewMetrics(reg)
-				return nil
-			},
-			want: sidecarFamilies,
-		},
+		"controller": {build: controllerMetrics, want: controllerFamilies},
+		"sidecar":    {build: sidecarMetrics, want: sidecarFamilies},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -201,16 +208,7 @@ func TestMetricsLint(t *testing.T) {
 // one prefix, and no per-volume label on a series that outlives the volume's trouble.
 func TestMetricsNamesAndLabels(t *testing.T) {
 	var mfs []*dto.MetricFamily
-	for _, build := range []func(prometheus.Registerer) error{
-		func(reg prometheus.Registerer) error {
-			healer.NewMetrics(reg)
-			scheduler.NewMetrics(reg)
-			scheduler.NewDispatchMetrics(reg)
-			_, err := policy.NewMetrics(reg)
-			return err
-		},
-		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
-	} {
+	for _, build := range []func(prometheus.Registerer) error{controllerMetrics, sidecarMetrics} {
 		mfs = append(mfs, exposed(t, build)...)
 	}
 	for _, mf := range mfs {

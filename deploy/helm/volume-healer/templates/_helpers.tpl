@@ -1,0 +1,59 @@
+{{/* The release's full name: the release name, prefixed with the chart name unless it holds it. */}}
+{{- define "volume-healer.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "volume-healer.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "volume-healer.labels" -}}
+{{ include "volume-healer.selectorLabels" . }}
+app.kubernetes.io/part-of: volume-healer
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "volume-healer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "volume-healer.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "volume-healer.leaderElectionNamespace" -}}
+{{- default .Release.Namespace .Values.config.leaderElection.namespace -}}
+{{- end -}}
+
+{{- define "volume-healer.policyNamespace" -}}
+{{- default .Release.Namespace .Values.config.policy.namespace -}}
+{{- end -}}
+
+{{/* The configuration file: config with the empty namespaces filled in. */}}
+{{- define "volume-healer.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $_ := set $cfg.leaderElection "namespace" (include "volume-healer.leaderElectionNamespace" .) -}}
+{{- $_ := set $cfg.policy "namespace" (include "volume-healer.policyNamespace" .) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The policy ConfigMap's label, from config.policy.labelSelector (key=value). */}}
+{{- define "volume-healer.policyLabel" -}}
+{{- $parts := splitn "=" 2 .Values.config.policy.labelSelector -}}
+{{- if not (and $parts._1 (regexMatch "^[A-Za-z0-9./_-]+$" $parts._0) (regexMatch "^[A-Za-z0-9._-]+$" $parts._1)) -}}
+{{- fail "policy.create needs config.policy.labelSelector of the form key=value" -}}
+{{- end -}}
+{{ $parts._0 }}: {{ $parts._1 | quote }}
+{{- end -}}
+
+{{- define "volume-healer.sidecarNamespace" -}}
+{{- required "sidecar.namespace is required when sidecar.enabled" .Values.sidecar.namespace -}}
+{{- end -}}

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Makes the deployment tools available for the tests of deploy/ and for people.
+#
+#   hack/tools.sh                      build every tool that is missing, print one path per line
+#   hack/tools.sh promtool helm        the same for the tools named, in that order
+#
+# Tools and where they come from (all built from the Go module proxy, at the versions pinned here,
+# with the dependency versions each tool's own go.mod pins):
+#
+#   promtool    github.com/prometheus/prometheus/cmd/promtool   PROMETHEUS_VERSION  check and unit-test the alert rules
+#   helm        helm.sh/helm/v3/cmd/helm                        HELM_VERSION        render the chart (helm template, helm lint)
+#   kustomize   sigs.k8s.io/kustomize/kustomize/v5              KUSTOMIZE_VERSION   render the kustomize base and overlays
+#
+# kubectl is not needed: the tests send the rendered manifests to the API server from Go. Where a
+# kubectl is installed, `kubectl kustomize` renders the same output as kustomize.
+#
+# The binaries land in .cache/bin/ (git ignored), each next to a stamp holding its version: a
+# second run finds both and returns at once. A first run takes several minutes on 2 cores.
+set -euo pipefail
+
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-v5.8.2}"
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${root}/.cache/bin"
+mkdir -p "${bin}"
+
+log() { echo "tools: $*" >&2; }
+
+# package and version of each tool, and the -X flag that stamps the version into the binary.
+pkg_of() {
+  case "$1" in
+    promtool) echo "github.com/prometheus/prometheus/cmd/promtool" ;;
+    helm) echo "helm.sh/helm/v3/cmd/helm" ;;
+    kustomize) echo "sigs.k8s.io/kustomize/kustomize/v5" ;;
+    *) return 1 ;;
+  esac
+}
+version_of() {
+  case "$1" in
+    promtool) echo "${PROMETHEUS_VERSION}" ;;
+    helm) echo "${HELM_VERSION}" ;;
+    kustomize) echo "${KUSTOMIZE_VERSION}" ;;
+  esac
+}
+ldflags_of() {
+  local v="$2"
+  case "$1" in
+    # Prometheus v0.3XY.Z is Prometheus 3.XY.Z.
+    promtool)
+      local rest="${v#v0.3}"
+      echo "-X github.com/prometheus/common/version.Version=3.$((10#${rest%%.*})).${rest#*.}" ;;
+    helm)
+      # helm template and helm lint assume the Kubernetes version of helm's own client-go, as
+      # helm's release builds do; without it they would assume 1.20.
+      local gomod minor
+      # Outside any module, so that this project's go.mod and go.sum stay as they are.
+      gomod="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "helm.sh/helm/v3@${v}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
+      minor="$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "${gomod}" | head -n 1)"
+      echo "-X helm.sh/helm/v3/internal/version.version=${v}" \
+        "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" \
+        "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor}" ;;
+    kustomize) echo "-X sigs.k8s.io/kustomize/api/provenance.version=${v}" ;;
+  esac
+}
+
+build() {
+  local tool="$1" pkg version
+  pkg="$(pkg_of "${tool}")"
+  version="$(version_of "${tool}")"
+  if [ -x "${bin}/${tool}" ] && [ "$(cat "${bin}/${tool}.version" 2>/dev/null)" = "${version}" ]; then
+    return
+  fi
+  log "building ${tool} ${version} from the Go module proxy (a few minutes the first time)"
+  # A throwaway GOBIN beside the target: a concurrent run never executes a half-written binary,
+  # and go.mod of this project is never touched (go install pkg@version builds in module mode
+  # with the tool's own go.mod).
+  local work
+  work="$(mktemp -d "${bin}/.build-${tool}.XXXXXX")"
+  if ! (cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+    go install -trimpath -ldflags "-s -w $(ldflags_of "${tool}" "${version}")" "${pkg}@${version}" >&2); then
+    rm -rf "${work}"
+    log "building ${pkg}@${version} failed (the go output above says why)"
+    return 1
+  fi
+  mv -f "${work}/$(basename "${pkg%/v[0-9]}")" "${bin}/${tool}"
+  rm -rf "${work}"
+  echo "${version}" > "${bin}/${tool}.version"
+}
+
+tools=("$@")
+[ "${#tools[@]}" -gt 0 ] || tools=(promtool helm kustomize)
+for tool in "${tools[@]}"; do
+  if ! pkg_of "${tool}" >/dev/null; then
+    log "unknown tool ${tool}; known: promtool helm kustomize"
+    exit 2
+  fi
+done
+
+# One build at a time per checkout: tests of several packages may ask at once.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"${bin}/.tools.lock"
+  flock 9
+fi
+for tool in "${tools[@]}"; do
+  build "${tool}"
+  echo "${bin}/${tool}"
+done

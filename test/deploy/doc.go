@@ -1,0 +1,5 @@
+// Package deploy tests what deploy/ ships: the kustomize base and sidecar component, the Helm chart,
+// the Prometheus rules and the Grafana dashboard. The manifests go to a real kube-apiserver as
+// server-side dry runs, the rules through promtool, and a heal that fails in a running controller
+// must fire the alert that names its claim. The tools come from hack/tools.sh.
+package deploy

@@ -1,0 +1,698 @@
+package deploy
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/volume-healer/volume-healer/config"
+)
+
+// fullValues sets every option of the chart away from its default (relative to the module's root).
+const fullValues = "test/deploy/testdata/values-full.yaml"
+
+// baseWithout renders deploy/base with the component that leaves out the Prometheus Operator's objects.
+func baseWithout(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	return kustomizeWith(t, func(dir string) string {
+		// kustomize takes only relative paths.
+		rel := func(elem ...string) string {
+			r, err := filepath.Rel(dir, path(t, elem...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		return fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+components:
+  - %s
+`, rel("deploy", "base"), rel("deploy", "components", "without-prometheus-operator"))
+	})
+}
+
+// TestManifestsServerSideDryRun sends every rendering of deploy/ to a real kube-apiserver as a
+// server-side apply dry run with strict field validation: what kubectl apply --server-side and
+// helm install would send.
+func TestManifestsServerSideDryRun(t *testing.T) {
+	tool(t, "kustomize") // the tools first: skipped in -short mode before a control plane starts
+	tool(t, "helm")
+	c := startCluster(t)
+
+	// Without the Prometheus Operator nothing of it is rendered, and the rest goes into a cluster
+	// that lacks its CRDs.
+	plain := baseWithout(t)
+	for _, o := range plain {
+		if o.GroupVersionKind().Group == "monitoring.coreos.com" {
+			t.Errorf("the base without the Prometheus Operator still holds %s %s", o.GetKind(), o.GetName())
+		}
+	}
+	if len(ofKind(plain, "Deployment")) != 1 {
+		t.Fatal("the base without the Prometheus Operator lost its Deployment")
+	}
+	c.apply(t, plain, true)
+
+	c.installMonitoringCRDs(t)
+	renders := map[string][]*unstructured.Unstructured{
+		"kustomize deploy/base":                  kustomize(t, "deploy/base"),
+		"kustomize deploy/examples/ceph-csi-rbd": kustomize(t, "deploy/examples/ceph-csi-rbd"),
+		"helm template, default values":          helmTemplate(t, "volume-healer", "volume-healer", nil),
+		"helm template, every option":            helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}),
+	}
+	for name, objs := range renders {
+		t.Run(name, func(t *testing.T) {
+			if len(objs) < 5 {
+				t.Fatalf("only %d objects rendered", len(objs))
+			}
+			c.apply(t, objs, true)
+		})
+	}
+
+	// The dry run is strict: a misspelt field fails it, in a built-in kind and in a CRD kind alike.
+	t.Run("a misspelt field is rejected", func(t *testing.T) {
+		base := renders["kustomize deploy/base"]
+		sm := find(t, base, "ServiceMonitor", "volume-healer").DeepCopy()
+		endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		endpoints[0].(map[string]any)["honourLabels"] = true
+		if err := unstructured.SetNestedSlice(sm.Object, endpoints, "spec", "endpoints"); err != nil {
+			t.Fatal(err)
+		}
+		dep := find(t, base, "Deployment", "volume-healer").DeepCopy()
+		if err := unstructured.SetNestedField(dep.Object, int64(2), "spec", "replica"); err != nil {
+			t.Fatal(err)
+		}
+		errs := c.applyErrs(t, []*unstructured.Unstructured{sm, dep}, true)
+		if len(errs) != 2 {
+			t.Fatalf("want 2 errors, got %v", errs)
+		}
+		for i, field := range []string{"honourLabels", "replica"} {
+			if !strings.Contains(errs[i].Error(), field) {
+				t.Errorf("the error does not name the field %s: %v", field, errs[i])
+			}
+		}
+	})
+}
+
+// TestManifestsLeastPrivilege applies the RBAC of the base, of the sidecar example and of the chart
+// for real, and asks the API server what each ServiceAccount may do: the controller reads no
+// Secrets, the sidecar reads Secrets only where its driver's node-stage secrets are.
+func TestManifestsLeastPrivilege(t *testing.T) {
+	tool(t, "kustomize")
+	tool(t, "helm")
+	c := startCluster(t)
+	c.installMonitoringCRDs(t)
+	c.apply(t, kustomize(t, "deploy/base"), false)
+	c.apply(t, kustomize(t, "deploy/examples/ceph-csi-rbd"), false)
+	c.apply(t, helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}), false)
+
+	ra := func(verb, group, resource, namespace string) authorizationv1.ResourceAttributes {
+		return authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: namespace}
+	}
+	tests := map[string]struct {
+		serviceAccount string
+		attrs          authorizationv1.ResourceAttributes
+		allowed        bool
+	}{
+		"controller lists PersistentVolumes":             {"volume-healer/volume-healer", ra("list", "", "persistentvolumes", ""), true},
+		"controller watches VolumeAttachments":           {"volume-healer/volume-healer", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
+		"controller patches claims anywhere":             {"volume-healer/volume-healer", ra("patch", "", "persistentvolumeclaims", "shop"), true},
+		"controller patches CSIAddonsNodes":              {"volume-healer/volume-healer", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
+		"controller creates Events":                      {"volume-healer/volume-healer", ra("create", "events.k8s.io", "events", "shop"), true},
+		"controller renews its Lease":                    {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "volume-healer"), true},
+		"controller marks policy ConfigMaps":             {"volume-healer/volume-healer", ra("patch", "", "configmaps", "volume-healer"), true},
+		"controller reads no Secrets in its namespace":   {"volume-healer/volume-healer", ra("get", "", "secrets", "volume-healer"), false},
+		"controller lists no Secrets cluster-wide":       {"volume-healer/volume-healer", ra("list", "", "secrets", ""), false},
+		"controller reads no node-stage Secrets":         {"volume-healer/volume-healer", ra("get", "", "secrets", "rook-ceph"), false},
+		"controller touches no ConfigMaps elsewhere":     {"volume-healer/volume-healer", ra("patch", "", "configmaps", "kube-system"), false},
+		"controller deletes no claims":                   {"volume-healer/volume-healer", ra("delete", "", "persistentvolumeclaims", "shop"), false},
+		"controller takes no Leases elsewhere":           {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "kube-system"), false},
+		"sidecar watches PersistentVolumes":              {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
+		"sidecar reviews tokens":                         {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
+		"sidecar registers its CSIAddonsNode":            {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
+		"sidecar watches node-stage Secrets":             {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), true},
+		"sidecar reads no Secrets of its own namespace":  {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "secrets", "ceph-csi"), false},
+		"sidecar lists no Secrets cluster-wide":          {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", ""), false},
+		"sidecar writes no Secrets":                      {"ceph-csi/rbd-csi-nodeplugin", ra("update", "", "secrets", "rook-ceph"), false},
+		"sidecar touches no CSIAddonsNodes elsewhere":    {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), false},
+		"sidecar changes no PersistentVolumes":           {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "", "persistentvolumes", ""), false},
+		"chart: controller marks policy ConfigMaps":      {"healer-system/healer", ra("patch", "", "configmaps", "healer-policies"), true},
+		"chart: controller renews its Lease":             {"healer-system/healer", ra("update", "coordination.k8s.io", "leases", "healer-system"), true},
+		"chart: controller reads no Secrets":             {"healer-system/healer", ra("get", "", "secrets", "healer-system"), false},
+		"chart: sidecar watches node-stage Secrets":      {"csi-rbd/csi-rbd-plugin", ra("watch", "", "secrets", "ceph-secrets-archive"), true},
+		"chart: sidecar reads no Secrets of its own":     {"csi-rbd/csi-rbd-plugin", ra("get", "", "secrets", "csi-rbd"), false},
+		"chart: sidecar registers its CSIAddonsNode":     {"csi-rbd/csi-rbd-plugin", ra("create", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), true},
+		"chart: sidecar touches no other CSIAddonsNodes": {"csi-rbd/csi-rbd-plugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := c.can(t, tc.serviceAccount, tc.attrs); got != tc.allowed {
+				t.Errorf("%s may %s %s/%s in %q: %v, want %v", tc.serviceAccount, tc.attrs.Verb, tc.attrs.Group, tc.attrs.Resource, tc.attrs.Namespace, got, tc.allowed)
+			}
+		})
+	}
+}
+
+// loadConfig loads a configuration file the way the controller does.
+func loadConfig(t *testing.T, data []byte) (*config.Config, error) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs := pflag.NewFlagSet("volume-healer", pflag.ContinueOnError)
+	config.RegisterFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	return config.Load(fs, func(name string) (string, bool) {
+		if name == "VOLUME_HEALER_CONFIG" {
+			return file, true
+		}
+		return "", false
+	})
+}
+
+// configKeys returns the dotted keys of a configuration document; schedule.storageClasses is one
+// key, whatever it holds.
+func configKeys(t *testing.T, data []byte) []string {
+	t.Helper()
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			p := strings.TrimPrefix(prefix+"."+k, ".")
+			if sub, ok := v.(map[string]any); ok && p != "schedule.storageClasses" {
+				walk(p, sub)
+				continue
+			}
+			keys = append(keys, p)
+		}
+	}
+	walk("", doc)
+	sort.Strings(keys)
+	return keys
+}
+
+// TestConfigEveryKey checks that the base's configuration file and the chart's values carry every
+// key of the controller, so that an operator sees and can set each one.
+func TestConfigEveryKey(t *testing.T) {
+	defaults := config.Default()
+	raw, err := defaults.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := configKeys(t, raw)
+
+	var values struct {
+		Config map[string]any `yaml:"config"`
+	}
+	if err := yaml.Unmarshal(mustRead(t, path(t, chart, "values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	valuesConfig, err := yaml.Marshal(values.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{
+		"deploy/base/config.yaml":        mustRead(t, path(t, "deploy", "base", "config.yaml")),
+		chart + "/values.yaml (config:)": valuesConfig,
+	} {
+		if got := configKeys(t, data); !slices.Equal(got, want) {
+			t.Errorf("%s has the keys\n%v\nthe controller has\n%v", name, got, want)
+		}
+	}
+}
+
+// controllerSetup is what a rendering gives the controller: its Deployment, the configuration
+// file it mounts, and the objects around them.
+type controllerSetup struct {
+	objs       []*unstructured.Unstructured
+	deployment *appsv1.Deployment
+	cfg        *config.Config
+}
+
+func setupOf(t *testing.T, objs []*unstructured.Unstructured) controllerSetup {
+	t.Helper()
+	deps := ofKind(objs, "Deployment")
+	if len(deps) != 1 {
+		t.Fatalf("%d Deployments rendered, want 1", len(deps))
+	}
+	var dep appsv1.Deployment
+	convert(t, deps[0], &dep)
+	var cm *corev1.ConfigMap
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Name == "config" && v.ConfigMap != nil {
+			for _, o := range ofKind(objs, "ConfigMap") {
+				if o.GetName() == v.ConfigMap.Name {
+					cm = &corev1.ConfigMap{}
+					convert(t, o, cm)
+				}
+			}
+		}
+	}
+	if cm == nil {
+		t.Fatal("the Deployment mounts no rendered ConfigMap as its volume config")
+	}
+	cfg, err := loadConfig(t, []byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatalf("the controller rejects its configuration file:\n%v", err)
+	}
+	// The pod's environment overrides the file, as the controller reads it.
+	c := dep.Spec.Template.Spec.Containers[0]
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace" {
+			switch e.Name {
+			case "VOLUME_HEALER_LEADER_ELECTION_NAMESPACE":
+				cfg.LeaderElection.Namespace = dep.Namespace
+			case "VOLUME_HEALER_POLICY_NAMESPACE":
+				cfg.Policy.Namespace = dep.Namespace
+			}
+		}
+	}
+	return controllerSetup{objs: objs, deployment: &dep, cfg: cfg}
+}
+
+func convert(t *testing.T, u *unstructured.Unstructured, into any) {
+	t.Helper()
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into); err != nil {
+		t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+	}
+}
+
+// TestControllerDeployment checks, for each rendering, that the pod gives the controller what its
+// configuration file names, and that Service, monitoring, RBAC and policy fit the configuration.
+func TestControllerDeployment(t *testing.T) {
+	setups := map[string]controllerSetup{
+		"kustomize deploy/base":         setupOf(t, kustomize(t, "deploy/base")),
+		"helm template, default values": setupOf(t, helmTemplate(t, "volume-healer", "volume-healer", nil)),
+		"helm template, every option":   setupOf(t, helmTemplate(t, "storage-healer", "healer-system", []string{fullValues})),
+	}
+	for name, s := range setups {
+		t.Run(name, func(t *testing.T) { checkController(t, s) })
+	}
+
+	// The chart with its default values is the base: the controller runs with the same settings.
+	base, chartDefaults := setups["kustomize deploy/base"], setups["helm template, default values"]
+	if !reflect.DeepEqual(base.cfg, chartDefaults.cfg) {
+		t.Errorf("the controller's settings differ between deploy/base and the chart's defaults:\n%+v\n%+v", base.cfg, chartDefaults.cfg)
+	}
+	kinds := func(objs []*unstructured.Unstructured) []string {
+		var out []string
+		for _, o := range objs {
+			if o.GetKind() != "Namespace" {
+				out = append(out, o.GetKind())
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	if b, h := kinds(base.objs), kinds(chartDefaults.objs); !slices.Equal(b, h) {
+		t.Errorf("deploy/base renders %v, the chart %v", b, h)
+	}
+
+	full := setups["helm template, every option"].cfg
+	if full.Policy.Namespace != "healer-policies" || full.LeaderElection.Namespace != "healer-system" || full.Budgets.Global != 100 || full.Schedule.StorageClasses["ceph-rbd"] != "0 */2 * * *" {
+		t.Errorf("the chart's config values did not reach the configuration file: %+v", full)
+	}
+}
+
+func checkController(t *testing.T, s controllerSetup) {
+	t.Helper()
+	cfg, dep := s.cfg, s.deployment
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want the controller alone", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+
+	if !cfg.LeaderElection.Enabled || dep.Spec.Replicas == nil || *dep.Spec.Replicas < 2 {
+		t.Errorf("want two or more replicas with leader election; leader election %v, replicas %v", cfg.LeaderElection.Enabled, dep.Spec.Replicas)
+	}
+	if cfg.DryRun {
+		t.Error("the shipped configuration only pretends to heal (dryRun: true)")
+	}
+
+	// Files the configuration names must be in the pod.
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	mountOf := func(file string) (corev1.Volume, bool) {
+		for _, m := range c.VolumeMounts {
+			if strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				return volumes[m.Name], true
+			}
+		}
+		return corev1.Volume{}, false
+	}
+	configArg := ""
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--config="); ok {
+			configArg = v
+		}
+	}
+	if v, ok := mountOf(configArg); !ok || v.ConfigMap == nil {
+		t.Errorf("--config=%s is not on a ConfigMap volume", configArg)
+	}
+	if cfg.Sidecar.TLS.Enabled && !cfg.Sidecar.TLS.InsecureSkipVerify {
+		v, ok := mountOf(cfg.Sidecar.TLS.CAFile)
+		if !ok || v.ConfigMap == nil && v.Secret == nil {
+			t.Errorf("sidecar.tls.caFile %s is not on a ConfigMap or Secret volume", cfg.Sidecar.TLS.CAFile)
+		}
+		if cfg.Sidecar.TLS.ServerName == "" {
+			t.Error("sidecar.tls.serverName is empty: every sidecar would need a certificate for its pod IP")
+		}
+	}
+	v, ok := mountOf(cfg.Sidecar.Auth.TokenFile)
+	switch {
+	case !ok || v.Projected == nil || len(v.Projected.Sources) != 1 || v.Projected.Sources[0].ServiceAccountToken == nil:
+		t.Errorf("sidecar.auth.tokenFile %s is not a projected ServiceAccount token", cfg.Sidecar.Auth.TokenFile)
+	default:
+		tok := v.Projected.Sources[0].ServiceAccountToken
+		if cfg.Sidecar.Auth.Audience == "" || tok.Audience != cfg.Sidecar.Auth.Audience {
+			t.Errorf("the projected token's audience %q is not sidecar.auth.audience %q (or that is empty, and the token would open the API server too)", tok.Audience, cfg.Sidecar.Auth.Audience)
+		}
+		if filepath.Join(mountPathOf(c, v.Name), tok.Path) != cfg.Sidecar.Auth.TokenFile {
+			t.Errorf("the projected token lands at %s, sidecar.auth.tokenFile is %s", filepath.Join(mountPathOf(c, v.Name), tok.Path), cfg.Sidecar.Auth.TokenFile)
+		}
+	}
+
+	// Ports and probes follow the bind addresses.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if want := portOf(t, cfg.Metrics.BindAddress); ports["metrics"] != want {
+		t.Errorf("container port metrics is %d, metrics.bindAddress listens on %d", ports["metrics"], want)
+	}
+	if want := portOf(t, cfg.Health.BindAddress); ports["health"] != want {
+		t.Errorf("container port health is %d, health.bindAddress listens on %d", ports["health"], want)
+	}
+	for probe, p := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != probe || p.HTTPGet.Port.String() != "health" {
+			t.Errorf("no probe of %s on the port health", probe)
+		}
+	}
+	if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Error("the controller container is not locked down (read-only root, no privilege escalation, no capabilities)")
+	}
+
+	// The Service reaches the metrics port, and the ServiceMonitor keeps the claims' namespaces.
+	selector := labels.SelectorFromSet(dep.Spec.Selector.MatchLabels)
+	services := ofKind(s.objs, "Service")
+	if len(services) != 1 {
+		t.Fatalf("%d Services, want 1", len(services))
+	}
+	var svc corev1.Service
+	convert(t, services[0], &svc)
+	if !selector.Matches(labels.Set(svc.Spec.Selector)) || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+		t.Errorf("the Service does not send its port to the controller's metrics port: %+v", svc.Spec)
+	}
+	for _, sm := range ofKind(s.objs, "ServiceMonitor") {
+		endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		if len(endpoints) != 1 || endpoints[0].(map[string]any)["port"] != svc.Spec.Ports[0].Name || endpoints[0].(map[string]any)["honorLabels"] != true {
+			t.Errorf("the ServiceMonitor does not scrape the port %s with honorLabels: %v", svc.Spec.Ports[0].Name, endpoints)
+		}
+	}
+
+	// RBAC where the configuration says, and not one Secret.
+	var roles []rbacv1.Role
+	for _, o := range ofKind(s.objs, "Role") {
+		var r rbacv1.Role
+		convert(t, o, &r)
+		roles = append(roles, r)
+	}
+	grants := func(ns, group, resource, verb string) bool {
+		for _, r := range roles {
+			if r.Namespace != ns {
+				continue
+			}
+			for _, rule := range r.Rules {
+				if slices.Contains(rule.APIGroups, group) && slices.Contains(rule.Resources, resource) && slices.Contains(rule.Verbs, verb) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if !grants(cfg.LeaderElection.Namespace, "coordination.k8s.io", "leases", "update") {
+		t.Errorf("no Role lets the controller renew its Lease in %s", cfg.LeaderElection.Namespace)
+	}
+	if !grants(cfg.Policy.Namespace, "", "configmaps", "patch") || !grants(cfg.Policy.Namespace, "", "configmaps", "watch") {
+		t.Errorf("no Role lets the controller watch and mark the policy ConfigMaps in %s", cfg.Policy.Namespace)
+	}
+	for _, kind := range []string{"Role", "ClusterRole"} {
+		for _, o := range ofKind(s.objs, kind) {
+			if strings.Contains(o.GetName(), "sidecar") {
+				continue
+			}
+			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+			for _, r := range rules {
+				res, _ := r.(map[string]any)["resources"].([]any)
+				if slices.Contains(res, any("secrets")) || slices.Contains(res, any("*")) {
+					t.Errorf("%s %s grants the controller %v", kind, o.GetName(), res)
+				}
+			}
+		}
+	}
+
+	// The policy ConfigMap is where the controller looks for it.
+	sel, err := labels.Parse(cfg.Policy.LabelSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, o := range ofKind(s.objs, "ConfigMap") {
+		if o.GetNamespace() == cfg.Policy.Namespace && sel.Matches(labels.Set(o.GetLabels())) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no ConfigMap in %s matches policy.labelSelector %s", cfg.Policy.Namespace, cfg.Policy.LabelSelector)
+	}
+}
+
+func mountPathOf(c corev1.Container, volume string) string {
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return m.MountPath
+		}
+	}
+	return ""
+}
+
+func portOf(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("bind address %q: %v", addr, err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+// TestSidecarComponent checks the sidecar as deploy/sidecar adds it to a node plugin DaemonSet:
+// it trusts the base's controller and token audience, it can reach the driver's socket, and the
+// NetworkPolicy opens its port to the controller alone.
+func TestSidecarComponent(t *testing.T) {
+	objs := kustomize(t, "deploy/examples/ceph-csi-rbd")
+	base := setupOf(t, kustomize(t, "deploy/base"))
+
+	var ds appsv1.DaemonSet
+	convert(t, find(t, objs, "DaemonSet", "csi-rbdplugin"), &ds)
+	var sc *corev1.Container
+	for i := range ds.Spec.Template.Spec.Containers {
+		if ds.Spec.Template.Spec.Containers[i].Name == "healer-sidecar" {
+			sc = &ds.Spec.Template.Spec.Containers[i]
+		}
+	}
+	if sc == nil || len(ds.Spec.Template.Spec.Containers) != 3 {
+		t.Fatalf("the DaemonSet does not run the healer sidecar beside its two containers: %d containers", len(ds.Spec.Template.Spec.Containers))
+	}
+	flags := map[string]string{}
+	for _, a := range sc.Args {
+		k, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		flags[k] = v
+	}
+	if flags["token-audience"] != base.cfg.Sidecar.Auth.Audience {
+		t.Errorf("--token-audience=%s, the controller's token is for %s", flags["token-audience"], base.cfg.Sidecar.Auth.Audience)
+	}
+	controller := "system:serviceaccount:" + base.deployment.Namespace + ":" + base.deployment.Spec.Template.Spec.ServiceAccountName
+	if !slices.Contains(strings.Split(flags["allowed-identities"], ","), controller) {
+		t.Errorf("--allowed-identities=%s does not admit the controller %s", flags["allowed-identities"], controller)
+	}
+	if flags["tls-cert-file"] == "" || flags["insecure"] == "true" {
+		t.Error("the sidecar does not serve TLS")
+	}
+	socket := strings.TrimPrefix(flags["driver-endpoint"], "unix://")
+	if m := mountPathOf(*sc, "socket-dir"); m == "" || filepath.Dir(socket) != m {
+		t.Errorf("--driver-endpoint=%s is not in the driver's socket-dir volume (mounted at %q)", flags["driver-endpoint"], m)
+	}
+	volumes := map[string]bool{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		volumes[v.Name] = true
+	}
+	for _, m := range sc.VolumeMounts {
+		if !volumes[m.Name] {
+			t.Errorf("the sidecar mounts %s, which the DaemonSet does not have", m.Name)
+		}
+	}
+	if ds.Spec.Template.Spec.TerminationGracePeriodSeconds == nil || *ds.Spec.Template.Spec.TerminationGracePeriodSeconds <= 10 {
+		t.Error("terminationGracePeriodSeconds must exceed the sidecar's --shutdown-timeout (10s)")
+	}
+	ports := map[string]int32{}
+	for _, p := range sc.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if listen := portOf(t, flags["listen"]); ports["healer"] != listen {
+		t.Errorf("container port healer is %d, --listen is %s", ports["healer"], flags["listen"])
+	}
+	if metrics := portOf(t, flags["metrics-address"]); ports["healer-metrics"] != metrics {
+		t.Errorf("container port healer-metrics is %d, --metrics-address is %s", ports["healer-metrics"], flags["metrics-address"])
+	}
+
+	var np networkingv1.NetworkPolicy
+	convert(t, find(t, objs, "NetworkPolicy", "healer-sidecar"), &np)
+	if np.Namespace != ds.Namespace || !labels.SelectorFromSet(np.Spec.PodSelector.MatchLabels).Matches(labels.Set(ds.Spec.Template.Labels)) {
+		t.Errorf("the NetworkPolicy does not select the node plugin pods: %s %v", np.Namespace, np.Spec.PodSelector)
+	}
+	controllerPod := labels.Set(base.deployment.Spec.Template.Labels)
+	otherPod := labels.Set{"app": "curious"}
+	reach := func(podLabels labels.Set, nsName string, port int32) bool {
+		for _, rule := range np.Spec.Ingress {
+			portOK := len(rule.Ports) == 0
+			for _, p := range rule.Ports {
+				lo, hi := p.Port.IntVal, p.Port.IntVal
+				if p.EndPort != nil {
+					hi = *p.EndPort
+				}
+				if (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) && lo <= port && port <= hi {
+					portOK = true
+				}
+			}
+			if !portOK {
+				continue
+			}
+			if len(rule.From) == 0 {
+				return true
+			}
+			for _, peer := range rule.From {
+				nsOK := peer.NamespaceSelector == nil || labels.SelectorFromSet(peer.NamespaceSelector.MatchLabels).Matches(labels.Set{"kubernetes.io/metadata.name": nsName})
+				podOK := peer.PodSelector == nil || labels.SelectorFromSet(peer.PodSelector.MatchLabels).Matches(podLabels)
+				if nsOK && podOK {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	listen := portOf(t, flags["listen"])
+	for name, tc := range map[string]struct {
+		pod   labels.Set
+		ns    string
+		port  int32
+		reach bool
+	}{
+		"the controller reaches the sidecar":             {controllerPod, base.deployment.Namespace, listen, true},
+		"another pod of its namespace does not":          {otherPod, base.deployment.Namespace, listen, false},
+		"a pod with its labels elsewhere does not":       {controllerPod, "default", listen, false},
+		"anyone reaches the sidecar's metrics":           {otherPod, "monitoring", ports["healer-metrics"], true},
+		"anyone reaches the driver's other ports":        {otherPod, "default", 8080, true},
+		"anyone reaches the port just below the sidecar": {otherPod, "default", listen - 1, true},
+	} {
+		if got := reach(tc.pod, tc.ns, tc.port); got != tc.reach {
+			t.Errorf("%s: %v, want %v", name, got, tc.reach)
+		}
+	}
+
+	pm := find(t, objs, "PodMonitor", "healer-sidecar")
+	if pm.GetNamespace() != ds.Namespace {
+		t.Errorf("the PodMonitor is in %s, the node plugin in %s", pm.GetNamespace(), ds.Namespace)
+	}
+	endpoints, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	if len(endpoints) != 1 || endpoints[0].(map[string]any)["port"] != "healer-metrics" {
+		t.Errorf("the PodMonitor does not scrape the port healer-metrics: %v", endpoints)
+	}
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		for _, o := range ofKind(objs, kind) {
+			var b rbacv1.RoleBinding
+			convert(t, o, &b)
+			for _, s := range b.Subjects {
+				if s.Name != ds.Spec.Template.Spec.ServiceAccountName || s.Namespace != ds.Namespace {
+					t.Errorf("%s %s binds %s/%s, the node plugin runs as %s/%s", kind, o.GetName(), s.Namespace, s.Name, ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+				}
+			}
+		}
+	}
+}
+
+// TestHelmLint runs helm lint --strict on the chart, with the default values and with every option.
+func TestHelmLint(t *testing.T) {
+	helm := tool(t, "helm")
+	for name, args := range map[string][]string{
+		"default values": nil,
+		"every option":   {"--values", fullValues, "--namespace", "healer-system"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := run(t, repoRoot(t), helm, append([]string{"lint", "--strict", chart}, args...)...)
+			if !strings.Contains(string(out), "0 chart(s) failed") {
+				t.Errorf("helm lint: %s", out)
+			}
+		})
+	}
+}
+
+// TestHelmRequiredValues checks that the chart refuses, with a message naming the value, what
+// would install a sidecar setup that cannot work.
+func TestHelmRequiredValues(t *testing.T) {
+	helm := tool(t, "helm")
+	for name, tc := range map[string]struct {
+		set  []string
+		want string
+	}{
+		"sidecar without namespace":       {[]string{"sidecar.enabled=true", "sidecar.serviceAccountName=sa", "sidecar.podLabels.app=x"}, "sidecar.namespace is required"},
+		"sidecar without ServiceAccount":  {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.podLabels.app=x"}, "sidecar.serviceAccountName is required"},
+		"sidecar without pod labels":      {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.serviceAccountName=sa"}, "sidecar.podLabels is required"},
+		"existing ServiceAccount unnamed": {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
+		"policy selector not key=value":   {[]string{"config.policy.labelSelector=tier in (gold)"}, "config.policy.labelSelector of the form key=value"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"template", "volume-healer", chart, "--kube-version", kubeVersion}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			_, err := runErr(repoRoot(t), helm, args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm template %v: %v, want an error with %q", tc.set, err, tc.want)
+			}
+		})
+	}
+}

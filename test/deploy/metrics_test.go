@@ -1,0 +1,184 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"sort"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// metricName matches the volume-healer series a PromQL expression selects.
+var metricName = regexp.MustCompile(`\bvolume_healer_[a-z0-9_]+\b`)
+
+// seriesNames returns the series names that the controller and the sidecar expose, histograms
+// with their _bucket, _sum and _count series, and the family of each.
+func seriesNames(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, build := range []func(prometheus.Registerer) error{
+		func(reg prometheus.Registerer) error {
+			healer.NewMetrics(reg)
+			scheduler.NewMetrics(reg)
+			scheduler.NewDispatchMetrics(reg)
+			_, err := policy.NewMetrics(reg)
+			return err
+		},
+		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
+	} {
+		r := &recorder{Registry: prometheus.NewRegistry()}
+		if err := build(r); err != nil {
+			t.Fatal(err)
+		}
+		r.touch(t)
+		mfs, err := r.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			name := mf.GetName()
+			out[name] = name
+			if mf.GetType() == dto.MetricType_HISTOGRAM {
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					out[name+suffix] = name
+				}
+			}
+		}
+	}
+	// The Sweeper collects the unhealthy volumes from its memory when scraped; an idle one exposes
+	// nothing, so its descriptors tell the names.
+	for _, name := range describedNames(t, sweeper(t)) {
+		out[name] = name
+	}
+	return out
+}
+
+// sweeper returns a Sweeper as the controller registers it, with parts that are never called.
+func sweeper(t *testing.T) *healer.Sweeper {
+	t.Helper()
+	dispatcher, err := scheduler.NewDispatcher(scheduler.DispatcherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := healer.New(healer.Options{
+		Planner:    scheduler.NewPlanner(scheduler.Caches{}),
+		Policy:     idlePolicy{},
+		Sidecars:   probe.New(probe.Options{}),
+		Dispatcher: dispatcher,
+		Targets:    healer.NewTargetMap(),
+		Client:     fake.NewClientBuilder().Build(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// idlePolicy stands in for the policy engine of a sweeper that never sweeps.
+type idlePolicy struct{}
+
+func (idlePolicy) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	return policy.Decision{}, errors.New("no policy in this test")
+}
+
+// fqName reads the metric name out of a descriptor; Desc has no accessor for it.
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func describedNames(t *testing.T, c prometheus.Collector) []string {
+	t.Helper()
+	ch := make(chan *prometheus.Desc, 64)
+	c.Describe(ch)
+	close(ch)
+	var out []string
+	for d := range ch {
+		m := fqName.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("no metric name in %s", d)
+		}
+		out = append(out, m[1])
+	}
+	if len(out) == 0 {
+		t.Fatal("the Sweeper describes no metric")
+	}
+	return out
+}
+
+// unknownMetrics returns the volume_healer_ series that exprs select and that nothing exposes.
+func unknownMetrics(t *testing.T, exprs []string) []string {
+	t.Helper()
+	exposed := seriesNames(t)
+	var unknown []string
+	seen := map[string]bool{}
+	for _, e := range exprs {
+		for _, name := range metricName.FindAllString(e, -1) {
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			if _, ok := exposed[name]; !ok {
+				unknown = append(unknown, name)
+			}
+		}
+	}
+	sort.Strings(unknown)
+	return unknown
+}
+
+// recorder registers with a registry and remembers the collectors, so that every vector can be
+// given a child: vectors without children are not exposed.
+type recorder struct {
+	*prometheus.Registry
+	collectors []prometheus.Collector
+}
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	r.collectors = append(r.collectors, c)
+	return r.Registry.Register(c)
+}
+
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// touch gives every vector one child, finding its number of labels by trying.
+func (r *recorder) touch(t *testing.T) {
+	t.Helper()
+	for _, c := range r.collectors {
+		var get func(...string) error
+		switch v := c.(type) {
+		case *prometheus.CounterVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		case *prometheus.GaugeVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		case *prometheus.HistogramVec:
+			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
+		default:
+			continue
+		}
+		ok := false
+		for n := 0; n <= 10 && !ok; n++ {
+			vals := make([]string, n)
+			for i := range vals {
+				vals[i] = "x"
+			}
+			ok = get(vals...) == nil
+		}
+		if !ok {
+			t.Fatalf("could not give the vector %T a child", c)
+		}
+	}
+}
