@@ -22,6 +22,10 @@ build: ## Build every binary into bin/.
 control-plane: ## Build kube-apiserver and install etcd for tests (cached in .cache/control-plane).
 	@hack/control-plane.sh
 
+.PHONY: tools
+tools: ## Build promtool, helm and kustomize for the deployment tests (cached in .cache/bin).
+	@hack/tools.sh
+
 .PHONY: test
 test: ## Run the whole test suite: unit, integration (real kube-apiserver + etcd) and end-to-end.
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test $(TEST_FLAGS) $(PKGS)
