@@ -2,6 +2,7 @@ package healer
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +20,11 @@ type Metrics struct {
 	callDuration   *prometheus.HistogramVec
 	healFailing    *prometheus.GaugeVec
 	callErrors     *prometheus.CounterVec
+	lastFinished   *prometheus.GaugeVec
+	leader         prometheus.Gauge
+
+	// drivers remembers the drivers whose series have been started at zero.
+	drivers sync.Map
 }
 
 // NewMetrics creates the instruments and registers them with reg.
@@ -43,11 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"trigger", "action"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_probes_total",
-			Help: "Probe calls, by driver and result (healthy, unhealthy, error).",
+			Help: "Probe calls, by driver and result (healthy, unhealthy, error, busy: the driver was busy with the volume).",
 		}, []string{"driver", "result"}),
 		heals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_heals_total",
-			Help: "Heal calls, by driver and result (healed, failed, error).",
+			Help: "Heal calls, by driver and result (healed, failed, error, busy: the driver was busy with the volume).",
 		}, []string{"driver", "result"}),
 		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "volume_healer_call_duration_seconds",
@@ -63,8 +69,48 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
 		}, []string{"driver", "reason"}),
 	}
-	reg.MustRegister(m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
+	m.lastFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
+		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",
+	}, []string{"trigger"})
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "volume_healer_leader",
+		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
+	})
+	reg.MustRegister(m.leader, m.lastFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
 	return m
+}
+
+// SetLeader records whether this replica leads.
+func (m *Metrics) SetLeader(leading bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if leading {
+		v = 1
+	}
+	m.leader.Set(v)
+}
+
+// startDriver creates a driver's probe, heal and error series at zero the first time the driver is
+// seen, so that increase() sees its first failure.
+func (m *Metrics) startDriver(driver string) {
+	if m == nil {
+		return
+	}
+	if _, seen := m.drivers.LoadOrStore(driver, true); seen {
+		return
+	}
+	for _, r := range []string{"healthy", "unhealthy", "error", "busy"} {
+		m.probes.WithLabelValues(driver, r)
+	}
+	for _, r := range []string{"healed", "failed", "error", "busy"} {
+		m.heals.WithLabelValues(driver, r)
+	}
+	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not-staged", "unsupported", "not-found", "malformed", "other"} {
+		m.callErrors.WithLabelValues(driver, r)
+	}
 }
 
 // callError counts a failed sidecar call under a bounded reason.

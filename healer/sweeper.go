@@ -98,8 +98,14 @@ func New(opts Options) (*Sweeper, error) {
 	return &Sweeper{opts: opts, mem: newMemory()}, nil
 }
 
-// Forget drops what the sweeper remembers about a deleted PersistentVolume.
-func (s *Sweeper) Forget(pv string) { s.mem.forget(pv) }
+// Forget drops what the sweeper remembers about a deleted PersistentVolume, and its claim's
+// heal-failure series.
+func (s *Sweeper) Forget(pv *corev1.PersistentVolume) {
+	s.mem.forget(pv.Name)
+	if m := s.opts.Metrics; m != nil && pv.Spec.ClaimRef != nil {
+		m.healFailing.DeletePartialMatch(prometheus.Labels{"namespace": pv.Spec.ClaimRef.Namespace, "persistentvolumeclaim": pv.Spec.ClaimRef.Name})
+	}
+}
 
 // Describe sends the descriptor of the unhealthy-volumes gauge; Sweeper is a prometheus.Collector.
 func (s *Sweeper) Describe(ch chan<- *prometheus.Desc) { ch <- unhealthyDesc }
@@ -272,6 +278,9 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	if m != nil {
 		m.sweepsFinished.WithLabelValues(string(sw.Trigger), result).Inc()
 		m.sweepDuration.WithLabelValues(string(sw.Trigger)).Observe(s.opts.Clock.Since(start).Seconds())
+		if !summary.Cancelled {
+			m.lastFinished.WithLabelValues(string(sw.Trigger)).Set(float64(s.opts.Clock.Now().Unix()))
+		}
 	}
 	logger.Info("Sweep finished", "summary", summary.String(), "duration", s.opts.Clock.Since(start))
 
@@ -391,6 +400,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 		logger.Error(err, "Cannot read the driver's capabilities")
 		return nil, nil, outcomeFailed
 	}
+	s.opts.Metrics.startDriver(v.Driver)
 	if !caps.Probe && !caps.Heal {
 		return nil, nil, outcomeSkipped
 	}
@@ -491,7 +501,7 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 	s.observe("heal", start)
 	if err != nil {
 		s.mem.recordFailure(pv)
-		s.count(v.Driver, false, "error")
+		s.count(v.Driver, false, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return outcomeFailed, dispatchError(err)
 	}
@@ -520,7 +530,7 @@ func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Ta
 	s.observe("probe", start)
 	if err != nil {
 		s.mem.recordFailure(v.PV.Name)
-		s.count(v.Driver, true, "error")
+		s.count(v.Driver, true, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return nil, dispatchError(err)
 	}
@@ -542,6 +552,14 @@ func (s *Sweeper) failed(ctx context.Context, v scheduler.Volume, err error) {
 	s.writeStatus(ctx, v, statusFailed, nil, err.Error())
 	s.setFailing(v, true)
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
+}
+
+// errorResult is the result label of a failed call: busy volumes are not failures.
+func errorResult(err error) string {
+	if errors.Is(err, probe.ErrBusy) {
+		return "busy"
+	}
+	return "error"
 }
 
 // dispatchError tells the dispatcher how to treat a sidecar error: busy volumes are retried

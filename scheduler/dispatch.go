@@ -222,6 +222,11 @@ func NewDispatcher(opts DispatcherOptions) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m := opts.Metrics; m != nil {
+		m.budget.WithLabelValues("global").Set(float64(opts.Global))
+		m.budget.WithLabelValues("driver").Set(float64(opts.PerDriver))
+		m.budget.WithLabelValues("node").Set(float64(opts.PerNode))
+	}
 	return &Dispatcher{
 		opts:    opts,
 		metrics: opts.Metrics,
@@ -1052,6 +1057,7 @@ type DispatchMetrics struct {
 	budgetWait *prometheus.HistogramVec
 	retries    *prometheus.CounterVec
 	givenUp    prometheus.Counter
+	budget     *prometheus.GaugeVec
 }
 
 // NewDispatchMetrics creates the Dispatcher's instruments and registers them with reg.
@@ -1079,6 +1085,10 @@ func NewDispatchMetrics(reg prometheus.Registerer) *DispatchMetrics {
 			Name: "volume_healer_dispatch_given_up_total",
 			Help: "Tasks given up because their calls kept failing or kept finding the volume busy.",
 		}),
+		budget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "volume_healer_dispatch_budget",
+			Help: "Configured limit of calls in flight, by scope (global, driver: per driver, node: per node).",
+		}, []string{"scope"}),
 	}
 	for _, r := range []string{retryBusy, retryFailed, retryTimeout} {
 		m.retries.WithLabelValues(r)
@@ -1086,7 +1096,7 @@ func NewDispatchMetrics(reg prometheus.Registerer) *DispatchMetrics {
 	for _, t := range []Trigger{TriggerRestart, TriggerSchedule, TriggerManual} {
 		m.budgetWait.WithLabelValues(string(t))
 	}
-	reg.MustRegister(m.inFlight, m.queued, m.budgetWait, m.retries, m.givenUp)
+	reg.MustRegister(m.inFlight, m.queued, m.budgetWait, m.retries, m.givenUp, m.budget)
 	return m
 }
 

@@ -1201,3 +1201,15 @@ func TestDispatchTakesTurnsBetweenNodes(t *testing.T) {
 		t.Fatalf("order:\n got  %v\n want %v", order, want)
 	}
 }
+
+func TestDispatchBudgetGauge(t *testing.T) {
+	m := NewDispatchMetrics(prometheus.NewRegistry())
+	if _, err := NewDispatcher(DispatcherOptions{Global: 10, PerDriver: 6, PerNode: 3, Metrics: m}); err != nil {
+		t.Fatal(err)
+	}
+	for scope, want := range map[string]float64{"global": 10, "driver": 6, "node": 3} {
+		if got := testutil.ToFloat64(m.budget.WithLabelValues(scope)); got != want {
+			t.Errorf("volume_healer_dispatch_budget{scope=%q} = %v, want %v", scope, got, want)
+		}
+	}
+}

@@ -189,6 +189,10 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	poll("the metrics say this replica leads", func(context.Context) (bool, error) {
+		_, body := get("http://" + metricsAddr + "/metrics")
+		return strings.Contains(body, "\nvolume_healer_leader 1\n"), nil
+	})
 	want := fmt.Sprintf("volume_healer_scheduler_triggers_total{trigger=%q} 1", "restart")
 	poll("the restart shows in the metrics", func(context.Context) (bool, error) {
 		_, body := get("http://" + metricsAddr + "/metrics")

@@ -150,6 +150,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	targets := healer.NewTargetMap()
+	healerMetrics := healer.NewMetrics(reg)
+	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
+		healerMetrics.SetLeader(false)
+		select {
+		case <-mgr.Elected():
+			healerMetrics.SetLeader(true)
+		case <-ctx.Done():
+		}
+		return nil
+	})}); err != nil {
+		return err
+	}
 	sweeper, err := healer.New(healer.Options{
 		Planner:    scheduler.NewPlanner(caches),
 		Policy:     engine,
@@ -158,7 +170,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Targets:    targets,
 		Client:     mgr.GetClient(),
 		Recorder:   recorder,
-		Metrics:    healer.NewMetrics(reg),
+		Metrics:    healerMetrics,
 		DryRun:     cfg.DryRun,
 	})
 	if err != nil {
@@ -277,7 +289,7 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 				obj = tomb.Obj
 			}
 			if pv, ok := obj.(*corev1.PersistentVolume); ok {
-				sweeper.Forget(pv.Name)
+				sweeper.Forget(pv)
 			}
 		},
 	})
