@@ -45,6 +45,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_dispatch_budget_wait_seconds":          {dto.MetricType_HISTOGRAM, []string{"trigger"}},
 	"volume_healer_dispatch_retries_total":                {dto.MetricType_COUNTER, []string{"reason"}},
 	"volume_healer_dispatch_given_up_total":               {dto.MetricType_COUNTER, nil},
+	"volume_healer_policy_rejected":                       {dto.MetricType_GAUGE, nil},
 	"volume_healer_leader":                                {dto.MetricType_GAUGE, nil},
 	"volume_healer_dispatch_budget":                       {dto.MetricType_GAUGE, []string{"scope"}},
 	"volume_healer_sweep_last_finished_timestamp_seconds": {dto.MetricType_GAUGE, []string{"trigger"}},

@@ -59,6 +59,8 @@ func (e *Engine) Load(ctx context.Context, modules []Module) (*Revision, error) 
 	defer e.loadMu.Unlock()
 
 	if cur := e.Revision(); cur != nil && cur.id == revisionID(modules) {
+		// A set fixed back to what serves is no longer rejected.
+		e.opts.Metrics.serving(cur.id)
 		return cur, nil
 	}
 	rev, err := Compile(ctx, modules, e.opts.Compile)

@@ -457,3 +457,23 @@ func TestBuiltinLibraryCanBeReplaced(t *testing.T) {
 		t.Errorf("files %s", got)
 	}
 }
+
+// TestRejectedGaugeFollowsTheNewestSet checks the gauge an alert relies on: it stays 1 as long as
+// the newest policy set is bad, however long that is, and drops when a set loads again, including
+// a set fixed back to the one serving.
+func TestRejectedGaugeFollowsTheNewestSet(t *testing.T) {
+	ctx := context.Background()
+	e, reg := newTestEngine(t, Options{})
+	good := []Module{{File: "site/good.rego", Text: "package volumehealer\n\ndecision := data.volumehealer.builtin.decision\n"}}
+	bad := []Module{{File: "site/bad.rego", Text: "package volumehealer\n\ndecision := {\n"}}
+	steps := []struct {
+		modules []Module
+		want    float64
+	}{{good, 0}, {bad, 1}, {bad, 1}, {good, 0}}
+	for i, s := range steps {
+		_, _ = e.Load(ctx, s.modules)
+		if got := metricValue(t, reg, "volume_healer_policy_rejected", nil); got != s.want {
+			t.Fatalf("step %d: volume_healer_policy_rejected = %v, want %v", i, got, s.want)
+		}
+	}
+}

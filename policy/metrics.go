@@ -17,6 +17,7 @@ type Metrics struct {
 	memoLookups  *prometheus.CounterVec
 	memoHit      prometheus.Counter
 	memoMiss     prometheus.Counter
+	rejected     prometheus.Gauge
 }
 
 // NewMetrics creates the policy metrics and registers them with reg.
@@ -44,6 +45,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "volume_healer_policy_memo_lookups_total",
 			Help: "Decisions looked up in the memo of the serving revision, by result (hit, miss).",
 		}, []string{"result"}),
+		rejected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "volume_healer_policy_rejected",
+			Help: "1 while the newest policy set is rejected and the last good revision serves instead; 0 once a set loads.",
+		}),
 		decisions: map[Action]prometheus.Counter{},
 	}
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -59,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.memoHit = m.memoLookups.WithLabelValues("hit")
 	m.memoMiss = m.memoLookups.WithLabelValues("miss")
-	for _, c := range []prometheus.Collector{m.evalDuration, decisions, m.evalErrors, m.loadErrors, m.revision, m.memoLookups} {
+	for _, c := range []prometheus.Collector{m.evalDuration, decisions, m.evalErrors, m.loadErrors, m.revision, m.memoLookups, m.rejected} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering policy metrics: %w", err)
 		}
@@ -91,6 +96,7 @@ func (m *Metrics) loadError(kind ErrorKind) {
 		return
 	}
 	m.loadErrors.WithLabelValues(string(kind)).Inc()
+	m.rejected.Set(1)
 }
 
 func (m *Metrics) serving(revision string) {
@@ -99,4 +105,5 @@ func (m *Metrics) serving(revision string) {
 	}
 	m.revision.Reset()
 	m.revision.WithLabelValues(revision).Set(1)
+	m.rejected.Set(0)
 }
