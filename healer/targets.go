@@ -28,11 +28,20 @@ func NewTargetMap() *TargetMap {
 	return &TargetMap{nodes: map[types.NamespacedName]*csiaddonsv1alpha1.CSIAddonsNode{}, byDriverNode: map[string]map[types.NamespacedName]bool{}}
 }
 
-// Set records a created or changed CSIAddonsNode.
-func (m *TargetMap) Set(n *csiaddonsv1alpha1.CSIAddonsNode) {
+// Set records a created or changed CSIAddonsNode. It returns the sidecar endpoint the object named
+// before, when that changed (the node plugin pod moved or restarted with a new IP), so that the
+// caller can drop the connection to it.
+func (m *TargetMap) Set(n *csiaddonsv1alpha1.CSIAddonsNode) (staleEndpoint string) {
 	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if old, ok := m.nodes[key]; ok {
+		before, errBefore := probe.TargetFor(old)
+		after, errAfter := probe.TargetFor(n)
+		if errBefore == nil && (errAfter != nil || before.Endpoint != after.Endpoint) {
+			staleEndpoint = before.Endpoint
+		}
+	}
 	m.removeLocked(key)
 	m.nodes[key] = n
 	dn := n.Spec.Driver.Name + "/" + n.Spec.Driver.NodeID
@@ -40,13 +49,20 @@ func (m *TargetMap) Set(n *csiaddonsv1alpha1.CSIAddonsNode) {
 		m.byDriverNode[dn] = map[types.NamespacedName]bool{}
 	}
 	m.byDriverNode[dn][key] = true
+	return staleEndpoint
 }
 
-// Delete forgets a deleted CSIAddonsNode.
-func (m *TargetMap) Delete(key types.NamespacedName) {
+// Delete forgets a deleted CSIAddonsNode and returns the endpoint it named, if any.
+func (m *TargetMap) Delete(key types.NamespacedName) (endpoint string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if old, ok := m.nodes[key]; ok {
+		if t, err := probe.TargetFor(old); err == nil {
+			endpoint = t.Endpoint
+		}
+	}
 	m.removeLocked(key)
+	return endpoint
 }
 
 func (m *TargetMap) removeLocked(key types.NamespacedName) {

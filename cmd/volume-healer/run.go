@@ -202,7 +202,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, mgr, factory, targets, sweeper, triggers{restarts, periodic, manual}); err != nil {
+	if err := watchTriggers(ctx, mgr, factory, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
@@ -249,18 +249,33 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
 // sidecar targets and to the restart and periodic triggers.
-func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap, sweeper *healer.Sweeper, t triggers) error {
+func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap,
+	sweeper *healer.Sweeper, sidecars *probe.Client, t triggers) error {
+	observeNode := func(obj any) {
+		n := csiAddonsNodeFrom(obj)
+		if n == nil {
+			return
+		}
+		// A sidecar that moved gets a new connection; the old one is closed.
+		if stale := targets.Set(n); stale != "" {
+			sidecars.Forget(stale)
+		}
+		t.restarts.Observe(ctx, n)
+		t.manual.Observe(ctx, n)
+	}
 	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
 	if err != nil {
 		return fmt.Errorf("CSIAddonsNode informer: %w", err)
 	}
 	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { observeNode(ctx, targets, t, obj) },
-		UpdateFunc: func(_, obj any) { observeNode(ctx, targets, t, obj) },
+		AddFunc:    observeNode,
+		UpdateFunc: func(_, obj any) { observeNode(obj) },
 		DeleteFunc: func(obj any) {
 			if n := csiAddonsNodeFrom(obj); n != nil {
 				key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
-				targets.Delete(key)
+				if endpoint := targets.Delete(key); endpoint != "" {
+					sidecars.Forget(endpoint)
+				}
 				t.restarts.Forget(key)
 			}
 		},
@@ -314,14 +329,6 @@ type triggers struct {
 	restarts *scheduler.Restarts
 	periodic *scheduler.Periodic
 	manual   *scheduler.Manual
-}
-
-func observeNode(ctx context.Context, targets *healer.TargetMap, t triggers, obj any) {
-	if n := csiAddonsNodeFrom(obj); n != nil {
-		targets.Set(n)
-		t.restarts.Observe(ctx, n)
-		t.manual.Observe(ctx, n)
-	}
 }
 
 func csiAddonsNodeFrom(obj any) *csiaddonsv1alpha1.CSIAddonsNode {
