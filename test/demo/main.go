@@ -26,7 +26,7 @@ const (
 func main() {
 	opts := options{}
 	flag.IntVar(&opts.nodes, "nodes", 3, "simulated nodes, each with a node plugin (driver and sidecar)")
-	flag.IntVar(&opts.volumes, "volumes", 40, "volumes per node")
+	flag.IntVar(&opts.volumes, "volumes", 80, "volumes per node")
 	flag.StringVar(&opts.controller, "controller", "bin/volume-healer", "the controller binary to run")
 	flag.StringVar(&opts.dir, "dir", ".demo", "folder for the demo's state, logs and kubeconfig")
 	flag.BoolVar(&opts.hold, "hold", false, "keep the cluster running after the summary until Ctrl-C, to look with kubectl")
