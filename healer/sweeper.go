@@ -467,6 +467,11 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 	logger := klog.FromContext(ctx)
 	pv := v.PV.Name
 	gen := s.mem.generation(v.Driver, v.NodeName)
+	// The task may start long after planning: the built-in guards are checked again before each call.
+	if reason := s.recheck(v); reason != "" {
+		logger.V(2).Info("Volume left alone", "reason", reason)
+		return outcomeSkipped, nil
+	}
 	if action == policy.ActionProbe {
 		res, err := s.probe(ctx, v, target)
 		if err != nil {
@@ -496,6 +501,10 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 		}
 	}
 
+	if reason := s.recheck(v); reason != "" {
+		logger.V(2).Info("Volume left alone before its heal", "reason", reason)
+		return outcomeSkipped, nil
+	}
 	start := s.opts.Clock.Now()
 	healed, err := s.opts.Sidecars.Heal(ctx, target, pv)
 	s.observe("heal", start)
@@ -521,6 +530,12 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 	s.setFailing(v, false)
 	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeHealed, "Volume healed on node %s by driver %s; a probe after the heal found it healthy", v.NodeName, v.Driver)
 	return outcomeHealed, nil
+}
+
+// recheck returns why the volume must now be left alone, or "".
+func (s *Sweeper) recheck(v scheduler.Volume) string {
+	_, reason := s.opts.Planner.Recheck(v)
+	return reason
 }
 
 // probe calls the sidecar and remembers the result.

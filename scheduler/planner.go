@@ -257,6 +257,21 @@ func (p *Planner) InClass(pv, sc string) bool {
 	return ok && obj.(*corev1.PersistentVolume).Spec.StorageClassName == sc
 }
 
+// Recheck applies the built-in guards again to a volume planned earlier, from the caches as they
+// are now: a sweep's task may run long after planning, and its VolumeAttachment may have started
+// to go away meanwhile. It returns the volume with fresh objects, or the reason to leave it alone.
+func (p *Planner) Recheck(v Volume) (Volume, string) {
+	var va *storagev1.VolumeAttachment
+	if v.Attachment != nil {
+		obj, ok, _ := p.c.VolumeAttachments.GetByKey(v.Attachment.Name)
+		if !ok {
+			return Volume{}, "VolumeAttachment is gone (detached)"
+		}
+		va = obj.(*storagev1.VolumeAttachment)
+	}
+	return p.volume(v.PV.Name, va, v.NodeName)
+}
+
 // volume gathers the objects of one volume and applies the built-in guards, which no policy can
 // override: never act on a volume whose attachment is going away, or whose PV is not Bound or is
 // being deleted.

@@ -154,3 +154,30 @@ func names(vols []Volume) []string {
 	}
 	return out
 }
+
+func TestPlannerRecheckSeesLaterDetach(t *testing.T) {
+	attachment := va("a", "d", "n1", true)
+	p := newTestPlanner(t, pv("a", "gold", "d", corev1.VolumeBound), attachment)
+	vols, _ := p.NodeVolumes("d", "n1")
+	if len(vols) != 1 {
+		t.Fatalf("planned %v", names(vols))
+	}
+	if _, reason := p.Recheck(vols[0]); reason != "" {
+		t.Fatalf("recheck of an unchanged volume: %q", reason)
+	}
+	detaching := attachment.DeepCopy()
+	now := metav1.Now()
+	detaching.DeletionTimestamp = &now
+	if err := p.c.VolumeAttachments.Update(detaching); err != nil {
+		t.Fatal(err)
+	}
+	if _, reason := p.Recheck(vols[0]); reason != "VolumeAttachment is being deleted (detaching)" {
+		t.Errorf("recheck after the detach began: %q", reason)
+	}
+	if err := p.c.VolumeAttachments.Delete(detaching); err != nil {
+		t.Fatal(err)
+	}
+	if _, reason := p.Recheck(vols[0]); reason != "VolumeAttachment is gone (detached)" {
+		t.Errorf("recheck after the detach: %q", reason)
+	}
+}

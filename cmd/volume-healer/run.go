@@ -471,6 +471,9 @@ func restConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig %q: %w", path, err)
 	}
 	cfg.UserAgent = "volume-healer"
+	// Sweeps write an Event and a PVC annotation per healed volume; client-go's default of 5
+	// requests per second would make those writes, not the budgets, bound a rollout's heal rate.
+	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
 }
 
