@@ -1,0 +1,432 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// sweepResources are the resources a sweep is about. The apiserver's own loops touch others
+// (leases, endpoints, ...) at any time, but none of these.
+var sweepResources = []string{
+	"persistentvolumes", "persistentvolumeclaims", "volumeattachments", "storageclasses", "csidrivers",
+	"nodes", "csiaddonsnodes", "secrets", "events", "configmaps", "pods",
+}
+
+// TestAPIRequestsPerRestartSweep counts the API requests of a restart sweep of a node with many
+// volumes (-perf-volumes, 1,000 by default), and, in the same run, those of the list-everything
+// approach that Ceph CSI takes at plugin start: one cluster-wide LIST of VolumeAttachments, then a
+// GET of each PV, VolumeAttachment and Secret. Both are counted with the apiserver's own
+// apiserver_request_total (before and after) and attributed to clients through the audit log,
+// which knows user agents. The controller must make no LIST and no GET during the sweep, and no
+// write for a healthy volume. -perf-report writes the figures as Markdown.
+func TestAPIRequestsPerRestartSweep(t *testing.T) {
+	n := *perfVolumes
+	const broken = 10
+	if n < broken {
+		t.Fatalf("-perf-volumes=%d: want at least %d", n, broken)
+	}
+	f := newFixture(t, "perf")
+	sc := f.storageClass("perf-rbd-nbd", "rbd-nbd", nil)
+	p := f.newPlugin("perf-node-1")
+	vols := f.newVolumes(p, sc, "rbd-nbd", "vol", n)
+	p.start()
+	// Leader election is off: it would add a Lease GET and UPDATE every retry period, sweep or not.
+	// The long debounce leaves time to open the counting window between the restart and its sweep.
+	startController(t, "perf", map[string]string{"RESTART_DEBOUNCE": "5s"})
+	f.sweepFinished(p, time.Minute)
+
+	setUpStart := time.Now()
+	f.createObjects(vols, false)
+	t.Logf("created %d PVs, PVCs and VolumeAttachments in %s", n, time.Since(setUpStart).Round(time.Millisecond))
+	version, err := f.cs.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The test watches instead of polling, so that it makes no request inside the window: a watch
+	// is counted when it ends, after the window.
+	w := watchSweep(t, f, p)
+	restartedAt := time.Now()
+	p.restart(func() {
+		for _, v := range vols[:broken] {
+			v.setCondition(t, driver.Gone, 0)
+		}
+	})
+	marker := scheduler.RestartMarker(f.addonsNode(p))
+	// Let the new sidecar's informers finish starting: their LISTs belong to the plugin's start.
+	time.Sleep(time.Second)
+	if probes := p.drv().Counters().Calls["ProbeVolume"]; probes != 0 {
+		t.Fatalf("the sweep began (%d probes) before the counting window opened; raise RESTART_DEBOUNCE", probes)
+	}
+
+	sweepBefore := apiserverRequests(t, f.cs)
+	sweepAudit := openAuditWindow(t, f.s.auditLog)
+	w.wait(t, marker, n, broken, 5*time.Minute)
+	// The Event recorder writes in the background: give the last Events time to land.
+	time.Sleep(2 * time.Second)
+	sweepAfter := apiserverRequests(t, f.cs)
+	sweepAudit.close()
+	w.stop()
+	first, last := callSpan(p.calls, restartedAt)
+
+	// The list-everything approach, counted the same way.
+	lc := listEverythingClient(t, f)
+	leBefore := apiserverRequests(t, f.cs)
+	leAudit := openAuditWindow(t, f.s.auditLog)
+	leStart := time.Now()
+	leVolumes, leListed := listEverything(t, lc, f.driver, p.node)
+	leTime := time.Since(leStart)
+	leAfter := apiserverRequests(t, f.cs)
+	leAudit.close()
+
+	fig := perfFigures{
+		volumes: n, broken: broken, apiserver: version.GitVersion,
+		sweepTime: last.Sub(first), sweepClients: sweepAudit.byClient(t), sweepMetric: sweepAfter.minus(sweepBefore),
+		leVolumes: leVolumes, leListed: leListed, leTime: leTime, leClients: leAudit.byClient(t), leMetric: leAfter.minus(leBefore),
+	}
+	report := fig.markdown()
+	t.Log("\n" + report)
+	if *perfReport != "" {
+		if err := os.WriteFile(*perfReport, []byte(report), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+
+	if got := p.drv().Counters().Calls["ProbeVolume"]; got < int64(n) {
+		t.Errorf("%d ProbeVolume calls in the restart sweep of %d volumes", got, n)
+	}
+	for _, v := range vols[:broken] {
+		if c := v.condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the sweep, want healthy", v.pv, c)
+		}
+	}
+
+	// The goal: no LIST and no GET by the controller during a sweep.
+	ctrl := fig.sweepClients[clientController]
+	if l, g := ctrl.byVerb("list"), ctrl.byVerb("get"); l != 0 || g != 0 {
+		t.Errorf("the controller made %d LIST and %d GET requests during the restart sweep (audit log); want none: %s", l, g, ctrl.describe())
+	}
+	// The same by the apiserver's own counter: nobody read the sweep's objects during the window.
+	read := fig.sweepMetric.only(sweepResources...)
+	if l, g := read.byVerb("list"), read.byVerb("get"); l != 0 || g != 0 {
+		t.Errorf("apiserver_request_total counted %d LIST and %d GET requests on %v during the restart sweep; want none: %s", l, g, sweepResources, read.describe())
+	}
+	// Writes grow with the volumes that needed something, not with the volumes swept: two Events
+	// and the handled marker per sweep, a status annotation and an Event per healed volume.
+	if got, most := ctrl.writes(), 3+2*broken; got > most {
+		t.Errorf("the controller made %d writes in the sweep of %d volumes (%d broken); want at most %d: %s", got, n, broken, most, ctrl.describe())
+	}
+	for k := range ctrl {
+		if k.verb != "watch" && !slices.Contains([]string{"events", "persistentvolumeclaims", "csiaddonsnodes"}, k.resource) {
+			t.Errorf("the controller sent %s %s during the sweep; a sweep writes only Events, PVC annotations and the CSIAddonsNode's handled marker", k.verb, k.resource)
+		}
+	}
+	// The counting sees reads where there are some: the list-everything approach's, by both
+	// counts.
+	want := requestCounts{
+		{"list", "volumeattachments"}: 1,
+		{"get", "persistentvolumes"}:  leVolumes, {"get", "volumeattachments"}: leVolumes, {"get", "secrets"}: leVolumes,
+	}
+	if got := fig.leClients[clientListEverything]; len(got.minus(want)) != 0 {
+		t.Errorf("list-everything by the audit log: %s; want %s", got.describe(), want.describe())
+	}
+	for k, v := range want {
+		if got := fig.leMetric[k]; got < v {
+			t.Errorf("apiserver_request_total counted %d %s %s during the list-everything reads; they made %d", got, k.verb, k.resource, v)
+		}
+	}
+	if leVolumes != n {
+		t.Errorf("list-everything found %d VolumeAttachments of the node, want %d", leVolumes, n)
+	}
+}
+
+// sweepWatch follows, through watches opened before the counting window, what shows that a restart
+// sweep is over: the handled marker, the healed volumes' Events and the sweep's last Event.
+type sweepWatch struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	err      string
+	handled  string
+	healed   map[string]bool
+	finished []string
+}
+
+func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(f.ctx())
+	sw := &sweepWatch{cancel: cancel, healed: map[string]bool{}}
+	wc, err := client.NewWithWatch(f.s.env.Config, client.Options{Scheme: f.s.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Resource version "0" starts from the watch cache as it is; an empty one would first wait for
+	// the cache to catch up with etcd, and give up after a few seconds on a quiet resource.
+	fromCache := &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}
+	nodes, err := wc.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, client.InNamespace(f.pluginNS), fromCache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := f.cs.CoreV1().Events(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow := func(w watch.Interface, seen func(any)) {
+		sw.wg.Add(1)
+		go func() {
+			defer sw.wg.Done()
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					switch {
+					case !ok:
+						sw.fail("a watch ended early")
+						return
+					case ev.Type == watch.Error:
+						sw.fail(fmt.Sprintf("a watch failed: %v", ev.Object))
+						return
+					case ev.Type == watch.Added || ev.Type == watch.Modified:
+						seen(ev.Object)
+					}
+				}
+			}
+		}()
+	}
+	name := p.addonsNodeKey().Name
+	follow(nodes, func(obj any) {
+		if n, ok := obj.(*csiaddonsv1alpha1.CSIAddonsNode); ok && n.Name == name {
+			sw.mu.Lock()
+			sw.handled = n.Annotations[scheduler.HandledMarkerAnnotation]
+			sw.mu.Unlock()
+		}
+	})
+	follow(events, func(obj any) {
+		ev, ok := obj.(*corev1.Event)
+		if !ok {
+			return
+		}
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		switch {
+		case ev.Namespace == f.appNS && ev.Reason == healer.ReasonVolumeHealed:
+			sw.healed[ev.InvolvedObject.Name] = true
+		case ev.Namespace == f.pluginNS && ev.Reason == healer.ReasonRestartSweepFinished && ev.InvolvedObject.Name == name:
+			sw.finished = append(sw.finished, ev.Message)
+		}
+	})
+	return sw
+}
+
+// wait waits until marker is handled, broken volumes were reported healed, and the sweep's
+// RestartSweepFinished Event names all volumes.
+func (sw *sweepWatch) wait(t *testing.T, marker string, volumes, broken int, timeout time.Duration) {
+	t.Helper()
+	summary := fmt.Sprintf("%d volumes:", volumes)
+	eventually(t, timeout, "the restart sweep to finish", func() (bool, string) {
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		if sw.err != "" {
+			t.Fatalf("following the restart sweep: %s", sw.err)
+		}
+		done := sw.handled == marker && len(sw.healed) >= broken &&
+			slices.ContainsFunc(sw.finished, func(m string) bool { return strings.Contains(m, summary) })
+		return done, fmt.Sprintf("handled %q (want %q), %d healed Events, finished Events %q", sw.handled, marker, len(sw.healed), sw.finished)
+	})
+}
+
+func (sw *sweepWatch) fail(msg string) {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.err == "" {
+		sw.err = msg
+	}
+}
+
+func (sw *sweepWatch) stop() {
+	sw.cancel()
+	sw.wg.Wait()
+}
+
+// callSpan returns when the first and the last call after since began.
+func callSpan(c *callTracker, since time.Time) (first, last time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, byRPC := range c.starts {
+		for _, times := range byRPC {
+			for _, at := range times {
+				if !at.After(since) {
+					continue
+				}
+				if first.IsZero() || at.Before(first) {
+					first = at
+				}
+				if at.After(last) {
+					last = at
+				}
+			}
+		}
+	}
+	return first, last
+}
+
+// listEverythingClient is a client of its own user agent, without client-side rate limits, as a
+// node plugin starting up would use.
+func listEverythingClient(t *testing.T, f *fixture) kubernetes.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(f.s.env.Config)
+	cfg.UserAgent = "list-everything"
+	cfg.QPS, cfg.Burst = -1, 0
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// listEverything does what Ceph CSI's node plugin does at start to find the volumes to heal: it
+// lists every VolumeAttachment in the cluster, keeps those of its driver and node, and reads each
+// one's PV, the VolumeAttachment itself and the PV's node-stage Secret. It returns the number of
+// volumes it found and the number of VolumeAttachments the LIST returned.
+func listEverything(t *testing.T, cs kubernetes.Interface, driverName, node string) (found, listed int) {
+	t.Helper()
+	ctx := t.Context()
+	list, err := cs.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []storagev1.VolumeAttachment
+	for _, va := range list.Items {
+		if va.Spec.Attacher == driverName && va.Spec.NodeName == node && va.Spec.Source.PersistentVolumeName != nil {
+			mine = append(mine, va)
+		}
+	}
+	work := make(chan storagev1.VolumeAttachment)
+	errs := make(chan error, len(mine))
+	const workers = 8
+	for range workers {
+		go func() {
+			for va := range work {
+				errs <- readVolume(ctx, cs, va)
+			}
+		}()
+	}
+	for _, va := range mine {
+		work <- va
+	}
+	close(work)
+	for range mine {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(mine), len(list.Items)
+}
+
+func readVolume(ctx context.Context, cs kubernetes.Interface, va storagev1.VolumeAttachment) error {
+	pv, err := cs.CoreV1().PersistentVolumes().Get(ctx, *va.Spec.Source.PersistentVolumeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if _, err := cs.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{}); err != nil {
+		return err
+	}
+	ref := pv.Spec.CSI.NodeStageSecretRef
+	if ref == nil {
+		return fmt.Errorf("PV %s has no node-stage Secret", pv.Name)
+	}
+	_, err = cs.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	return err
+}
+
+// perfFigures are the measured figures of TestAPIRequestsPerRestartSweep.
+type perfFigures struct {
+	volumes, broken int
+	apiserver       string
+	// sweepTime runs from the sweep's first call to its last.
+	sweepTime    time.Duration
+	sweepClients map[string]requestCounts
+	sweepMetric  requestCounts
+	leVolumes    int
+	leListed     int
+	leTime       time.Duration
+	leClients    map[string]requestCounts
+	leMetric     requestCounts
+}
+
+func (p perfFigures) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s on %s; kube-apiserver %s with etcd, both local; %d volumes attached to the restarted node, %d of them broken (mount gone).\n\n",
+		time.Now().UTC().Format("2006-01-02"), machine(), p.apiserver, p.volumes, p.broken)
+	b.WriteString("| Approach | LIST | GET | WATCH | Writes | Total | Time |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	row := func(name string, c requestCounts, d time.Duration) {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s |\n", name, c.byVerb("list"), c.byVerb("get"), c.byVerb("watch"), c.writes(), c.total(), d.Round(10*time.Millisecond))
+	}
+	row("volume-healer restart sweep: the controller's requests", p.sweepClients[clientController], p.sweepTime)
+	row("list-everything at plugin start (Ceph CSI's way)", p.leClients[clientListEverything], p.leTime)
+
+	clients := func(title string, byClient map[string]requestCounts, metric requestCounts) {
+		fmt.Fprintf(&b, "\n%s\n\n| Counted by | Requests |\n|---|---|\n", title)
+		names := make([]string, 0, len(byClient))
+		for c := range byClient {
+			names = append(names, c)
+		}
+		slices.Sort(names)
+		for _, c := range names {
+			fmt.Fprintf(&b, "| audit log: %s | %s |\n", c, byClient[c].describe())
+		}
+		fmt.Fprintf(&b, "| apiserver_request_total: all clients | %s |\n", metric.describe())
+	}
+	clients("Every request answered during the restart sweep's window:", p.sweepClients, p.sweepMetric)
+	fmt.Fprintf(&b, "\nThe sweep's time runs from its first call to the driver to its last. The list-everything LIST returned %d VolumeAttachments (every one in the cluster), %d of them on the node.\n",
+		p.leListed, p.leVolumes)
+	clients("Every request answered during the list-everything reads:", p.leClients, p.leMetric)
+	return b.String()
+}
+
+// machine describes the machine the test runs on: CPU model, cores and memory.
+func machine() string {
+	model, mem := "unknown CPU", "unknown memory"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				var kb int64
+				if _, err := fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb); err == nil {
+					mem = fmt.Sprintf("%.1f GiB RAM", float64(kb)/(1<<20))
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d cores (nproc), %s, %s/%s, %s", model, runtime.NumCPU(), mem, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}

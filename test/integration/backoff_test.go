@@ -1,0 +1,89 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// TestFailingHealBacksOffAndIsReported restarts a node plugin with a volume whose mount hangs
+// longer than the controller's heal timeout: every heal times out, the controller spaces its
+// attempts out with a doubling backoff, then gives up and reports the volume on its PVC (Event and
+// status annotation) and in its metrics.
+func TestFailingHealBacksOffAndIsReported(t *testing.T) {
+	const (
+		hang        = 700 * time.Millisecond
+		healTimeout = 500 * time.Millisecond
+		backoffBase = 200 * time.Millisecond
+		// Arrival times at the driver may differ from the controller's by scheduling noise.
+		slack = 50 * time.Millisecond
+	)
+	f := newFixture(t, "backoff")
+	sc := f.storageClass("backoff-rbd-nbd", "rbd-nbd", nil)
+	p := f.newPlugin("backoff-node-1")
+	stuck := f.newVolumes(p, sc, "rbd-nbd", "stuck", 1)[0]
+	fine := f.newVolumes(p, sc, "rbd-nbd", "fine", 1)[0]
+	f.createObjects(p.volumes, true)
+	p.start()
+	ctrl := startController(t, "backoff", map[string]string{
+		"TIMEOUTS_HEAL": healTimeout.String(),
+		"BACKOFF_BASE":  backoffBase.String(),
+		"BACKOFF_MAX":   "10s",
+	})
+	f.sweepFinished(p, time.Minute)
+
+	p.restart(func() { stuck.setCondition(t, driver.Hung, hang) })
+	eventually(t, time.Minute, "a "+healer.ReasonVolumeHealFailed+" Event on "+stuck.pvc, func() (bool, string) {
+		_, n := f.pvcEvents(stuck, healer.ReasonVolumeHealFailed)
+		return n > 0, fmt.Sprintf("%d heal calls so far", len(p.calls.callTimes(stuck, "HealVolume")))
+	})
+
+	heals := p.calls.callTimes(stuck, "HealVolume")
+	if len(heals) < 3 {
+		t.Fatalf("%d HealVolume calls before the controller gave up; want at least 3 to see the backoff", len(heals))
+	}
+	// Between two heals: the heal's timeout, the backoff after that failure (base, doubling), and
+	// the next attempt's probe, which waits for the hung mount.
+	gaps := make([]time.Duration, 0, len(heals)-1)
+	for i := 1; i < len(heals); i++ {
+		gap := heals[i].Sub(heals[i-1])
+		gaps = append(gaps, gap)
+		backoff := backoffBase << (i - 1)
+		if least := healTimeout + backoff + hang - slack; gap < least {
+			t.Errorf("heal %d came %s after heal %d; with a backoff of %s it cannot come before %s", i+1, gap.Round(time.Millisecond), i, backoff, least)
+		}
+	}
+	if gaps[len(gaps)-1] <= gaps[0] {
+		t.Errorf("the gaps between heals did not grow: %v", gaps)
+	}
+	t.Logf("%d heals, gaps %v", len(heals), gaps)
+
+	if c := stuck.condition(t); c != driver.Hung {
+		t.Errorf("%s is %s, want it still hung: the driver never finished a heal", stuck.pv, c)
+	}
+	st, ok := f.pvcStatus(stuck)
+	switch {
+	case !ok:
+		t.Errorf("PVC %s has no %s annotation", stuck.pvc, healer.StatusAnnotation)
+	case st.Result != "heal-failed":
+		t.Errorf("PVC %s: status result %q, want heal-failed (status %+v)", stuck.pvc, st.Result, st)
+	}
+	evs, _ := f.pvcEvents(stuck, healer.ReasonVolumeHealFailed)
+	if len(evs) > 0 && evs[0].Type != "Warning" {
+		t.Errorf("%s Event has type %s, want Warning", healer.ReasonVolumeHealFailed, evs[0].Type)
+	}
+	failing, ok := metricValue(ctrl.scrape(), "volume_healer_volume_heal_failing",
+		map[string]string{"namespace": f.appNS, "persistentvolumeclaim": stuck.pvc})
+	if !ok || failing != 1 {
+		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v (present %v), want 1", stuck.pvc, failing, ok)
+	}
+	if v, ok := metricValue(ctrl.scrape(), "volume_healer_volume_heal_failing", map[string]string{"persistentvolumeclaim": fine.pvc}); ok {
+		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v for a healthy volume; want no series", fine.pvc, v)
+	}
+	if _, perVolume := p.calls.peaks(); perVolume > 1 {
+		t.Errorf("a volume had %d calls at once", perVolume)
+	}
+}

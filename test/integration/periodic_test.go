@@ -1,0 +1,65 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// TestCronScheduleSweepsOnlyItsStorageClass gives one StorageClass a schedule through its
+// annotation while the controller runs (no default schedule): periodic sweeps probe that class's
+// volumes again and again and heal a volume that broke, while another class's volumes on the same
+// node get no call at all.
+func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
+	f := newFixture(t, "cron")
+	scheduled := f.storageClass("cron-scheduled", "rbd-nbd", nil)
+	other := f.storageClass("cron-other", "rbd-nbd", nil)
+	p := f.newPlugin("cron-node-1")
+	inClass := f.newVolumes(p, scheduled, "rbd-nbd", "scheduled", 4)
+	outside := f.newVolumes(p, other, "rbd-nbd", "other", 4)
+	f.createObjects(p.volumes, true)
+	p.start()
+	startController(t, "cron", map[string]string{"SCHEDULE_STAGGER": "500ms"})
+	f.sweepFinished(p, time.Minute)
+
+	// A mount of each class turns read-only; no restart announces it.
+	inClass[0].setCondition(t, driver.ReadOnly, 0)
+	outside[0].setCondition(t, driver.ReadOnly, 0)
+	annotatedAt := time.Now()
+	f.annotateClass(scheduled, scheduler.ScheduleAnnotation, "@every 5s")
+
+	eventually(t, 40*time.Second, "two periodic sweeps of "+scheduled, func() (bool, string) {
+		for _, v := range inClass {
+			if n := p.calls.count(v, "ProbeVolume", annotatedAt); n < 2 {
+				return false, fmt.Sprintf("%s probed %d times since the schedule was set", v.pv, n)
+			}
+		}
+		if c := inClass[0].condition(t); c != driver.Healthy {
+			return false, fmt.Sprintf("%s is %s", inClass[0].pv, c)
+		}
+		return true, ""
+	})
+
+	for _, v := range outside {
+		for _, rpc := range []string{"ProbeVolume", "HealVolume"} {
+			if n := p.calls.count(v, rpc, annotatedAt); n != 0 {
+				t.Errorf("%s (StorageClass %s, no schedule) got %d %s calls from the periodic sweeps of %s", v.pv, other, n, rpc, scheduled)
+			}
+		}
+	}
+	if c := outside[0].condition(t); c != driver.ReadOnly {
+		t.Errorf("%s (StorageClass %s) is %s; no sweep should have touched it", outside[0].pv, other, c)
+	}
+	// "@every 5s" first fires 4 to 5 seconds after it is set: a call sooner came from something else.
+	for _, v := range inClass {
+		if times := p.calls.callTimes(v, "ProbeVolume"); len(times) > 0 {
+			first := times[len(times)-p.calls.count(v, "ProbeVolume", annotatedAt)]
+			if d := first.Sub(annotatedAt); d < 3500*time.Millisecond {
+				t.Errorf("%s was probed %s after the schedule was set; the schedule fires after 4s at the soonest", v.pv, d.Round(time.Millisecond))
+			}
+		}
+	}
+}
