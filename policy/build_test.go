@@ -82,7 +82,7 @@ var cephDriver = DriverInfo{Name: "rbd.csi.ceph.com", Healer: HealerCapabilities
 func TestBuildInputFromRealisticObjects(t *testing.T) {
 	f := loadFixtures(t)
 	ctx := context.Background()
-	rev, err := Compile(ctx, DefaultModules(), CompileOptions{})
+	rev, err := Compile(ctx, DefaultModules(), patient(CompileOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestInputFromClusterAndExplain(t *testing.T) {
 		t.Fatalf("input from the cluster\n%s\nwant\n%s", mustJSON(t, in), mustJSON(t, want))
 	}
 
-	rev, err := Compile(ctx, DefaultModules(), CompileOptions{})
+	rev, err := Compile(ctx, DefaultModules(), patient(CompileOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestAssumedDriverAndProbe(t *testing.T) {
 
 func TestExplainShowsOnlyTheBranchThatFired(t *testing.T) {
 	ctx := context.Background()
-	rev, err := Compile(ctx, DefaultModules(), CompileOptions{})
+	rev, err := Compile(ctx, DefaultModules(), patient(CompileOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ func policyText(lines ...string) string {
 // mustCompile compiles one module named file or fails the test.
 func mustCompile(t testing.TB, file, text string, opts CompileOptions) *Revision {
 	t.Helper()
+	opts = patient(opts)
 	rev, err := Compile(context.Background(), []Module{{File: file, Text: text}}, opts)
 	if err != nil {
 		t.Fatalf("compiling %s: %v", file, err)
@@ -172,4 +173,18 @@ func matchLabels(m *dto.Metric, labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// testEvalTimeout bounds evaluations in tests that are not about timeouts. The production default
+// (100ms) is far above what an evaluation takes, but a test run under the race detector on a
+// loaded 2-core machine has seen single evaluations take longer, and such a test would then fail
+// for a reason it does not test.
+const testEvalTimeout = 10 * time.Second
+
+// patient gives opts the test evaluation timeout unless it sets one on purpose.
+func patient(opts CompileOptions) CompileOptions {
+	if opts.EvalTimeout == 0 {
+		opts.EvalTimeout = testEvalTimeout
+	}
+	return opts
 }

@@ -29,6 +29,7 @@ func newTestEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) {
 		t.Fatal(err)
 	}
 	opts.Metrics = m
+	opts.Compile = patient(opts.Compile)
 	e, err := NewEngine(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestBadPoliciesNeverServe(t *testing.T) {
 		"slow evaluation": {
 			text:     policyText(`decision := {"action": "skip", "reason": "slow"} if {`, "\t"+slowLoop, `}`),
 			kind:     KindTimeout,
-			contains: []string{"timed out after 50ms"},
+			contains: []string{"timed out after 1s"},
 		},
 		"http.send": {
 			text: policyText(`decision := {"action": "skip", "reason": r.body} if {`,
@@ -141,7 +142,8 @@ func TestBadPoliciesNeverServe(t *testing.T) {
 	good := policyText(`decision := {"action": "probe", "reason": "GoodPolicy"}`)
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			e, reg := newTestEngine(t, Options{Compile: CompileOptions{EvalTimeout: 50 * time.Millisecond}})
+			// Far above what the good policy needs even on a loaded machine, far below the slow loop.
+			e, reg := newTestEngine(t, Options{Compile: CompileOptions{EvalTimeout: time.Second}})
 			serving, err := e.Load(ctx, []Module{{File: "good.rego", Text: good}})
 			if err != nil {
 				t.Fatal(err)
@@ -221,7 +223,7 @@ func TestForbiddenBuiltinsAreMissingFromCapabilities(t *testing.T) {
 // timeout, reported as such, and does not disturb other decisions.
 func TestEvaluationTimeout(t *testing.T) {
 	ctx := context.Background()
-	e, reg := newTestEngine(t, Options{Compile: CompileOptions{EvalTimeout: 100 * time.Millisecond}})
+	e, reg := newTestEngine(t, Options{Compile: CompileOptions{EvalTimeout: time.Second}})
 	_, err := e.Load(ctx, []Module{{File: "slow.rego", Text: policyText(
 		`default decision := {"action": "skip", "reason": "Fast"}`,
 		`decision := {"action": "skip", "reason": "Slow"} if {`,
@@ -240,8 +242,8 @@ func TestEvaluationTimeout(t *testing.T) {
 	if !errors.Is(err, ErrEvaluationTimeout) {
 		t.Fatalf("slow decision: %v, want ErrEvaluationTimeout", err)
 	}
-	if took > 2*time.Second {
-		t.Errorf("the slow evaluation was stopped after %v, want about 100ms", took)
+	if took > 5*time.Second {
+		t.Errorf("the slow evaluation was stopped after %v, want about 1s", took)
 	}
 	fast := sampleInput()
 	if d, err := e.Decide(ctx, &fast); err != nil || d.Reason != "Fast" {
@@ -267,7 +269,7 @@ func TestRuntimeErrorsAreReportedPerDecision(t *testing.T) {
 		`decision := {"action": "heal", "reason": "a"} if input.volume.pv == "pvc-conflict"`,
 		`decision := {"action": "skip", "reason": "b"} if input.volume.pv == "pvc-conflict"`,
 		`decision := {"action": "skip", "reason": "r", "priority": 1 / 0} if input.volume.pv == "pvc-divide"`,
-	), CompileOptions{})
+	), patient(CompileOptions{}))
 	tests := map[string]struct {
 		pv   string
 		want error
@@ -445,7 +447,7 @@ func TestLoadFiles(t *testing.T) {
 func TestBuiltinLibraryCanBeReplaced(t *testing.T) {
 	ctx := context.Background()
 	lib := Module{File: "lib.rego", Text: "package volumehealer.builtin\n\ndecision := {\"action\": \"skip\", \"reason\": \"MyLibrary\"}\n"}
-	rev, err := Compile(ctx, []Module{builtinModule(builtinEntryFile), lib}, CompileOptions{})
+	rev, err := Compile(ctx, []Module{builtinModule(builtinEntryFile), lib}, patient(CompileOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}

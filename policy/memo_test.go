@@ -177,14 +177,14 @@ func TestMemoizedDecisionsEqualEvaluatedOnes(t *testing.T) {
 	ctx := context.Background()
 	for name, mods := range equivalencePolicies(t) {
 		t.Run(name, func(t *testing.T) {
-			memoized, err := Compile(ctx, mods, CompileOptions{MemoSize: 64})
+			memoized, err := Compile(ctx, mods, patient(CompileOptions{MemoSize: 64}))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if on, why := memoized.Memoized(); !on {
 				t.Fatalf("not memoized: %s", why)
 			}
-			plain, err := Compile(ctx, mods, CompileOptions{DisableMemo: true})
+			plain, err := Compile(ctx, mods, patient(CompileOptions{DisableMemo: true}))
 			if err != nil {
 				t.Fatal(err)
 			}

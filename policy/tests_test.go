@@ -63,7 +63,7 @@ func TestDocumentedExamples(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rev, err := Compile(ctx, policyOnly, CompileOptions{})
+			rev, err := Compile(ctx, policyOnly, patient(CompileOptions{}))
 			if err != nil {
 				t.Fatalf("the example is rejected as a policy: %v", err)
 			}
