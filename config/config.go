@@ -81,7 +81,7 @@ type Policy struct {
 	// default policy applies. Default "healer.csiaddons.openshift.io/policy=rego".
 	LabelSelector string
 	// EvaluationTimeout bounds one policy evaluation; a slower evaluation counts as a policy
-	// failure. Default 100ms.
+	// failure. Default 1s.
 	EvaluationTimeout time.Duration
 }
 
@@ -198,7 +198,7 @@ func Default() Config {
 		Policy: Policy{
 			Namespace:         "volume-healer",
 			LabelSelector:     "healer.csiaddons.openshift.io/policy=rego",
-			EvaluationTimeout: 100 * time.Millisecond,
+			EvaluationTimeout: time.Second,
 		},
 		Schedule: Schedule{
 			Default:        "0 */6 * * *",

@@ -24,7 +24,7 @@ const (
 	BuiltinPackage = "data.volumehealer.builtin"
 
 	// DefaultEvalTimeout bounds one evaluation unless CompileOptions say otherwise.
-	DefaultEvalTimeout = 100 * time.Millisecond
+	DefaultEvalTimeout = time.Second
 	// DefaultMemoSize is how many decisions one revision remembers unless CompileOptions say
 	// otherwise.
 	DefaultMemoSize = 10000
