@@ -15,6 +15,7 @@ import (
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/metricstest"
 )
 
 // family is what a dashboard or an alert relies on: a metric's type and its label names.
@@ -70,68 +71,15 @@ var sidecarFamilies = map[string]family{
 // a counter or a histogram, whose series live until the process ends.
 var volumeLabels = []string{"persistentvolumeclaim", "persistentvolume", "pv", "pvc", "volume", "volume_handle"}
 
-// recorder registers with a registry and remembers what was registered, so that every vector
-// can be given one child: a vector without children is not exposed, and then neither linted nor
-// seen by the test.
-type recorder struct {
-	*prometheus.Registry
-	collectors []prometheus.Collector
-}
-
-func (r *recorder) Register(c prometheus.Collector) error {
-	r.collectors = append(r.collectors, c)
-	return r.Registry.Register(c)
-}
-
-func (r *recorder) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
-// touch gives every vector registered so far one child. The number of labels is found by trying:
-// a vector refuses label values of the wrong count.
-func (r *recorder) touch(t *testing.T) {
-	t.Helper()
-	for _, c := range r.collectors {
-		var get func(...string) error
-		switch v := c.(type) {
-		case *prometheus.CounterVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		case *prometheus.GaugeVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		case *prometheus.HistogramVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		case *prometheus.SummaryVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		default:
-			continue // a plain metric is always exposed
-		}
-		touched := false
-		for n := 0; n <= 10 && !touched; n++ {
-			vals := make([]string, n)
-			for i := range vals {
-				vals[i] = "x"
-			}
-			touched = get(vals...) == nil
-		}
-		if !touched {
-			t.Fatalf("could not give the vector %T a child with up to 10 label values", c)
-		}
-	}
-}
-
 // exposed builds instruments on a fresh registry with build, touches every vector and returns
 // what the registry exposes.
 func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.MetricFamily {
 	t.Helper()
-	r := &recorder{Registry: prometheus.NewRegistry()}
+	r := metricstest.NewRecorder()
 	if err := build(r); err != nil {
 		t.Fatal(err)
 	}
-	r.touch(t)
+	r.Touch(t)
 	mfs, err := r.Gather()
 	if err != nil {
 		t.Fatal(err)

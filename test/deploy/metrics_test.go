@@ -16,6 +16,7 @@ import (
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/metricstest"
 )
 
 // metricName matches the volume-healer series a PromQL expression selects.
@@ -36,11 +37,11 @@ func seriesNames(t *testing.T) map[string]string {
 		},
 		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
 	} {
-		r := &recorder{Registry: prometheus.NewRegistry()}
+		r := metricstest.NewRecorder()
 		if err := build(r); err != nil {
 			t.Fatal(err)
 		}
-		r.touch(t)
+		r.Touch(t)
 		mfs, err := r.Gather()
 		if err != nil {
 			t.Fatal(err)
@@ -132,53 +133,4 @@ func unknownMetrics(t *testing.T, exprs []string) []string {
 	}
 	sort.Strings(unknown)
 	return unknown
-}
-
-// recorder registers with a registry and remembers the collectors, so that every vector can be
-// given a child: vectors without children are not exposed.
-type recorder struct {
-	*prometheus.Registry
-	collectors []prometheus.Collector
-}
-
-func (r *recorder) Register(c prometheus.Collector) error {
-	r.collectors = append(r.collectors, c)
-	return r.Registry.Register(c)
-}
-
-func (r *recorder) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
-// touch gives every vector one child, finding its number of labels by trying.
-func (r *recorder) touch(t *testing.T) {
-	t.Helper()
-	for _, c := range r.collectors {
-		var get func(...string) error
-		switch v := c.(type) {
-		case *prometheus.CounterVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		case *prometheus.GaugeVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		case *prometheus.HistogramVec:
-			get = func(vals ...string) error { _, err := v.GetMetricWithLabelValues(vals...); return err }
-		default:
-			continue
-		}
-		ok := false
-		for n := 0; n <= 10 && !ok; n++ {
-			vals := make([]string, n)
-			for i := range vals {
-				vals[i] = "x"
-			}
-			ok = get(vals...) == nil
-		}
-		if !ok {
-			t.Fatalf("could not give the vector %T a child", c)
-		}
-	}
 }
