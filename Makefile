@@ -7,7 +7,8 @@ GO         ?= go
 BIN        := bin
 # The control plane's binaries (kube-apiserver, etcd): built or installed once, cached under .cache/.
 ASSETS      = $(shell hack/control-plane.sh)
-TEST_FLAGS ?= -race -timeout 40m
+# -count=1: several suites build and run the binaries as processes, which the test cache cannot see.
+TEST_FLAGS ?= -race -count=1 -timeout 40m
 PKGS       ?= ./...
 
 .PHONY: help

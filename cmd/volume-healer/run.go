@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -177,7 +178,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	reg.MustRegister(sweeper)
-	sweeps := &sweepRunner{sweeper: sweeper}
+	sweeps := &sweepRunner{sweeper: sweeper, ready: func(ctx context.Context) error {
+		// A sweep planned from caches still filling would find no volumes and, for a restart,
+		// record the marker as handled: the restart would be lost. The policy ConfigMaps must be
+		// read too, or the first sweeps would run on the built-in policy.
+		return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return storageSynced(factory) == nil && policySource.HasSynced(), nil
+		})
+	}}
 
 	restarts, err := scheduler.NewRestarts(scheduler.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
@@ -206,19 +214,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
-		// A closed channel makes the wait a look: ready now or not.
-		now := make(chan struct{})
-		close(now)
-		synced := factory.WaitForCacheSync(now)
-		if len(synced) == 0 {
-			return errors.New("storage informers not started")
-		}
-		for typ, ok := range synced {
-			if !ok {
-				return fmt.Errorf("%v informer not synced", typ)
-			}
-		}
-		return nil
+		return storageSynced(factory)
 	}); err != nil {
 		return err
 	}
@@ -351,13 +347,15 @@ func setClass(ctx context.Context, t triggers, obj any) {
 // calls on one volume.
 type sweepRunner struct {
 	sweeper *healer.Sweeper
+	// ready blocks until sweeps can be planned correctly.
+	ready   func(context.Context) error
 	mu      sync.Mutex
 	ctx     context.Context
 	pending []scheduler.Sweep
 	wg      sync.WaitGroup
 }
 
-// submit starts sw, or keeps it until Start when the runner has not started yet.
+// submit starts sw, or keeps it until Start is ready when the runner has not started yet.
 func (r *sweepRunner) submit(sw scheduler.Sweep) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -377,6 +375,13 @@ func (r *sweepRunner) submit(sw scheduler.Sweep) {
 
 // Start runs sweeps until ctx ends, then waits for the running ones to stop.
 func (r *sweepRunner) Start(ctx context.Context) error {
+	if err := r.ready(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	klog.FromContext(ctx).Info("Caches synced and policy loaded: sweeps start")
 	r.mu.Lock()
 	r.ctx = ctx
 	pending := r.pending
@@ -387,6 +392,23 @@ func (r *sweepRunner) Start(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	r.wg.Wait()
+	return nil
+}
+
+// storageSynced reports whether the storage informers have started and filled their caches.
+func storageSynced(factory informers.SharedInformerFactory) error {
+	// A closed channel makes the wait a look: synced now or not.
+	now := make(chan struct{})
+	close(now)
+	synced := factory.WaitForCacheSync(now)
+	if len(synced) == 0 {
+		return errors.New("storage informers not started")
+	}
+	for typ, ok := range synced {
+		if !ok {
+			return fmt.Errorf("%v informer not synced", typ)
+		}
+	}
 	return nil
 }
 
