@@ -15,7 +15,10 @@ import (
 // status annotation) and in its metrics.
 func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 	const (
-		hang        = 700 * time.Millisecond
+		// Far longer than the heal timeout: the controller's deadline must reach the driver (two gRPC
+		// hops) before the hang ends, or the driver finishes the heal; on a loaded machine 200ms of
+		// margin was seen to be too little.
+		hang        = 3 * time.Second
 		healTimeout = 500 * time.Millisecond
 		backoffBase = 200 * time.Millisecond
 		// Arrival times at the driver may differ from the controller's by scheduling noise.
