@@ -1,0 +1,160 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// cacheHeap is the live heap of the controller's storage informers, built in this process the
+// way cmd/volume-healer builds them (same informers, same indexes, same transform), measured
+// after a garbage collection: what the caches keep, without the garbage of filling them.
+type cacheHeap struct {
+	Name           string   `json:"name"`
+	Volumes        int      `json:"volumes"`
+	LiveBytes      int64    `json:"liveBytes"`
+	BytesPerVolume float64  `json:"bytesPerVolume"`
+	ProfileTop     []string `json:"profileTop,omitempty"`
+}
+
+// stripManagedFields is the controller's transform (cmd/volume-healer/run.go).
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// keepReadFields keeps only what the planner, the policy input, the triggers and Events read:
+// a measure of what a stricter transform would save. It is not the controller's.
+func keepReadFields(obj any) (any, error) {
+	meta := func(m metav1.ObjectMeta, annotations bool) metav1.ObjectMeta {
+		out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+			DeletionTimestamp: m.DeletionTimestamp, Labels: m.Labels}
+		if annotations {
+			out.Annotations = m.Annotations
+		}
+		return out
+	}
+	switch o := obj.(type) {
+	case *corev1.PersistentVolume:
+		return &corev1.PersistentVolume{
+			ObjectMeta: meta(o.ObjectMeta, false),
+			Spec: corev1.PersistentVolumeSpec{
+				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: o.Spec.CSI},
+				AccessModes:            o.Spec.AccessModes, ClaimRef: o.Spec.ClaimRef,
+				StorageClassName: o.Spec.StorageClassName, MountOptions: o.Spec.MountOptions, VolumeMode: o.Spec.VolumeMode,
+			},
+			Status: corev1.PersistentVolumeStatus{Phase: o.Status.Phase},
+		}, nil
+	case *corev1.PersistentVolumeClaim:
+		return &corev1.PersistentVolumeClaim{ObjectMeta: meta(o.ObjectMeta, true),
+			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: o.Spec.VolumeName, StorageClassName: o.Spec.StorageClassName}}, nil
+	case *storagev1.VolumeAttachment:
+		return &storagev1.VolumeAttachment{ObjectMeta: meta(o.ObjectMeta, false), Spec: o.Spec,
+			Status: storagev1.VolumeAttachmentStatus{Attached: o.Status.Attached, DetachError: o.Status.DetachError}}, nil
+	case *corev1.Node:
+		return &corev1.Node{ObjectMeta: meta(o.ObjectMeta, false)}, nil
+	}
+	return stripManagedFields(obj)
+}
+
+// measureCacheHeap fills the controller's storage informers in this process with transform and
+// returns their live heap. With profile set it writes a heap profile there and keeps its top.
+// With sidecarView set it fills only what one healer sidecar caches instead: every
+// PersistentVolume in the cluster, indexed by driver and volume handle.
+func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform toolscache.TransformFunc, volumes int, profile string, sidecarView bool) (cacheHeap, error) {
+	out := cacheHeap{Name: name, Volumes: volumes}
+	kube, err := kubernetes.NewForConfig(c.restConfig(newRequestStats(), nil, nil))
+	if err != nil {
+		return out, err
+	}
+	runtime.GC()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(transform))
+	if sidecarView {
+		err := factory.Core().V1().PersistentVolumes().Informer().AddIndexers(toolscache.Indexers{"csiDriverVolumeHandle": func(obj any) ([]string, error) {
+			pv, ok := obj.(*corev1.PersistentVolume)
+			if !ok || pv.Spec.CSI == nil {
+				return nil, nil
+			}
+			return []string{pv.Spec.CSI.Driver + "\x00" + pv.Spec.CSI.VolumeHandle}, nil
+		}})
+		if err != nil {
+			return out, err
+		}
+		return c.fillAndMeasure(ctx, factory, &before, out, profile)
+	}
+	pvs := factory.Core().V1().PersistentVolumes().Informer()
+	vas := factory.Storage().V1().VolumeAttachments().Informer()
+	pvcs := factory.Core().V1().PersistentVolumeClaims().Informer()
+	for _, add := range []struct {
+		informer toolscache.SharedIndexInformer
+		indexers toolscache.Indexers
+	}{{pvs, scheduler.PVIndexers()}, {vas, scheduler.VAIndexers()}, {pvcs, scheduler.PVCIndexers()}} {
+		if err := add.informer.AddIndexers(add.indexers); err != nil {
+			return out, err
+		}
+	}
+	factory.Storage().V1().StorageClasses().Informer()
+	factory.Storage().V1().CSIDrivers().Informer()
+	factory.Core().V1().Nodes().Informer()
+	return c.fillAndMeasure(ctx, factory, &before, out, profile)
+}
+
+// fillAndMeasure starts the informers of factory, waits for them, and measures what they keep
+// beyond before.
+func (c *cluster) fillAndMeasure(ctx context.Context, factory informers.SharedInformerFactory, before *runtime.MemStats, out cacheHeap, profile string) (cacheHeap, error) {
+	var after runtime.MemStats
+	stop := make(chan struct{})
+	defer func() {
+		close(stop)
+		factory.Shutdown()
+	}()
+	factory.Start(stop)
+	syncCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for typ, ok := range factory.WaitForCacheSync(syncCtx.Done()) {
+		if !ok {
+			return out, fmt.Errorf("%v informer did not sync", typ)
+		}
+	}
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	out.LiveBytes = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	out.BytesPerVolume = float64(out.LiveBytes) / float64(out.Volumes)
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return out, err
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			_ = f.Close()
+			return out, err
+		}
+		if err := f.Close(); err != nil {
+			return out, err
+		}
+		if out.ProfileTop, err = pprofTop(profile, 15, "-sample_index=inuse_space"); err != nil {
+			return out, err
+		}
+	}
+	runtime.KeepAlive(factory)
+	return out, nil
+}

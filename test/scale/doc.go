@@ -1,0 +1,11 @@
+// Package scale is volume-healer's scale harness. Its test loads a real kube-apiserver with
+// PersistentVolumes, claims and VolumeAttachments over many simulated nodes (the reference driver
+// behind the real healer sidecar, many per process, on loopback), runs the controller as its own
+// process, and measures what docs/scale.md reports: API requests per restart sweep against the
+// list-everything approach, restart-to-first-probe latency, a rollout storm, controller memory,
+// the CPU time of a periodic sweep's planning and policy decisions, and policy decisions per
+// second. Results are written as JSON (schema in docs/scale.md).
+//
+// The default run is small (a few hundred volumes) and checks that every figure can be computed;
+// the full run is asked for with -args -full or SCALE_FULL=1 and writes bench/results.json.
+package scale

@@ -1,0 +1,1029 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// Layout sizes a run. ShortLayout and FullLayout are the two the test uses.
+type Layout struct {
+	// BigNodeVolumes are the volumes on the node that figures 1 and 2 restart.
+	BigNodeVolumes int `json:"bigNodeVolumes"`
+	// VolumesPerNode are the volumes on every other node.
+	VolumesPerNode int `json:"volumesPerNode"`
+	// GrowNodes are the nodes added after the first phase (the cluster of figure 1's second
+	// size) and StormNodes those added after it, before the storm.
+	GrowNodes  int `json:"growNodes"`
+	StormNodes int `json:"stormNodes"`
+	// Restarts is how often figure 2 restarts the big node; figure 1 at the first size averages
+	// the same restarts. GrownRestarts is how often figure 1 restarts it at the second size.
+	Restarts      int `json:"restarts"`
+	GrownRestarts int `json:"grownRestarts"`
+	// Debounce is the controller's restart debounce for figures 1 and 2.
+	Debounce time.Duration `json:"debounce"`
+	// StormDebounce is the debounce during the storm: the default, as shipped.
+	StormDebounce time.Duration `json:"stormDebounce"`
+	// Global, PerDriver and PerNode are the controller's budgets.
+	Global    int `json:"budgetGlobal"`
+	PerDriver int `json:"budgetPerDriver"`
+	PerNode   int `json:"budgetPerNode"`
+	// CallDelay is what each driver call takes during the storm.
+	CallDelay time.Duration `json:"callDelay"`
+	// MemoryVolumes, when above the storm's volumes, adds volumes on nodes without a plugin
+	// after the storm, for one more point of figure 4.
+	MemoryVolumes int `json:"memoryVolumes"`
+	// SweepCPUVolumes are the volumes of figure 5's in-process sweep.
+	SweepCPUVolumes int `json:"sweepCpuVolumes"`
+	// Workers create objects concurrently.
+	Workers int `json:"workers"`
+	// Settle is how long the controller idles before its memory is read.
+	Settle time.Duration `json:"settle"`
+	// Profile takes CPU profiles of the harness (storm, sweep) and runs the policy and
+	// scheduler packages' benchmarks.
+	Profile bool `json:"profile"`
+	// ControllerProfile is how long the controller's CPU is profiled from the start of the storm.
+	ControllerProfile time.Duration `json:"controllerProfile"`
+}
+
+// ShortLayout is the run of the normal test command: 200 volumes over 5 nodes, every figure
+// computed, in about a minute.
+func ShortLayout() Layout {
+	return Layout{
+		BigNodeVolumes: 40, VolumesPerNode: 40, GrowNodes: 2, StormNodes: 2,
+		Restarts: 5, GrownRestarts: 2,
+		Debounce: 0, StormDebounce: 2 * time.Second,
+		Global: 8, PerDriver: 8, PerNode: 4,
+		CallDelay:         20 * time.Millisecond,
+		MemoryVolumes:     240,
+		SweepCPUVolumes:   2000,
+		Workers:           16,
+		Settle:            time.Second,
+		ControllerProfile: 2 * time.Second,
+	}
+}
+
+// FullLayout is the run that make bench asks for: 21,000 volumes over 201 nodes.
+func FullLayout() Layout {
+	return Layout{
+		BigNodeVolumes: 1000, VolumesPerNode: 100, GrowNodes: 90, StormNodes: 110,
+		Restarts: 40, GrownRestarts: 5,
+		Debounce: 0, StormDebounce: 2 * time.Second,
+		Global: 64, PerDriver: 64, PerNode: 4,
+		CallDelay:         50 * time.Millisecond,
+		MemoryVolumes:     40000,
+		SweepCPUVolumes:   100000,
+		Workers:           48,
+		Settle:            5 * time.Second,
+		Profile:           true,
+		ControllerProfile: 30 * time.Second,
+	}
+}
+
+// harness runs the measurements against one control plane.
+type harness struct {
+	layout  Layout
+	dir     string
+	bin     string
+	logf    func(format string, args ...any)
+	c       *cluster
+	calls   *callStats
+	log     klog.Logger
+	big     *nodePlugin
+	plugins []*nodePlugin
+	ctrl    *controllerProcess
+	res     *Results
+	// clusterVolumes and clusterNodes count every volume and node in the cluster, those of nodes
+	// without a plugin included.
+	clusterVolumes, clusterNodes int
+}
+
+// volumes counts the volumes of the simulated node plugins.
+func (h *harness) volumes() int {
+	n := 0
+	for _, p := range h.plugins {
+		n += len(p.vols)
+	}
+	return n
+}
+
+func (h *harness) settings(debounce time.Duration) controllerSettings {
+	return controllerSettings{debounce: debounce, global: h.layout.Global, perDriver: h.layout.PerDriver, perNode: h.layout.PerNode}
+}
+
+// Run measures every figure with layout l, keeping its files in dir, and returns the results.
+// logf reports progress.
+func Run(ctx context.Context, l Layout, dir string, logf func(format string, args ...any)) (*Results, error) {
+	start := time.Now()
+	res := &Results{Schema: resultsSchema, Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU())}
+	res.Mode = "short"
+	if l.Profile {
+		res.Mode = "full"
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		res.LoadAverage = strings.TrimSpace(string(b))
+	}
+	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	h := &harness{layout: l, dir: dir, bin: filepath.Join(dir, "volume-healer"), logf: logf, calls: &callStats{}, res: res,
+		log: textLogger(logFile)}
+
+	// Building the controller and starting the control plane take about as long: overlap them.
+	built := make(chan error, 1)
+	go func() { built <- buildController(h.bin, true) }()
+	c, err := startCluster(ctx, dir)
+	if berr := <-built; berr != nil {
+		if c != nil {
+			_ = c.stop()
+		}
+		return nil, berr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	h.c = c
+	err = h.measureCluster(ctx)
+	h.stopAll()
+	if serr := c.stop(); serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return res, err
+	}
+	// Figures 5 and 6 run with the control plane gone, so that it does not take their CPU.
+	if err := h.measureSweepCPU(ctx); err != nil {
+		return res, err
+	}
+	if err := h.measureDecisions(ctx); err != nil {
+		return res, err
+	}
+	if l.Profile && res.Storm != nil {
+		lines, err := goBenchmarks("./scheduler", "^BenchmarkDispatchStorm$")
+		if err != nil {
+			res.Notes = append(res.Notes, "dispatcher benchmark not run: "+err.Error())
+		}
+		res.Storm.DispatcherBenchmark = lines
+	}
+	res.WallSeconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+func (h *harness) stopAll() {
+	if h.ctrl != nil {
+		h.ctrl.stop()
+		h.ctrl = nil
+	}
+	_ = forEachPlugin(h.plugins, 32, func(p *nodePlugin) error { p.stop(); return nil })
+}
+
+func (h *harness) measureCluster(ctx context.Context) error {
+	l := h.layout
+	// Phase 1: the big node alone.
+	if err := h.addNodes(ctx, "first", []string{"node-big"}, l.BigNodeVolumes); err != nil {
+		return err
+	}
+	h.big = h.plugins[0]
+	if err := h.restartController(ctx, "controller-1", l.Debounce); err != nil {
+		return err
+	}
+	if err := h.waitHandled(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	h.res.ControllerStart = &controllerStart{NodeVolumes: len(h.big.vols), Probed: h.big.calls.snapshot().probed}
+	h.logf("controller start: the pending restart of %s was recorded handled after %d of its %d volumes were probed",
+		h.big.name, h.res.ControllerStart.Probed, len(h.big.vols))
+	if err := h.measureRestarts(ctx, l.Restarts, true); err != nil {
+		return err
+	}
+	if err := h.measureMemory(ctx, "controller-2", l.Debounce); err != nil {
+		return err
+	}
+
+	// Phase 2: grown to the second size of figure 1.
+	if err := h.addNodes(ctx, "grow", nodeNames(1, l.GrowNodes), l.VolumesPerNode); err != nil {
+		return err
+	}
+	if err := h.waitHandled(ctx, 10*time.Minute); err != nil {
+		return err
+	}
+	if err := h.measureMemory(ctx, "controller-3", l.Debounce); err != nil {
+		return err
+	}
+	if err := h.measureRestarts(ctx, l.GrownRestarts, false); err != nil {
+		return err
+	}
+
+	// Phase 3: every node, then the storm.
+	if err := h.addNodes(ctx, "storm", nodeNames(1+l.GrowNodes, l.StormNodes), l.VolumesPerNode); err != nil {
+		return err
+	}
+	if err := h.waitHandled(ctx, 10*time.Minute); err != nil {
+		return err
+	}
+	if err := h.measureMemory(ctx, "controller-4", l.StormDebounce); err != nil {
+		return err
+	}
+	if err := h.measureStorm(ctx); err != nil {
+		return err
+	}
+
+	// Phase 4: the node plugins stop; volumes on nodes without one are added for one more
+	// memory point, and the controller's caches are rebuilt in this process to see what they
+	// hold.
+	_ = forEachPlugin(h.plugins, 32, func(p *nodePlugin) error { p.stop(); return nil })
+	if extra := l.MemoryVolumes - h.clusterVolumes; extra > 0 {
+		if err := h.addVolumesOnly(ctx, extra); err != nil {
+			return err
+		}
+		if err := h.measureMemory(ctx, "controller-5", l.StormDebounce); err != nil {
+			return err
+		}
+	}
+	h.fitMemory()
+	h.ctrl.stop()
+	h.ctrl = nil
+	for _, t := range []struct {
+		name      string
+		transform func(any) (any, error)
+		sidecar   bool
+	}{
+		{"controller, managed fields stripped (as shipped)", stripManagedFields, false},
+		{"controller, only the fields it reads (a stricter transform)", keepReadFields, false},
+		{"one sidecar, every PersistentVolume of the cluster (as shipped)", stripManagedFields, true},
+	} {
+		profile := ""
+		if l.Profile {
+			profile = filepath.Join(h.dir, fmt.Sprintf("cache-heap-%d.pprof", len(h.res.Memory.Caches)))
+		}
+		ch, err := h.c.measureCacheHeap(ctx, t.name, t.transform, h.clusterVolumes, profile, t.sidecar)
+		if err != nil {
+			return err
+		}
+		h.res.Memory.Caches = append(h.res.Memory.Caches, ch)
+		h.logf("figure 4: informer caches of %d volumes in this process, %s: %.1f MiB live, %.0f bytes per volume",
+			ch.Volumes, ch.Name, float64(ch.LiveBytes)/(1<<20), ch.BytesPerVolume)
+	}
+	return nil
+}
+
+// addVolumesOnly creates n volumes on nodes that run no node plugin, 100 to a node.
+func (h *harness) addVolumesOnly(ctx context.Context, n int) error {
+	start := time.Now()
+	var names []string
+	var vols []volume
+	for i := 0; len(vols) < n; i++ {
+		name := fmt.Sprintf("node-idle-%03d", i)
+		names = append(names, name)
+		vols = append(vols, h.c.newVolumes(name, min(100, n-len(vols)))...)
+	}
+	if err := h.c.createNodes(ctx, names); err != nil {
+		return err
+	}
+	h.logf("memory: creating %d nodes without a node plugin, with %d volumes (%d in the cluster after)", len(names), len(vols), h.clusterVolumes+len(vols))
+	if err := h.c.createVolumes(ctx, vols, h.layout.Workers, func(done int) {
+		if done%5000 == 0 {
+			h.logf("  %d of %d volumes created, %s", done, len(vols), time.Since(start).Round(time.Second))
+		}
+	}); err != nil {
+		return err
+	}
+	h.clusterVolumes += len(vols)
+	h.clusterNodes += len(names)
+	took := time.Since(start)
+	h.res.Setup = append(h.res.Setup, setupStep{Phase: "memory", Nodes: len(names), Volumes: len(vols), Seconds: took.Seconds(), VolumesPerSec: float64(len(vols)) / took.Seconds()})
+	return nil
+}
+
+func nodeNames(first, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("node-%03d", first+i)
+	}
+	return out
+}
+
+// addNodes creates Node objects and perNode volumes on each, then starts their node plugins.
+func (h *harness) addNodes(ctx context.Context, phase string, names []string, perNode int) error {
+	if len(names) == 0 {
+		return nil
+	}
+	start := time.Now()
+	if err := h.c.createNodes(ctx, names); err != nil {
+		return err
+	}
+	var vols []volume
+	var added []*nodePlugin
+	for _, name := range names {
+		v := h.c.newVolumes(name, perNode)
+		p, err := newNodePlugin(h.c, name, v, h.calls, h.log)
+		if err != nil {
+			return err
+		}
+		vols = append(vols, v...)
+		added = append(added, p)
+	}
+	total := h.clusterVolumes + len(vols)
+	h.logf("%s: creating %d nodes with %d volumes (%d PVs, PVCs and VolumeAttachments each; %d in the cluster after)", phase, len(names), len(vols), len(vols), total)
+	if err := h.c.createVolumes(ctx, vols, h.layout.Workers, func(n int) {
+		if n%5000 == 0 {
+			h.logf("  %d of %d volumes created, %s", n, len(vols), time.Since(start).Round(time.Second))
+		}
+	}); err != nil {
+		return err
+	}
+	created := time.Since(start)
+	pluginsStart := time.Now()
+	h.plugins = append(h.plugins, added...)
+	h.clusterVolumes += len(vols)
+	h.clusterNodes += len(names)
+	if err := forEachPlugin(added, 16, func(p *nodePlugin) error { return p.start(ctx) }); err != nil {
+		return err
+	}
+	step := setupStep{Phase: phase, Nodes: len(names), Volumes: len(vols), Seconds: created.Seconds(),
+		VolumesPerSec: float64(len(vols)) / created.Seconds(), PluginsSeconds: time.Since(pluginsStart).Seconds()}
+	h.res.Setup = append(h.res.Setup, step)
+	h.logf("%s: %d volumes in %s (%.0f/s), %d node plugins started in %s", phase, len(vols), created.Round(time.Millisecond),
+		step.VolumesPerSec, len(added), time.Since(pluginsStart).Round(time.Millisecond))
+	return nil
+}
+
+func forEachPlugin(ps []*nodePlugin, workers int, f func(*nodePlugin) error) error {
+	return forEach(context.Background(), len(ps), workers, func(_ context.Context, i int) error { return f(ps[i]) })
+}
+
+// restartController stops the running controller, if any, and starts a fresh one.
+func (h *harness) restartController(ctx context.Context, name string, debounce time.Duration) error {
+	if h.ctrl != nil {
+		h.ctrl.stop()
+		h.ctrl = nil
+	}
+	p, err := startController(ctx, h.c, h.bin, name, h.settings(debounce))
+	if err != nil {
+		return err
+	}
+	h.ctrl = p
+	return nil
+}
+
+// waitHandled waits until every CSIAddonsNode's restart marker has been swept.
+func (h *harness) waitHandled(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var list csiaddonsv1alpha1.CSIAddonsNodeList
+		if err := h.c.crc.List(ctx, &list); err != nil {
+			return err
+		}
+		pending := 0
+		for i := range list.Items {
+			n := &list.Items[i]
+			if n.Annotations[scheduler.HandledMarkerAnnotation] != scheduler.RestartMarker(n) {
+				pending++
+			}
+		}
+		if pending == 0 && len(list.Items) == len(h.plugins) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d restart markers not swept within %s (controller log %s)", pending, len(list.Items), timeout, h.ctrl.logPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// handledPatches is how many handled markers the controller has written.
+func (h *harness) handledPatches() int64 {
+	return h.ctrl.stats.snapshot().Counts[requestKey{Verb: "PATCH", Resource: "csiaddonsnodes"}]
+}
+
+// measureRestarts restarts the big node's plugin n times, one after the other, each time waiting
+// for its sweep to end, and records figure 1 (requests per sweep, ours and the peer's) and, when
+// latency is set, figure 2.
+func (h *harness) measureRestarts(ctx context.Context, n int, withLatency bool) error {
+	rc := h.c.kube.CoreV1().RESTClient()
+	var (
+		ctrlSum, sidecarSum, apiSum requestSnapshot
+		ctrlMin, ctrlMax, lgMax     int64 = -1, 0, 0
+		lat, allProbed              []float64
+		sweepTotal                  time.Duration
+	)
+	for i := range n {
+		a0, err := apiserverCounts(ctx, rc)
+		if err != nil {
+			return err
+		}
+		p0, s0 := h.ctrl.stats.snapshot(), h.big.stats.snapshot()
+		handled := h.handledPatches()
+		h.big.calls.reset()
+		h.calls.reset()
+		if err := h.big.restart(ctx); err != nil {
+			return err
+		}
+		marker := h.big.markerAccepted()
+		var sweepEnd time.Time
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			if sweepEnd.IsZero() && h.handledPatches() > handled {
+				sweepEnd = time.Now()
+			}
+			if !sweepEnd.IsZero() && h.big.calls.snapshot().probed == len(h.big.vols) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("restart %d of %s: sweep not finished within 3m: %d of %d volumes probed (controller log %s)",
+					i+1, h.big.name, h.big.calls.snapshot().probed, len(h.big.vols), h.ctrl.logPath)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		// Events are posted asynchronously, just before the handled marker: let them land.
+		time.Sleep(300 * time.Millisecond)
+		snap := h.big.calls.snapshot()
+		a1, err := apiserverCounts(ctx, rc)
+		if err != nil {
+			return err
+		}
+		ctrl := h.ctrl.stats.snapshot().since(p0)
+		ctrlSum = ctrlSum.plus(ctrl)
+		sidecarSum = sidecarSum.plus(h.big.stats.snapshot().since(s0))
+		apiSum = apiSum.plus(a1.since(a0))
+		total, lg := ctrl.total(), ctrl.total("LIST", "GET")
+		if ctrlMin < 0 || total < ctrlMin {
+			ctrlMin = total
+		}
+		ctrlMax, lgMax = max(ctrlMax, total), max(lgMax, lg)
+		sweepTotal += sweepEnd.Sub(marker)
+		lat = append(lat, ms(snap.firstProbe.Sub(marker)))
+		allProbed = append(allProbed, ms(time.Unix(0, h.calls.lastEnd.Load()).Sub(marker)))
+		h.logf("restart %d/%d of %s (%d volumes): first probe %.1fms after the marker, all probed %.0fms, sweep %s; controller: %s",
+			i+1, n, h.big.name, len(h.big.vols), lat[len(lat)-1], allProbed[len(allProbed)-1], sweepEnd.Sub(marker).Round(time.Millisecond), ctrl.describe())
+	}
+	fig := apiRequests{
+		ClusterVolumes: h.volumes(), NodeVolumes: len(h.big.vols), Sweeps: n,
+		Controller: figureOf(ctrlSum, n), ControllerListGetMax: lgMax, ControllerRequestsMin: ctrlMin, ControllerRequestsMax: ctrlMax,
+		Sidecar: figureOf(sidecarSum, n), APIServer: figureOf(apiSum, n), SweepSeconds: sweepTotal.Seconds() / float64(n),
+	}
+
+	// The peer: one LIST of every VolumeAttachment, then a GET of each PV, VolumeAttachment and
+	// Secret of the node's volumes.
+	peerStats := newRequestStats()
+	a0, err := apiserverCounts(ctx, rc)
+	if err != nil {
+		return err
+	}
+	found, took, err := h.c.listEverything(ctx, peerStats, h.big.name)
+	if err != nil {
+		return fmt.Errorf("list-everything approach: %w", err)
+	}
+	a1, err := apiserverCounts(ctx, rc)
+	if err != nil {
+		return err
+	}
+	ps := peerStats.snapshot()
+	fig.Peer = peer{Volumes: found, Client: figureOf(ps, 1), APIServer: figureOf(a1.since(a0), 1), Seconds: took.Seconds(),
+		SecondsAtDefaultRateLimit: defaultRateLimitSeconds(ps.total())}
+	h.logf("figure 1 at %d volumes: controller %.1f requests per sweep (%.1f LIST/GET), peer %d requests (%s) in %s",
+		fig.ClusterVolumes, fig.Controller.Requests, fig.Controller.ListGet, ps.total(), ps.describe(), took.Round(time.Millisecond))
+	h.res.APIRequests = append(h.res.APIRequests, fig)
+
+	if withLatency {
+		h.res.Latency = &latency{
+			NodeVolumes: len(h.big.vols), ClusterVolumes: h.volumes(), Restarts: n, DebounceSeconds: h.layout.Debounce.Seconds(),
+			P50Ms: percentile(lat, 50), P99Ms: percentile(lat, 99), MinMs: percentile(lat, 0), MaxMs: percentile(lat, 100),
+			SamplesMs: lat, AllProbedP50Ms: percentile(allProbed, 50), AllProbedP99Ms: percentile(allProbed, 99),
+		}
+	}
+	return nil
+}
+
+// measureMemory starts a fresh controller, lets its caches fill and settle, and reads its memory.
+func (h *harness) measureMemory(ctx context.Context, name string, debounce time.Duration) error {
+	start := time.Now()
+	if err := h.restartController(ctx, name, debounce); err != nil {
+		return err
+	}
+	ready := time.Since(start)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(h.layout.Settle):
+	}
+	rss, heap, err := h.ctrl.memory(ctx, 3)
+	if err != nil {
+		return err
+	}
+	if h.res.Memory == nil {
+		h.res.Memory = &memory{}
+	}
+	h.res.Memory.Points = append(h.res.Memory.Points, memoryPoint{Volumes: h.clusterVolumes, Nodes: h.clusterNodes, RSSBytes: rss, HeapInuseBytes: heap, ReadySeconds: ready.Seconds()})
+	h.logf("figure 4: controller with %d volumes cached: RSS %.1f MiB, heap in use %.1f MiB (ready in %s; startup requests: %s)",
+		h.clusterVolumes, float64(rss)/(1<<20), float64(heap)/(1<<20), ready.Round(time.Millisecond), h.ctrl.stats.snapshot().describe())
+	return nil
+}
+
+// fitMemory fits a line through the measured points and adds the extrapolation to 100,000
+// volumes.
+func (h *harness) fitMemory() {
+	m := h.res.Memory
+	var x, rss, heap []float64
+	for _, p := range m.Points {
+		x = append(x, float64(p.Volumes))
+		rss = append(rss, float64(p.RSSBytes))
+		heap = append(heap, float64(p.HeapInuseBytes))
+	}
+	m.RSSBytesPerVolume, m.RSSInterceptBytes = fitLine(x, rss)
+	m.HeapBytesPerVolume, m.HeapInterceptBytes = fitLine(x, heap)
+	for _, n := range []int{10000, 100000} {
+		measured := false
+		for _, p := range m.Points {
+			measured = measured || p.Volumes == n
+		}
+		if !measured {
+			m.Points = append(m.Points, memoryPoint{Volumes: n, Extrapolated: true,
+				RSSBytes:       int64(m.RSSInterceptBytes + m.RSSBytesPerVolume*float64(n)),
+				HeapInuseBytes: int64(m.HeapInterceptBytes + m.HeapBytesPerVolume*float64(n))})
+		}
+	}
+}
+
+// measureStorm restarts every node plugin at once and watches the controller work off the
+// restart sweeps under its budgets.
+func (h *harness) measureStorm(ctx context.Context) error {
+	l := h.layout
+	h.calls.delay.Store(int64(l.CallDelay))
+	defer h.calls.delay.Store(0)
+	for _, p := range h.plugins {
+		p.calls.reset()
+	}
+	h.calls.reset()
+	m0, err := controllerMetrics(ctx, h.ctrl.metricsAddr)
+	if err != nil {
+		return err
+	}
+	c0, s0 := h.ctrl.stats.snapshot(), h.handledPatches()
+	ctrlCPU0, err := processCPU(h.ctrl.pid())
+	if err != nil {
+		return err
+	}
+	selfCPU0, err := cpuTime()
+	if err != nil {
+		return err
+	}
+	var profile string
+	if l.Profile {
+		profile = filepath.Join(h.dir, "storm-harness.pprof")
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		defer f.Close()
+	}
+	sampler := startSampler(h.calls, 5*time.Millisecond)
+	dispatch := startDispatchPoller(ctx, h.ctrl.metricsAddr, 200*time.Millisecond)
+	var ctrlProfile string
+	ctrlProfiled := make(chan error, 1)
+	if l.ControllerProfile > 0 {
+		ctrlProfile = filepath.Join(h.dir, "storm-controller.pprof")
+		go func() { ctrlProfiled <- h.ctrl.cpuProfile(ctx, l.ControllerProfile, ctrlProfile) }()
+	}
+
+	h.logf("storm: restarting %d node plugins (%d volumes), call delay %s, budgets %d/%d/%d, debounce %s",
+		len(h.plugins), h.volumes(), l.CallDelay, l.Global, l.PerDriver, l.PerNode, l.StormDebounce)
+	restartTimes := make([]float64, len(h.plugins))
+	// The plugins run on with ctx, not with forEach's context, which ends when forEach returns.
+	if err := forEach(ctx, len(h.plugins), 64, func(_ context.Context, i int) error {
+		start := time.Now()
+		err := h.plugins[i].restart(ctx)
+		restartTimes[i] = time.Since(start).Seconds()
+		return err
+	}); err != nil {
+		sampler.stop()
+		dispatch.stop()
+		return err
+	}
+	var firstMarker, lastMarker time.Time
+	for _, p := range h.plugins {
+		t := p.markerAccepted()
+		if firstMarker.IsZero() || t.Before(firstMarker) {
+			firstMarker = t
+		}
+		lastMarker = later(lastMarker, t)
+	}
+	deadline := time.Now().Add(15 * time.Minute)
+	var allProbed, allHandled time.Time
+	for allProbed.IsZero() || allHandled.IsZero() {
+		if allHandled.IsZero() && h.handledPatches()-s0 >= int64(len(h.plugins)) {
+			allHandled = time.Now()
+		}
+		if allProbed.IsZero() {
+			done := true
+			for _, p := range h.plugins {
+				if p.calls.snapshot().probed < len(p.vols) {
+					done = false
+					break
+				}
+			}
+			if done {
+				allProbed = time.Now()
+			}
+		}
+		if time.Now().After(deadline) {
+			sampler.stop()
+			dispatch.stop()
+			return fmt.Errorf("storm not worked off within 15m (probed: %t, handled: %t; controller log %s)", !allProbed.IsZero(), !allHandled.IsZero(), h.ctrl.logPath)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	samples := sampler.stop()
+	polled := dispatch.stop()
+	if l.Profile {
+		pprof.StopCPUProfile()
+	}
+	ctrlCPU1, err := processCPU(h.ctrl.pid())
+	if err != nil {
+		return err
+	}
+	selfCPU1, err := cpuTime()
+	if err != nil {
+		return err
+	}
+	m1, err := controllerMetrics(ctx, h.ctrl.metricsAddr)
+	if err != nil {
+		return err
+	}
+
+	g := h.calls
+	firstProbe, lastEnd := time.Unix(0, g.firstStart.Load()), time.Unix(0, g.lastEnd.Load())
+	s := &storm{
+		Nodes: len(h.plugins), Volumes: h.volumes(), Global: l.Global, PerDriver: l.PerDriver, PerNode: l.PerNode,
+		DebounceSeconds: l.StormDebounce.Seconds(), CallDelayMs: ms(l.CallDelay),
+		Probes: g.probes.Load(), Heals: g.heals.Load(),
+		MaxInFlight:          g.maxInFlight.Load(),
+		RolloutSeconds:       lastMarker.Sub(firstMarker).Seconds(),
+		FirstProbeSeconds:    firstProbe.Sub(firstMarker).Seconds(),
+		FinishSeconds:        lastEnd.Sub(firstMarker).Seconds(),
+		DispatchSeconds:      lastEnd.Sub(firstProbe).Seconds(),
+		HandledSeconds:       allHandled.Sub(firstMarker).Seconds(),
+		ControllerCPUSeconds: (ctrlCPU1 - ctrlCPU0).Seconds(),
+		HarnessCPUSeconds:    (selfCPU1 - selfCPU0).Seconds(),
+		ControllerRequests:   figureOf(h.ctrl.stats.snapshot().since(c0), 1),
+	}
+	if calls := g.calls.Load(); calls > 0 {
+		s.MeanDriverCallMs = float64(g.callNanos.Load()) / float64(calls) / 1e6
+	}
+	cnt0, sum0 := histogramSums(m0, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
+	cnt1, sum1 := histogramSums(m1, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
+	if cnt1 > cnt0 {
+		s.MeanControllerCallMs = (sum1 - sum0) / float64(cnt1-cnt0) * 1000
+	}
+	s.IdealSeconds = float64(g.callNanos.Load()) / 1e9 / float64(l.Global)
+	if s.FinishSeconds > 0 {
+		s.Efficiency = s.IdealSeconds / s.FinishSeconds
+	}
+	if s.DispatchSeconds > 0 {
+		s.DispatchEfficiency = s.IdealSeconds / s.DispatchSeconds
+	}
+	var sum float64
+	var n int
+	for _, smp := range samples {
+		if !smp.at.Before(firstProbe) && !smp.at.After(lastEnd) {
+			sum += float64(smp.inFlight)
+			n++
+		}
+	}
+	if n > 0 {
+		s.MeanInFlight = sum / float64(n)
+		s.Utilization = s.MeanInFlight / float64(l.Global)
+	}
+	s.RestartP50Seconds, s.RestartMaxSeconds = percentile(restartTimes, 50), percentile(restartTimes, 100)
+	// The best any dispatcher could do with these budgets, given when each node's work arrived
+	// (its marker plus the debounce) and the drivers' mean call time.
+	var arrivals []nodeArrival
+	var lags []float64
+	for _, p := range h.plugins {
+		arrivals = append(arrivals, nodeArrival{ready: p.markerAccepted().Add(l.StormDebounce), tasks: len(p.vols)})
+		if at, end := h.ctrl.handledAt(sidecar.DefaultCSIAddonsNodeName(p.name, driverName)), p.calls.snapshot().lastEnd; !at.IsZero() && !end.IsZero() {
+			lags = append(lags, at.Sub(end).Seconds())
+		}
+	}
+	if s.MeanDriverCallMs > 0 {
+		call := time.Duration(s.MeanDriverCallMs * float64(time.Millisecond))
+		s.ArrivalIdealSeconds = idealFinish(arrivals, call, l.Global, l.PerNode, false).Sub(firstMarker).Seconds()
+		s.ArrivalTakingTurnsSeconds = idealFinish(arrivals, call, l.Global, l.PerNode, true).Sub(firstMarker).Seconds()
+		if s.FinishSeconds > 0 {
+			s.ArrivalEfficiency = s.ArrivalIdealSeconds / s.FinishSeconds
+		}
+	}
+	s.HandledLagP50Seconds, s.HandledLagMaxSeconds = percentile(lags, 50), percentile(lags, 100)
+	// Each node's sweep on the storm's clock, and how long the last node ran alone at the end.
+	var ends []float64
+	for _, p := range h.plugins {
+		snap := p.calls.snapshot()
+		t := stormNode{Name: p.name, Volumes: len(p.vols), MarkerSeconds: p.markerAccepted().Sub(firstMarker).Seconds(),
+			FirstProbeSeconds: snap.firstProbe.Sub(firstMarker).Seconds(), LastProbeEndSeconds: snap.lastEnd.Sub(firstMarker).Seconds()}
+		s.NodeTimeline = append(s.NodeTimeline, t)
+		ends = append(ends, t.LastProbeEndSeconds)
+		if t.LastProbeEndSeconds >= s.FinishSeconds-1e-6 {
+			s.LastNode, s.LastNodeVolumes = t.Name, t.Volumes
+		}
+	}
+	sort.Float64s(ends)
+	if len(ends) > 1 {
+		s.TailSeconds = ends[len(ends)-1] - ends[len(ends)-2]
+	}
+	// While tasks were queued, the dispatcher had work for every slot: how busy were the slots
+	// then, as the controller counts them and as the drivers see them?
+	var ctrlSum, drvSum float64
+	var ctrlN, drvN int
+	for i := 0; i+1 < len(polled); i++ {
+		if polled[i].queued <= 0 {
+			continue
+		}
+		s.BacklogSeconds += polled[i+1].at.Sub(polled[i].at).Seconds()
+		ctrlSum += polled[i].inFlight
+		ctrlN++
+		for _, smp := range samples {
+			if !smp.at.Before(polled[i].at) && smp.at.Before(polled[i+1].at) {
+				drvSum += float64(smp.inFlight)
+				drvN++
+			}
+		}
+	}
+	if ctrlN > 0 {
+		s.BacklogControllerUtilization = ctrlSum / float64(ctrlN) / float64(l.Global)
+	}
+	if drvN > 0 {
+		s.BacklogDriverUtilization = drvSum / float64(drvN) / float64(l.Global)
+	}
+	for _, p := range h.plugins {
+		snap := p.calls.snapshot()
+		s.MaxInFlightPerNode = max(s.MaxInFlightPerNode, snap.maxInFlight)
+		s.MaxInFlightPerVolume = max(s.MaxInFlightPerVolume, snap.maxPerVolume)
+		s.VolumesProbed += snap.probed
+		dc := p.driver().Counters()
+		s.DriverMaxConcurrentPerNode = max(s.DriverMaxConcurrentPerNode, dc.MaxConcurrent)
+		for _, v := range dc.MaxConcurrentPerVolume {
+			s.DriverMaxConcurrentPerVolume = max(s.DriverMaxConcurrentPerVolume, v)
+		}
+	}
+	if s.MaxInFlight > int64(l.Global) {
+		s.BudgetViolations++
+	}
+	if s.MaxInFlightPerNode > l.PerNode || s.DriverMaxConcurrentPerNode > int64(l.PerNode) {
+		s.BudgetViolations++
+	}
+	if s.MaxInFlightPerVolume > 1 || s.DriverMaxConcurrentPerVolume > 1 {
+		s.BudgetViolations++
+	}
+	if s.ControllerRSSBytes, s.ControllerHeapBytes, err = h.ctrl.memory(ctx, 1); err != nil {
+		return err
+	}
+	if profile != "" {
+		if s.ProfileTop, err = pprofTop(profile, 25); err != nil {
+			return err
+		}
+	}
+	if ctrlProfile != "" {
+		if err := <-ctrlProfiled; err != nil {
+			return err
+		}
+		if s.ControllerProfileTop, err = pprofTop(ctrlProfile, 30); err != nil {
+			return err
+		}
+		if s.ControllerProfileTopCum, err = pprofTop(ctrlProfile, 30, "-cum"); err != nil {
+			return err
+		}
+	}
+	h.res.Storm = s
+	h.logf("storm: %d volumes on %d nodes: rollout %.1fs, first probe %.1fs, finished %.1fs after the first marker (dispatch %.1fs, ideal %.1fs: efficiency %.0f%%, dispatch efficiency %.0f%%), handled %.1fs; max in flight %d/%d, per node %d, per volume %d; controller CPU %.1fs",
+		s.Volumes, s.Nodes, s.RolloutSeconds, s.FirstProbeSeconds, s.FinishSeconds, s.DispatchSeconds, s.IdealSeconds, 100*s.Efficiency, 100*s.DispatchEfficiency,
+		s.HandledSeconds, s.MaxInFlight, l.Global, s.MaxInFlightPerNode, s.MaxInFlightPerVolume, s.ControllerCPUSeconds)
+	return nil
+}
+
+// nodeArrival is when a node's restart sweep releases its tasks, and how many.
+type nodeArrival struct {
+	ready time.Time
+	tasks int
+}
+
+// idealFinish simulates a dispatcher that never leaves a slot idle while a task could use it,
+// with a global and a per-node budget and calls that all take call, in 1ms steps. With fair
+// unset it starts the nodes with the most work left first, which gives the shortest finish;
+// with fair set the nodes take turns, one task each per pass, as the controller's dispatcher
+// does between equals. It returns when the last call would end.
+func idealFinish(nodes []nodeArrival, call time.Duration, global, perNode int, fair bool) time.Time {
+	if len(nodes) == 0 {
+		return time.Time{}
+	}
+	start := nodes[0].ready
+	for _, n := range nodes {
+		if n.ready.Before(start) {
+			start = n.ready
+		}
+	}
+	type state struct {
+		ready   time.Duration
+		pending int
+		running []time.Duration // end times
+	}
+	st := make([]*state, len(nodes))
+	left := 0
+	for i, n := range nodes {
+		st[i] = &state{ready: n.ready.Sub(start), pending: n.tasks}
+		left += n.tasks
+	}
+	const step = time.Millisecond
+	var last time.Duration
+	inFlight, turn := 0, 0
+	order := make([]*state, len(st))
+	copy(order, st)
+	for now := time.Duration(0); left > 0 || inFlight > 0; now += step {
+		for _, n := range st {
+			kept := n.running[:0]
+			for _, end := range n.running {
+				if end <= now {
+					inFlight--
+					last = max(last, end)
+					continue
+				}
+				kept = append(kept, end)
+			}
+			n.running = kept
+		}
+		if inFlight >= global || left == 0 {
+			continue
+		}
+		canStart := func(n *state) bool {
+			return n.ready <= now && n.pending > 0 && len(n.running) < perNode && inFlight < global
+		}
+		startOne := func(n *state) {
+			n.running = append(n.running, now+call)
+			n.pending--
+			left--
+			inFlight++
+		}
+		if !fair {
+			sort.Slice(order, func(i, j int) bool { return order[i].pending > order[j].pending })
+			for _, n := range order {
+				for canStart(n) {
+					startOne(n)
+				}
+			}
+			continue
+		}
+		for started := true; started && inFlight < global; {
+			started = false
+			for i := range st {
+				n := st[(turn+i)%len(st)]
+				if canStart(n) {
+					startOne(n)
+					started = true
+				}
+			}
+			turn++
+		}
+	}
+	return start.Add(last)
+}
+
+// dispatchSample is the controller's dispatcher as its metrics show it at one moment.
+type dispatchSample struct {
+	at               time.Time
+	queued, inFlight float64
+}
+
+// dispatchPoller reads the controller's dispatcher gauges at a fixed interval.
+type dispatchPoller struct {
+	stopc   chan struct{}
+	wg      sync.WaitGroup
+	samples []dispatchSample
+}
+
+func startDispatchPoller(ctx context.Context, addr string, every time.Duration) *dispatchPoller {
+	p := &dispatchPoller{stopc: make(chan struct{})}
+	p.wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stopc:
+				return
+			case <-t.C:
+			}
+			m, err := controllerMetrics(ctx, addr)
+			if err != nil {
+				continue
+			}
+			p.samples = append(p.samples, dispatchSample{at: time.Now(),
+				queued: metricValue(m, "volume_healer_dispatch_queued"), inFlight: metricValue(m, "volume_healer_dispatch_in_flight")})
+		}
+	})
+	return p
+}
+
+func (p *dispatchPoller) stop() []dispatchSample {
+	close(p.stopc)
+	p.wg.Wait()
+	return p.samples
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+type inFlightSample struct {
+	at       time.Time
+	inFlight int64
+}
+
+// sampler reads the calls in flight at the drivers at a fixed interval.
+type sampler struct {
+	stopc   chan struct{}
+	wg      sync.WaitGroup
+	samples []inFlightSample
+}
+
+func startSampler(g *callStats, every time.Duration) *sampler {
+	s := &sampler{stopc: make(chan struct{})}
+	s.wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stopc:
+				return
+			case now := <-t.C:
+				s.samples = append(s.samples, inFlightSample{at: now, inFlight: g.inFlight.Load()})
+			}
+		}
+	})
+	return s
+}
+
+func (s *sampler) stop() []inFlightSample {
+	close(s.stopc)
+	s.wg.Wait()
+	return s.samples
+}
+
+// measureSweepCPU is figure 5.
+func (h *harness) measureSweepCPU(ctx context.Context) error {
+	sh, err := newShapes()
+	if err != nil {
+		return err
+	}
+	f, err := newPlanningFixture(sh, h.layout.SweepCPUVolumes, 100)
+	if err != nil {
+		return err
+	}
+	for _, memo := range []bool{true, false} {
+		profile := ""
+		if h.layout.Profile {
+			profile = filepath.Join(h.dir, fmt.Sprintf("sweep-memo-%t.pprof", memo))
+		}
+		r, err := f.measure(ctx, memo, profile)
+		if err != nil {
+			return err
+		}
+		if r.Decisions != h.layout.SweepCPUVolumes {
+			return fmt.Errorf("periodic sweep decided %d volumes, want %d", r.Decisions, h.layout.SweepCPUVolumes)
+		}
+		h.res.SweepCPU = append(h.res.SweepCPU, r)
+		h.logf("figure 5: periodic sweep of %d volumes (memo %t): %.2f CPU seconds on one core (%.2fs wall), %d tasks",
+			r.Volumes, memo, r.CPUSeconds, r.WallSeconds, r.TasksSubmitted)
+	}
+	return nil
+}
+
+// textLogger logs at verbosity 0 into w.
+func textLogger(w io.Writer) klog.Logger {
+	return textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(w)))
+}

@@ -1,0 +1,216 @@
+package scale
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
+)
+
+// parseMetrics reads a Prometheus text exposition.
+func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(r)
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// apiserverCounts reads apiserver_request_total from the apiserver's /metrics, summed over
+// codes, groups and versions per verb and resource, and the bytes of the responses from
+// apiserver_response_sizes.
+func apiserverCounts(ctx context.Context, rc rest.Interface) (requestSnapshot, error) {
+	body, err := rc.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return requestSnapshot{}, fmt.Errorf("apiserver /metrics: %w", err)
+	}
+	families, err := parseMetrics(bytes.NewReader(body))
+	if err != nil {
+		return requestSnapshot{}, fmt.Errorf("parse apiserver /metrics: %w", err)
+	}
+	out := requestSnapshot{Counts: map[requestKey]int64{}, Bytes: map[requestKey]int64{}}
+	key := func(m *dto.Metric) (requestKey, bool) {
+		res := label(m, "resource")
+		if res == "" {
+			return requestKey{}, false
+		}
+		if sub := label(m, "subresource"); sub != "" {
+			res += "/" + sub
+		}
+		return requestKey{Verb: label(m, "verb"), Resource: res}, true
+	}
+	if f := families["apiserver_request_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			if k, ok := key(m); ok {
+				out.Counts[k] += int64(m.GetCounter().GetValue())
+			}
+		}
+	}
+	if f := families["apiserver_response_sizes"]; f != nil {
+		for _, m := range f.GetMetric() {
+			if k, ok := key(m); ok {
+				out.Bytes[k] += int64(m.GetHistogram().GetSampleSum())
+			}
+		}
+	}
+	return out, nil
+}
+
+// controllerMetrics reads the controller's /metrics.
+func controllerMetrics(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("controller /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("controller /metrics: %s", resp.Status)
+	}
+	return parseMetrics(resp.Body)
+}
+
+// gauge returns the value of an unlabelled gauge or counter, or the sum over its series.
+func metricValue(families map[string]*dto.MetricFamily, name string) float64 {
+	f := families[name]
+	if f == nil {
+		return 0
+	}
+	var v float64
+	for _, m := range f.GetMetric() {
+		switch {
+		case m.Gauge != nil:
+			v += m.GetGauge().GetValue()
+		case m.Counter != nil:
+			v += m.GetCounter().GetValue()
+		case m.Untyped != nil:
+			v += m.GetUntyped().GetValue()
+		}
+	}
+	return v
+}
+
+// histogramSums returns the sample count and sum of a histogram's series whose labels match.
+func histogramSums(families map[string]*dto.MetricFamily, name string, match map[string]string) (count uint64, sum float64) {
+	f := families[name]
+	if f == nil {
+		return 0, 0
+	}
+	for _, m := range f.GetMetric() {
+		ok := true
+		for k, v := range match {
+			if label(m, k) != v {
+				ok = false
+			}
+		}
+		if ok && m.Histogram != nil {
+			count += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return count, sum
+}
+
+// processMemory reads the resident set size of a process, in bytes, from /proc/<pid>/status.
+func processMemory(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			fields := strings.Fields(rest)
+			if len(fields) == 2 && fields[1] == "kB" {
+				kb, err := strconv.ParseInt(fields[0], 10, 64)
+				return kb * 1024, err
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// processCPU reads the user and system CPU time of a process from /proc/<pid>/stat.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name is in parentheses and may hold spaces: fields count from after it.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	// utime and stime are fields 14 and 15 of the whole line; 12 and 13 after the name.
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad cpu times", pid)
+	}
+	// USER_HZ is 100 on every Linux architecture Go supports.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
+// machineInfo describes the machine for the report.
+type machineInfo struct {
+	CPUs        int    `json:"cpus"`
+	CPUModel    string `json:"cpuModel"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Kernel      string `json:"kernel"`
+	GoVersion   string `json:"goVersion"`
+}
+
+func readMachine(goVersion string, cpus int) machineInfo {
+	m := machineInfo{CPUs: cpus, GoVersion: goVersion}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPUModel = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				f := strings.Fields(rest)
+				if len(f) == 2 {
+					kb, _ := strconv.ParseInt(f[0], 10, 64)
+					m.MemoryBytes = kb * 1024
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}

@@ -1,0 +1,204 @@
+package scale
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/klog/v2"
+
+	"github.com/volume-healer/volume-healer/test/controlplane"
+)
+
+var (
+	full        = flag.Bool("full", false, "run the full-size harness (21,000 volumes over 201 nodes; about 15 minutes on 2 cores) and write bench/results.json; SCALE_FULL=1 does the same")
+	resultsPath = flag.String("results", "", "write the results here instead of bench/results.json (full) or a temporary file (short)")
+)
+
+// TestScale runs the scale harness. Without -full it runs the small layout, so that the harness
+// cannot rot unnoticed, and checks what a user would notice in any cluster: the controller reads
+// nothing from the apiserver per sweep, the budgets hold in a rollout, every volume is probed.
+func TestScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver, etcd, the controller and simulated nodes; run without -short")
+	}
+	layout := ShortLayout()
+	isFull := *full || os.Getenv("SCALE_FULL") == "1"
+	if isFull {
+		layout = FullLayout()
+	}
+	dir := t.TempDir()
+	logFile, err := os.Create(filepath.Join(dir, "klog.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	// client-go and the sidecars log through klog: into a file, so that the test's output is its
+	// own figures.
+	klog.LogToStderr(false)
+	klog.SetOutput(logFile)
+	defer klog.LogToStderr(true)
+
+	res, err := Run(t.Context(), layout, dir, t.Logf)
+	if res != nil {
+		path := *resultsPath
+		switch {
+		case path != "":
+		case isFull:
+			root, rerr := controlplane.RepoRoot()
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			path = filepath.Join(root, "bench", "results.json")
+		default:
+			path = filepath.Join(dir, "results.json")
+		}
+		if werr := res.write(path); werr != nil {
+			t.Error(werr)
+		} else {
+			t.Logf("results written to %s", path)
+		}
+		if isFull {
+			if werr := os.WriteFile(filepath.Join(filepath.Dir(path), "results.md"), []byte(res.markdown()), 0o644); werr != nil {
+				t.Error(werr)
+			}
+		}
+		checkWritten(t, path)
+	}
+	if err != nil {
+		t.Fatalf("scale harness: %v (files kept in %s until the test ends)", err, dir)
+	}
+	checkResults(t, layout, res)
+}
+
+// checkWritten reads the results file back: another tool must be able to load it.
+func checkWritten(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("results file %s does not decode: %v", path, err)
+	}
+	if back.Schema != resultsSchema {
+		t.Errorf("results file schema %q, want %q", back.Schema, resultsSchema)
+	}
+}
+
+// checkResults asserts what holds at any size.
+func checkResults(t *testing.T, l Layout, r *Results) {
+	t.Helper()
+	if len(r.APIRequests) != 2 {
+		t.Fatalf("figure 1 measured at %d sizes, want 2", len(r.APIRequests))
+	}
+	for _, a := range r.APIRequests {
+		if a.ControllerListGetMax != 0 {
+			t.Errorf("at %d volumes a restart sweep made up to %d LIST/GET requests from the controller, want 0: %v",
+				a.ClusterVolumes, a.ControllerListGetMax, a.Controller.ByVerbResource)
+		}
+		if got := a.Controller.ByVerbResource["PATCH csiaddonsnodes"]; got != 1 {
+			t.Errorf("at %d volumes the controller wrote %.2f handled markers per sweep, want 1", a.ClusterVolumes, got)
+		}
+		if a.Peer.Volumes != a.NodeVolumes {
+			t.Errorf("the list-everything approach found %d volumes on the node, want %d", a.Peer.Volumes, a.NodeVolumes)
+		}
+		if want := float64(1 + 3*a.NodeVolumes); a.Peer.Client.Requests != want {
+			t.Errorf("the list-everything approach made %.0f requests, want %.0f (one LIST, three GETs per volume)", a.Peer.Client.Requests, want)
+		}
+	}
+	if r.APIRequests[1].ClusterVolumes <= r.APIRequests[0].ClusterVolumes {
+		t.Errorf("figure 1's second size (%d volumes) is not larger than its first (%d)", r.APIRequests[1].ClusterVolumes, r.APIRequests[0].ClusterVolumes)
+	}
+
+	// A restart announced while no controller ran is swept when one starts, from full caches.
+	if c := r.ControllerStart; c == nil || c.Probed != c.NodeVolumes {
+		t.Errorf("controller start: the restart pending when the controller started was recorded handled after probing %+v of the node's volumes; want all", c)
+	}
+
+	lat := r.Latency
+	if lat == nil || len(lat.SamplesMs) != l.Restarts {
+		t.Fatalf("figure 2: want %d latency samples, got %+v", l.Restarts, lat)
+	}
+	for _, s := range lat.SamplesMs {
+		if s <= 0 {
+			t.Errorf("figure 2: a restart's first probe came %.1fms after its marker; want a positive time", s)
+		}
+	}
+
+	s := r.Storm
+	if s == nil {
+		t.Fatal("figure 3: no storm results")
+	}
+	if s.BudgetViolations != 0 {
+		t.Errorf("storm: %d budgets exceeded: in flight %d (global %d), per node %d/%d (driver counters %d), per volume %d/%d (driver counters %d)",
+			s.BudgetViolations, s.MaxInFlight, s.Global, s.MaxInFlightPerNode, s.PerNode, s.DriverMaxConcurrentPerNode,
+			s.MaxInFlightPerVolume, 1, s.DriverMaxConcurrentPerVolume)
+	}
+	if s.VolumesProbed != s.Volumes {
+		t.Errorf("storm: %d of %d volumes probed", s.VolumesProbed, s.Volumes)
+	}
+	if len(s.ControllerProfileTop) == 0 {
+		t.Error("storm: no CPU profile of the controller")
+	}
+	if s.Efficiency <= 0 || s.Efficiency > 1.05 {
+		t.Errorf("storm: efficiency %.2f is outside (0, 1]: the measurement is broken", s.Efficiency)
+	}
+
+	m := r.Memory
+	if m == nil {
+		t.Fatal("figure 4: no memory results")
+	}
+	measured := 0
+	for _, p := range m.Points {
+		if p.Extrapolated {
+			continue
+		}
+		measured++
+		if p.HeapInuseBytes <= 0 || p.RSSBytes < p.HeapInuseBytes {
+			t.Errorf("figure 4: at %d volumes RSS %d and heap %d bytes; want 0 < heap <= RSS", p.Volumes, p.RSSBytes, p.HeapInuseBytes)
+		}
+	}
+	want := 3
+	if l.MemoryVolumes > l.BigNodeVolumes+(l.GrowNodes+l.StormNodes)*l.VolumesPerNode {
+		want++
+	}
+	if measured != want {
+		t.Errorf("figure 4: %d measured points, want %d", measured, want)
+	}
+	if len(m.Caches) != 3 {
+		t.Fatalf("figure 4: %d in-process cache measurements, want 3", len(m.Caches))
+	}
+	if m.Caches[0].BytesPerVolume <= 0 || m.Caches[1].BytesPerVolume > m.Caches[0].BytesPerVolume {
+		t.Errorf("figure 4: informer caches take %.0f bytes per volume, %.0f with the stricter transform; want a positive size that the stricter one does not exceed",
+			m.Caches[0].BytesPerVolume, m.Caches[1].BytesPerVolume)
+	}
+
+	if len(r.SweepCPU) != 2 {
+		t.Fatalf("figure 5: %d results, want memo on and off", len(r.SweepCPU))
+	}
+	for _, c := range r.SweepCPU {
+		var failed float64
+		for _, n := range c.EvaluationErrors {
+			failed += n
+		}
+		// A decision that timed out on a starved CPU leaves its volume alone; every other volume
+		// is to be probed.
+		if float64(c.TasksSubmitted)+failed != float64(c.Volumes) || c.CPUSeconds <= 0 {
+			t.Errorf("figure 5 (memo %t): %d of %d volumes to probe, %.0f evaluation errors, %.3f CPU seconds; want every volume decided and a positive time",
+				c.Memo, c.TasksSubmitted, c.Volumes, failed, c.CPUSeconds)
+		}
+	}
+
+	if r.Decisions == nil || len(r.Decisions.InProcess) != 4 {
+		t.Fatalf("figure 6: want 4 in-process rates, got %+v", r.Decisions)
+	}
+	for _, d := range r.Decisions.InProcess {
+		if d.DecisionsPerSecond <= 0 {
+			t.Errorf("figure 6: %s: %.0f decisions/s", d.Name, d.DecisionsPerSecond)
+		}
+	}
+}

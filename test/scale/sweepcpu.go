@@ -1,0 +1,305 @@
+package scale
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
+)
+
+// errNoCalls answers every sidecar call the planning measurement must not make.
+var errNoCalls = errors.New("scale: no sidecar calls in the planning measurement")
+
+// cachedCapabilities answers Capabilities from a map, as the probe client's capability cache does
+// once warm, and makes no other call.
+type cachedCapabilities struct {
+	mu    sync.Mutex
+	cache map[string]*probe.Capabilities
+}
+
+var _ healer.Sidecars = (*cachedCapabilities)(nil)
+
+func (c *cachedCapabilities) Capabilities(_ context.Context, t probe.Target) (*probe.Capabilities, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := t.Driver + "/" + t.Node
+	caps, ok := c.cache[key]
+	if !ok {
+		caps = &probe.Capabilities{Driver: t.Driver, Probe: true, Heal: true, Attributes: map[string]string{"healMounters": "rbd-nbd,fuse"}}
+		c.cache[key] = caps
+	}
+	return caps, nil
+}
+
+func (c *cachedCapabilities) Probe(context.Context, probe.Target, string) (*probe.Result, error) {
+	return nil, errNoCalls
+}
+
+func (c *cachedCapabilities) Heal(context.Context, probe.Target, string) (*probe.Result, error) {
+	return nil, errNoCalls
+}
+
+func (c *cachedCapabilities) ListStaged(context.Context, probe.Target) ([]probe.StagedVolume, error) {
+	return nil, errNoCalls
+}
+
+func (c *cachedCapabilities) Refresh(string, string) {}
+
+// finishingDispatcher ends every task at once, without running it: the measurement stops where
+// the real dispatcher would start calling.
+type finishingDispatcher struct{ tasks atomic.Int64 }
+
+func (d *finishingDispatcher) Submit(tasks ...scheduler.Task) {
+	d.tasks.Add(int64(len(tasks)))
+	for _, t := range tasks {
+		if t.Done != nil {
+			t.Done(scheduler.Result{})
+		}
+	}
+}
+
+// noClient is a client that a periodic sweep of healthy volumes never uses.
+type noClient struct{ client.Client }
+
+// sweepCPU is the cost of one periodic sweep over every volume, planning and policy only.
+type sweepCPU struct {
+	Volumes        int     `json:"volumes"`
+	Nodes          int     `json:"nodes"`
+	StorageClasses int     `json:"storageClasses"`
+	Memo           bool    `json:"memo"`
+	CPUSeconds     float64 `json:"cpuSeconds"`
+	WallSeconds    float64 `json:"wallSeconds"`
+	Decisions      int     `json:"decisions"`
+	TasksSubmitted int64   `json:"tasksSubmitted"`
+	// EvaluationErrors are decisions that failed (the volume is left alone), by kind: on a
+	// starved CPU an evaluation can exceed the policy's evaluation timeout.
+	EvaluationErrors map[string]float64 `json:"evaluationErrors,omitempty"`
+	MemoHits         float64            `json:"memoHits"`
+	MemoMisses       float64            `json:"memoMisses"`
+	AllocatedBytes   uint64             `json:"allocatedBytes"`
+	Allocations      uint64             `json:"allocations"`
+	// ProfileTop are the first lines of `go tool pprof -top` of a second, profiled sweep.
+	ProfileTop []string `json:"profileTop,omitempty"`
+}
+
+// planningFixture is a controller's view of a cluster, in informer stores, without an apiserver.
+type planningFixture struct {
+	caches  scheduler.Caches
+	targets *healer.TargetMap
+	classes []string
+	volumes int
+	nodes   int
+}
+
+// newPlanningFixture fills informer stores, indexed as the controller indexes them, with volumes
+// spread perNode to a node.
+func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, error) {
+	f := &planningFixture{
+		caches: scheduler.Caches{
+			PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVIndexers()),
+			VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.VAIndexers()),
+			PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVCIndexers()),
+			StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
+			CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
+			Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
+		},
+		targets: healer.NewTargetMap(),
+		volumes: volumes,
+	}
+	add := func(store cache.Store, obj any) error { return store.Add(obj) }
+	if err := add(f.caches.CSIDrivers, s.driver.DeepCopy()); err != nil {
+		return nil, err
+	}
+	for _, sc := range s.storageClasses {
+		if err := add(f.caches.StorageClasses, sc.DeepCopy()); err != nil {
+			return nil, err
+		}
+		f.classes = append(f.classes, sc.Name)
+	}
+	f.nodes = (volumes + perNode - 1) / perNode
+	for n := range f.nodes {
+		name := fmt.Sprintf("node-%05d", n)
+		if err := add(f.caches.Nodes, nodeObject(name, n)); err != nil {
+			return nil, err
+		}
+		f.targets.Set(&csiaddonsv1alpha1.CSIAddonsNode{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: pluginNamespace, Name: sidecar.DefaultCSIAddonsNodeName(name, driverName),
+				Annotations: map[string]string{probe.EndpointAnnotation: fmt.Sprintf("10.%d.%d.%d:9070", n>>16&255, n>>8&255, n&255)},
+			},
+			Spec:   csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: driverName, NodeID: name, EndPoint: fmt.Sprintf("10.%d.%d.%d:9070", n>>16&255, n>>8&255, n&255)}},
+			Status: csiaddonsv1alpha1.CSIAddonsNodeStatus{Capabilities: []string{"service.NODE_SERVICE", "reclaimspace.NODE"}},
+		})
+		count := min(perNode, volumes-n*perNode)
+		for _, v := range s.newVolumes(name, count) {
+			pv, pvc, va := s.objects(v)
+			if err := add(f.caches.PVs, pv); err != nil {
+				return nil, err
+			}
+			if err := add(f.caches.PVCs, pvc); err != nil {
+				return nil, err
+			}
+			if err := add(f.caches.VolumeAttachments, va); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return f, nil
+}
+
+// measure runs one periodic sweep of every StorageClass on one core, the way the controller runs
+// them (healer.Sweeper with the planner, the policy engine and its metrics), with a sidecar client
+// whose capability cache is warm and a dispatcher that ends each task unrun. When profile is set,
+// a second sweep runs under the CPU profiler and the profile is written there.
+func (f *planningFixture) measure(ctx context.Context, memo bool, profile string) (sweepCPU, error) {
+	out := sweepCPU{Volumes: f.volumes, Nodes: f.nodes, StorageClasses: len(f.classes), Memo: memo}
+	reg := prometheus.NewRegistry()
+	pm, err := policy.NewMetrics(reg)
+	if err != nil {
+		return out, err
+	}
+	engine, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: pm})
+	if err != nil {
+		return out, err
+	}
+	dispatcher := &finishingDispatcher{}
+	sweeper, err := healer.New(healer.Options{
+		Planner:    scheduler.NewPlanner(f.caches),
+		Policy:     engine,
+		Sidecars:   &cachedCapabilities{cache: map[string]*probe.Capabilities{}},
+		Dispatcher: dispatcher,
+		Targets:    f.targets,
+		Client:     noClient{},
+		Metrics:    healer.NewMetrics(reg),
+	})
+	if err != nil {
+		return out, err
+	}
+	// The controller logs at verbosity 0; so does this, into nothing.
+	ctx = klog.NewContext(ctx, textLogger(io.Discard))
+	sweep := func() int {
+		n := 0
+		for _, sc := range f.classes {
+			s := sweeper.Run(ctx, scheduler.Sweep{Trigger: scheduler.TriggerSchedule, StorageClass: sc, Stagger: 5 * time.Minute, Fired: time.Now()})
+			n += s.Volumes
+		}
+		return n
+	}
+
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	cpu0, err := cpuTime()
+	if err != nil {
+		return out, err
+	}
+	start := time.Now()
+	out.Decisions = sweep()
+	out.WallSeconds = time.Since(start).Seconds()
+	cpu1, err := cpuTime()
+	if err != nil {
+		return out, err
+	}
+	runtime.ReadMemStats(&after)
+	out.CPUSeconds = (cpu1 - cpu0).Seconds()
+	out.AllocatedBytes = after.TotalAlloc - before.TotalAlloc
+	out.Allocations = after.Mallocs - before.Mallocs
+	out.TasksSubmitted = dispatcher.tasks.Load()
+	families, err := reg.Gather()
+	if err != nil {
+		return out, err
+	}
+	for _, mf := range families {
+		switch mf.GetName() {
+		case "volume_healer_policy_memo_lookups_total":
+			for _, m := range mf.GetMetric() {
+				switch label(m, "result") {
+				case "hit":
+					out.MemoHits = m.GetCounter().GetValue()
+				case "miss":
+					out.MemoMisses = m.GetCounter().GetValue()
+				}
+			}
+		case "volume_healer_policy_evaluation_errors_total":
+			for _, m := range mf.GetMetric() {
+				if v := m.GetCounter().GetValue(); v > 0 {
+					if out.EvaluationErrors == nil {
+						out.EvaluationErrors = map[string]float64{}
+					}
+					out.EvaluationErrors[label(m, "reason")] += v
+				}
+			}
+		}
+	}
+
+	if profile != "" {
+		file, err := os.Create(profile)
+		if err != nil {
+			return out, err
+		}
+		if err := pprof.StartCPUProfile(file); err != nil {
+			_ = file.Close()
+			return out, err
+		}
+		sweep()
+		pprof.StopCPUProfile()
+		if err := file.Close(); err != nil {
+			return out, err
+		}
+		out.ProfileTop, err = pprofTop(profile, 20)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// cpuTime is the user and system CPU time of this process so far.
+func cpuTime() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// pprofTop returns the header and the first n entries of `go tool pprof -top` of a profile.
+func pprofTop(profile string, n int, flags ...string) ([]string, error) {
+	args := append([]string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", n)}, flags...)
+	out, err := exec.Command("go", append(args, profile)...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("go tool pprof -top %s: %w", profile, err)
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		if strings.HasPrefix(l, "File:") || strings.HasPrefix(l, "Build ID:") || strings.HasPrefix(l, "Type:") || strings.HasPrefix(l, "Time:") {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	return lines, nil
+}
