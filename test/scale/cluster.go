@@ -40,8 +40,9 @@ const (
 // clients: the apiserver's own flow control is the limit that matters here.
 const clientQPS = 1e6
 
-// apiserverArgs let the apiserver take the harness's concurrent writes; the administrator's
-// requests are exempt from priority and fairness, the controller's and sidecars' are not.
+// apiserverArgs let the apiserver take the harness's concurrent writes. Every client here (the
+// harness, the controller through its proxy, the sidecars) reaches the apiserver as its
+// administrator, whose requests priority and fairness exempts.
 var apiserverArgs = map[string]string{
 	"max-requests-inflight":          "1600",
 	"max-mutating-requests-inflight": "800",

@@ -91,7 +91,7 @@ func controllerMetrics(ctx context.Context, addr string) (map[string]*dto.Metric
 	return parseMetrics(resp.Body)
 }
 
-// gauge returns the value of an unlabelled gauge or counter, or the sum over its series.
+// metricValue returns the value of an unlabelled gauge or counter, or the sum over its series.
 func metricValue(families map[string]*dto.MetricFamily, name string) float64 {
 	f := families[name]
 	if f == nil {

@@ -249,6 +249,8 @@ func (p *nodePlugin) start(ctx context.Context) error {
 		}
 	}
 	cfg := p.c.restConfig(p.stats, withLabelSelector("persistentvolumes", nodeLabel+"="+p.name), observe)
+	// The sidecar's own client-side rate limit, as it has in a cluster.
+	cfg.QPS, cfg.Burst = 0, 0
 	var sc *sidecar.Sidecar
 	for attempt := 0; ; attempt++ {
 		sc, err = sidecar.New(sidecar.Options{
