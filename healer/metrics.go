@@ -3,10 +3,12 @@ package healer
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Metrics are the instruments of sweeps, probes and heals. A nil *Metrics records nothing.
@@ -21,7 +23,10 @@ type Metrics struct {
 	healFailing    *prometheus.GaugeVec
 	callErrors     *prometheus.CounterVec
 	lastFinished   *prometheus.GaugeVec
-	leader         prometheus.Gauge
+	// classFinished holds the last finished periodic sweep per StorageClass, which the overdue
+	// alert compares with the class's schedule interval.
+	classFinished *prometheus.GaugeVec
+	leader        prometheus.Gauge
 
 	// drivers remembers the drivers whose series have been started at zero.
 	drivers sync.Map
@@ -73,11 +78,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
 		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",
 	}, []string{"trigger"})
+	m.classFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "volume_healer_scheduled_sweep_last_finished_timestamp_seconds",
+		Help: "When the last periodic sweep of each StorageClass finished (Unix time), cancelled sweeps excluded.",
+	}, []string{"storageclass"})
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
 	return m
 }
 
@@ -91,6 +100,27 @@ func (m *Metrics) SetLeader(leading bool) {
 		v = 1
 	}
 	m.leader.Set(v)
+}
+
+// sweepFinished records when a sweep that was not cancelled finished: per trigger, and for a
+// periodic sweep per StorageClass too.
+func (m *Metrics) sweepFinished(sw scheduler.Sweep, at time.Time) {
+	if m == nil {
+		return
+	}
+	m.lastFinished.WithLabelValues(string(sw.Trigger)).Set(float64(at.Unix()))
+	if sw.Trigger == scheduler.TriggerSchedule && sw.StorageClass != "" {
+		m.classFinished.WithLabelValues(sw.StorageClass).Set(float64(at.Unix()))
+	}
+}
+
+// ForgetStorageClass removes the series of a deleted StorageClass. A periodic sweep of the
+// class that was still running when it was deleted sets its series again; without a schedule
+// interval for the class the overdue alert ignores it.
+func (s *Sweeper) ForgetStorageClass(name string) {
+	if m := s.opts.Metrics; m != nil {
+		m.classFinished.DeleteLabelValues(name)
+	}
 }
 
 // startDriver creates a driver's probe, heal and error series at zero the first time the driver is

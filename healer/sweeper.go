@@ -279,7 +279,7 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 		m.sweepsFinished.WithLabelValues(string(sw.Trigger), result).Inc()
 		m.sweepDuration.WithLabelValues(string(sw.Trigger)).Observe(s.opts.Clock.Since(start).Seconds())
 		if !summary.Cancelled {
-			m.lastFinished.WithLabelValues(string(sw.Trigger)).Set(float64(s.opts.Clock.Now().Unix()))
+			m.sweepFinished(sw, s.opts.Clock.Now())
 		}
 	}
 	logger.Info("Sweep finished", "summary", summary.String(), "duration", s.opts.Clock.Since(start))

@@ -103,7 +103,7 @@ type PeriodicOptions struct {
 	Clock clock.WithTicker
 	// Recorder receives Events on StorageClasses whose schedule is invalid. Default: none.
 	Recorder record.EventRecorder
-	// Metrics counts invalid schedules. Default: none.
+	// Metrics counts invalid schedules and publishes each class's schedule interval. Default: none.
 	Metrics *Metrics
 	// Sweeps receives a Sweep each time a schedule fires. Required.
 	Sweeps func(Sweep)
@@ -127,6 +127,8 @@ type entry struct {
 	source   string
 	schedule cron.Schedule
 	next     time.Time
+	// gap is the longest time between two consecutive firings of schedule; 0 if unknown.
+	gap time.Duration
 }
 
 // NewPeriodic checks the configured schedules and returns a Periodic with no StorageClass yet.
@@ -160,10 +162,16 @@ func NewPeriodic(opts PeriodicOptions) (*Periodic, error) {
 	return p, nil
 }
 
-// SetStorageClass takes a new or changed StorageClass into account.
+// SetStorageClass takes a new or changed StorageClass into account. It publishes the class's
+// schedule interval (volume_healer_schedule_interval_seconds): the longest gap between two
+// firings of its schedule plus the stagger, or no series when the class has no schedule.
 func (p *Periodic) SetStorageClass(ctx context.Context, sc *storagev1.StorageClass) {
 	logger := klog.FromContext(ctx).WithValues("storageClass", sc.Name)
 	spec, source, sched := p.resolve(ctx, sc)
+	var gap time.Duration
+	if sched != nil {
+		gap = p.gapOf(spec, sched)
+	}
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -176,13 +184,77 @@ func (p *Periodic) SetStorageClass(ctx context.Context, sc *storagev1.StorageCla
 			logger.V(2).Info("Periodic sweeps off", "source", source)
 		}
 		delete(p.entries, sc.Name)
+		p.opts.Metrics.clearInterval(sc.Name)
 		p.poke()
 		return
 	}
-	e := &entry{spec: spec, source: source, schedule: sched, next: sched.Next(p.opts.Clock.Now())}
+	e := &entry{spec: spec, source: source, schedule: sched, next: sched.Next(p.opts.Clock.Now()), gap: gap}
 	p.entries[sc.Name] = e
-	logger.V(2).Info("Periodic schedule set", "schedule", spec, "source", source, "next", e.next)
+	if gap > 0 {
+		p.opts.Metrics.setInterval(sc.Name, gap+p.opts.Stagger)
+	} else {
+		// A schedule that fires once in the years cron looks ahead has no interval to hold
+		// sweeps to.
+		p.opts.Metrics.clearInterval(sc.Name)
+	}
+	logger.V(2).Info("Periodic schedule set", "schedule", spec, "source", source, "next", e.next, "longestGap", gap)
 	p.poke()
+}
+
+// gapOf returns the longest gap between firings of sched, whose text is spec. Classes mostly
+// share a few schedules (the default above all), and the walk over a dense schedule's firings
+// takes tens of milliseconds, so the gap of a spec already in force is reused.
+func (p *Periodic) gapOf(spec string, sched cron.Schedule) time.Duration {
+	p.mu.Lock()
+	for _, e := range p.entries {
+		if e.spec == spec && e.gap > 0 {
+			p.mu.Unlock()
+			return e.gap
+		}
+	}
+	p.mu.Unlock()
+	return longestGap(sched, p.opts.Clock.Now())
+}
+
+// The walk of longestGap. A schedule's pattern repeats at most yearly (day of month against
+// month length and weekday), so the walk covers a bit more than a year, and at least
+// gapMinFirings firings so that a schedule firing every few years is still seen to repeat.
+// gapMaxFirings bounds the cost of a schedule that fires every minute; that many firings still
+// span more than a week, which holds the weekday patterns that dense schedules use.
+const (
+	gapHorizon    = 400 * 24 * time.Hour
+	gapMinFirings = 64
+	gapMaxFirings = 20000
+)
+
+// longestGap returns the longest time between two consecutive firings of s after from, or 0 if
+// s fires fewer than twice. A schedule that fires every five minutes on weekdays has a gap of
+// two days and five minutes: that, not five minutes, is how long its volumes may go unswept.
+func longestGap(s cron.Schedule, from time.Time) time.Duration {
+	if every, ok := s.(cron.ConstantDelaySchedule); ok {
+		return every.Delay
+	}
+	var longest time.Duration
+	first := s.Next(from)
+	if first.IsZero() {
+		return 0
+	}
+	// The horizon counts from the first firing: a schedule may first fire more than a year
+	// ahead (every minute of 29 February).
+	prev := first
+	for n := 1; n < gapMaxFirings; n++ {
+		next := s.Next(prev)
+		if next.IsZero() {
+			// robfig/cron looks five years ahead and no further.
+			break
+		}
+		longest = max(longest, next.Sub(prev))
+		prev = next
+		if n >= gapMinFirings && prev.Sub(first) >= gapHorizon {
+			break
+		}
+	}
+	return longest
 }
 
 // resolve picks the schedule in force for sc. An invalid annotation is reported and the schedule
@@ -227,12 +299,13 @@ func (p *Periodic) reportInvalid(ctx context.Context, sc *storagev1.StorageClass
 	p.opts.Metrics.invalidSchedule(sc.Name)
 }
 
-// RemoveStorageClass stops the periodic sweeps of a deleted StorageClass.
+// RemoveStorageClass stops the periodic sweeps of a deleted StorageClass and removes its series.
 func (p *Periodic) RemoveStorageClass(name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.entries, name)
 	p.opts.Metrics.clearInvalid(name)
+	p.opts.Metrics.clearInterval(name)
 	p.poke()
 }
 

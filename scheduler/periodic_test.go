@@ -242,3 +242,130 @@ func TestStaggerOffset(t *testing.T) {
 		t.Errorf("offset with no window = %v, want 0", got)
 	}
 }
+
+func TestScheduleInterval(t *testing.T) {
+	tests := map[string]struct {
+		spec    string
+		stagger time.Duration
+		want    time.Duration
+	}{
+		"every hour":                     {spec: "@every 1h", want: time.Hour},
+		"every six hours plus stagger":   {spec: "0 */6 * * *", stagger: 5 * time.Minute, want: 6*time.Hour + 5*time.Minute},
+		"weekdays at three: the weekend": {spec: "0 3 * * 1-5", want: 72 * time.Hour},
+		"every five minutes on weekdays": {spec: "*/5 * * * 1-5", want: 48*time.Hour + 5*time.Minute},
+		"office hours, every ten minutes": {
+			spec: "*/10 9-17 * * *", stagger: time.Minute, want: 15*time.Hour + 10*time.Minute + time.Minute,
+		},
+		"first and fifteenth: the 31-day months":         {spec: "0 0 1,15 * *", want: 17 * 24 * time.Hour},
+		"every minute of 29 February: the years between": {spec: "* * 29 2 *", want: 1460*24*time.Hour + time.Minute},
+		"noon in Berlin: the night the clocks go back": {
+			spec: "CRON_TZ=Europe/Berlin 0 12 * * *", want: 25 * time.Hour,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			metrics := NewMetrics(prometheus.NewRegistry())
+			p, err := NewPeriodic(PeriodicOptions{Stagger: tc.stagger, Metrics: metrics, Clock: clocktesting.NewFakeClock(epoch), Sweeps: func(Sweep) {}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SetStorageClass(context.Background(), storageClass("gold", map[string]string{ScheduleAnnotation: tc.spec}))
+			if got := testutil.ToFloat64(metrics.interval.WithLabelValues("gold")); got != tc.want.Seconds() {
+				t.Fatalf("volume_healer_schedule_interval_seconds = %v (%v), want %v", got, time.Duration(got*float64(time.Second)), tc.want)
+			}
+		})
+	}
+}
+
+func TestScheduleIntervalFollowsTheClass(t *testing.T) {
+	metrics := NewMetrics(prometheus.NewRegistry())
+	p, err := NewPeriodic(PeriodicOptions{Default: "@every 6h", Metrics: metrics, Recorder: record.NewFakeRecorder(10), Sweeps: func(Sweep) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	interval := func(sc string) (float64, bool) {
+		v, ok := seriesByLabel(t, metrics.interval, "storageclass")[sc]
+		return v, ok
+	}
+	expect := func(step, sc string, want time.Duration) {
+		t.Helper()
+		got, ok := interval(sc)
+		switch {
+		case want == 0 && ok:
+			t.Errorf("%s: %s has an interval of %vs, want no series", step, sc, got)
+		case want != 0 && !ok:
+			t.Errorf("%s: %s has no interval series, want %v", step, sc, want)
+		case want != 0 && got != want.Seconds():
+			t.Errorf("%s: interval of %s = %vs, want %v", step, sc, got, want)
+		}
+	}
+
+	p.SetStorageClass(ctx, storageClass("gold", nil))
+	p.SetStorageClass(ctx, storageClass("silver", map[string]string{ScheduleAnnotation: "@every 1h"}))
+	expect("default schedule", "gold", 6*time.Hour)
+	expect("annotated schedule", "silver", time.Hour)
+
+	p.SetStorageClass(ctx, storageClass("silver", map[string]string{ScheduleAnnotation: "@every 2h"}))
+	expect("edited annotation", "silver", 2*time.Hour)
+
+	// The schedule in force stays, so sweeps are still expected on it.
+	p.SetStorageClass(ctx, storageClass("silver", map[string]string{ScheduleAnnotation: "now and then"}))
+	expect("invalid annotation", "silver", 2*time.Hour)
+
+	p.SetStorageClass(ctx, storageClass("silver", map[string]string{ScheduleAnnotation: "off"}))
+	expect("sweeps off", "silver", 0)
+
+	p.RemoveStorageClass("gold")
+	expect("deleted class", "gold", 0)
+}
+
+// seriesByLabel returns the value of each series c exposes, by the value of label.
+func seriesByLabel(t *testing.T, c prometheus.Collector, label string) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label {
+					out[lp.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// A replica that waited as a standby has schedules whose firings passed while it did not lead.
+// It sweeps those classes as soon as it starts leading: the alert on overdue sweeps counts the
+// time since the process started and relies on this.
+func TestPeriodicSweepsOverdueClassesWhenItStarts(t *testing.T) {
+	fc := clocktesting.NewFakeClock(epoch)
+	sweeps := make(chan Sweep, 16)
+	p, err := NewPeriodic(PeriodicOptions{Clock: fc, Sweeps: func(s Sweep) { sweeps <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetStorageClass(context.Background(), storageClass("gold", map[string]string{ScheduleAnnotation: "@every 1h"}))
+	fc.Step(30 * time.Hour)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Start(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	}()
+	if s := expectSweep(t, sweeps); s.StorageClass != "gold" || !s.Fired.Equal(epoch.Add(30*time.Hour)) {
+		t.Fatalf("sweep = %+v, want gold fired at start", s)
+	}
+	expectNoSweep(t, sweeps)
+}

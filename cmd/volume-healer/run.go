@@ -287,6 +287,7 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 			}
 			if sc, ok := obj.(*storagev1.StorageClass); ok {
 				t.periodic.RemoveStorageClass(sc.Name)
+				sweeper.ForgetStorageClass(sc.Name)
 			}
 		},
 	})

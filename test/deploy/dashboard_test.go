@@ -2,6 +2,9 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -33,8 +36,9 @@ type dashboard struct {
 }
 
 // TestDashboard checks that the dashboard loads, draws every panel from the chosen data source,
-// queries only metrics that exist, and covers what operators look at: sweeps, decisions, heals
-// and failures per driver, budget saturation and the policy's status.
+// queries only metrics that exist with queries that parse, and covers what operators look at:
+// sweeps, the leader, each StorageClass's time since its last scheduled sweep against its
+// schedule, decisions, heals and failures per driver, budget saturation and the policy's status.
 func TestDashboard(t *testing.T) {
 	var d dashboard
 	if err := json.Unmarshal(mustRead(t, path(t, "deploy", "grafana", "volume-healer.json")), &d); err != nil {
@@ -84,24 +88,52 @@ func TestDashboard(t *testing.T) {
 	if unknown := unknownMetrics(t, exprs); len(unknown) > 0 {
 		t.Errorf("the dashboard queries metrics that nothing exposes: %v", unknown)
 	}
+	queried := map[string]bool{}
+	for _, name := range metricName.FindAllString(all, -1) {
+		queried[name] = true
+	}
 	for topic, metric := range map[string]string{
-		"sweeps":                        "volume_healer_sweeps_finished_total",
-		"sweep duration":                "volume_healer_sweep_duration_seconds_bucket",
-		"decisions":                     "volume_healer_sweep_decisions_total",
-		"probes per driver":             "volume_healer_probes_total",
-		"heals and failures per driver": "volume_healer_heals_total",
-		"claims failing to heal":        "volume_healer_volume_heal_failing",
-		"unhealthy volumes":             "volume_healer_volumes_unhealthy",
-		"failed sidecar calls":          "volume_healer_sidecar_call_errors_total",
-		"budget saturation":             "volume_healer_dispatch_in_flight",
-		"time waited for a budget":      "volume_healer_dispatch_budget_wait_seconds_bucket",
-		"policy revision":               "volume_healer_policy_revision_info",
-		"policy rejections":             "volume_healer_policy_load_errors_total",
-		"sidecar calls":                 "volume_healer_sidecar_calls_total",
+		"sweeps":                                "volume_healer_sweeps_finished_total",
+		"sweep duration":                        "volume_healer_sweep_duration_seconds_bucket",
+		"decisions":                             "volume_healer_sweep_decisions_total",
+		"which replica leads":                   "volume_healer_leader",
+		"time since each class's sweep":         "volume_healer_scheduled_sweep_last_finished_timestamp_seconds",
+		"the time each class's schedule allows": "volume_healer_schedule_interval_seconds",
+		"probes per driver":                     "volume_healer_probes_total",
+		"heals and failures per driver":         "volume_healer_heals_total",
+		"claims failing to heal":                "volume_healer_volume_heal_failing",
+		"unhealthy volumes":                     "volume_healer_volumes_unhealthy",
+		"failed sidecar calls":                  "volume_healer_sidecar_call_errors_total",
+		"calls in flight":                       "volume_healer_dispatch_in_flight",
+		"budgets, for saturation":               "volume_healer_dispatch_budget",
+		"time waited for a budget":              "volume_healer_dispatch_budget_wait_seconds_bucket",
+		"policy revision":                       "volume_healer_policy_revision_info",
+		"policy rejections":                     "volume_healer_policy_load_errors_total",
+		"newest policy rejected":                "volume_healer_policy_rejected",
+		"sidecar calls":                         "volume_healer_sidecar_calls_total",
 	} {
-		if !strings.Contains(all, metric) {
+		if !queried[metric] {
 			t.Errorf("no panel shows %s (%s)", topic, metric)
 		}
+	}
+	checkQueries(t, exprs)
+}
+
+// checkQueries has promtool parse every query of the dashboard, as recording rules, with
+// Grafana's interval variable replaced by a duration: a query that does not parse shows an
+// error in its panel instead of data.
+func checkQueries(t *testing.T, exprs []string) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, e := range exprs {
+		e = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h").Replace(e)
+		fmt.Fprintf(&b, "      - record: dashboard:query%d\n        expr: %s\n", i, strconv.Quote(e))
+	}
+	file := filepath.Join(t.TempDir(), "dashboard-queries.yaml")
+	writeFile(t, file, b.String())
+	if out, err := runErr(filepath.Dir(file), tool(t, "promtool"), "check", "rules", file); err != nil {
+		t.Errorf("promtool does not accept the dashboard's queries: %v\n%s", err, out)
 	}
 }
 

@@ -183,7 +183,6 @@ func TestRulesHelmValues(t *testing.T) {
 	objs := helmTemplate(t, "volume-healer", "storage", nil,
 		"prometheusRule.controllerJob=healer",
 		"prometheusRule.sidecarJob=csi/.*-sidecar",
-		"prometheusRule.scheduledSweepWindow=25h",
 		"prometheusRule.healFailureRatio=0.25",
 		"prometheusRule.healFailureMinHeals=20",
 		"prometheusRule.runbookBaseURL=https://runbooks.example.com/volume-healer",
@@ -207,7 +206,7 @@ func TestRulesHelmValues(t *testing.T) {
 	}
 	for alert, wants := range map[string][]string{
 		"VolumeHealerControllerDown":        {`up{job="healer"}`, "(job healer)", "https://runbooks.example.com/volume-healer#volumehealercontrollerdown"},
-		"VolumeHealerScheduledSweepOverdue": {"[25h]", "offset 25h", `max(up{job="healer"} offset 25h)`, "finished in 25h"},
+		"VolumeHealerScheduledSweepOverdue": {`process_start_time_seconds{job="healer"}`, `volume_healer_leader{job="healer"}`, `volume_healer_schedule_interval_seconds{job="healer"}`},
 		"VolumeHealerSidecarDown":           {`up{job=~"csi/.*-sidecar"}`},
 		"VolumeHealFailureRatioHigh":        {") > 0.25\n", ">= 20\n"},
 	} {
@@ -218,7 +217,7 @@ func TestRulesHelmValues(t *testing.T) {
 		}
 	}
 	for alert, text := range rules {
-		for _, stale := range []string{`job="volume-healer"`, "7h", "docs/alerts.md"} {
+		for _, stale := range []string{`job="volume-healer"`, "docs/alerts.md"} {
 			if strings.Contains(text, stale) {
 				t.Errorf("%s still holds the default %q", alert, stale)
 			}
