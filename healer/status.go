@@ -42,26 +42,24 @@ const (
 )
 
 func (s *Sweeper) writeStatus(ctx context.Context, v scheduler.Volume, result string, health []probe.Health, message string) {
-	if v.PVC == nil {
+	pvc := v.Claim()
+	if pvc == nil {
 		return
 	}
 	value, err := json.Marshal(VolumeStatus{Result: result, Node: v.NodeName, Time: s.opts.Clock.Now().UTC(), Health: health, Message: message})
 	if err != nil {
 		return
 	}
-	s.patchStatus(ctx, v.PVC, string(value))
+	s.patchStatus(ctx, pvc, string(value))
 }
 
 // clearStatus removes the annotation of a volume found healthy, if it had one.
 func (s *Sweeper) clearStatus(ctx context.Context, v scheduler.Volume) {
 	s.setFailing(v, false)
-	if v.PVC == nil {
+	if _, ok := v.ClaimAnnotation(StatusAnnotation); !ok {
 		return
 	}
-	if _, ok := v.PVC.Annotations[StatusAnnotation]; !ok {
-		return
-	}
-	s.patchStatus(ctx, v.PVC, nil)
+	s.patchStatus(ctx, v.Claim(), nil)
 }
 
 // patchStatus sets (value a string) or removes (value nil) the annotation with a merge patch.

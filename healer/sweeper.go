@@ -387,7 +387,7 @@ type volumeRun func(ctx context.Context) (outcome, error)
 // prepare makes the first decision for v. It returns no task when nothing is to be called, and
 // then the volume's outcome.
 func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.Volume) (*scheduler.Task, volumeRun, outcome) {
-	logger := klog.FromContext(ctx).WithValues("pv", v.PV.Name, "node", v.NodeName, "driver", v.Driver)
+	logger := klog.FromContext(ctx).WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
 	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
 	if err != nil {
 		s.opts.Metrics.callError(v.Driver, err)
@@ -404,13 +404,14 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 	if !caps.Probe && !caps.Heal {
 		return nil, nil, outcomeSkipped
 	}
-	state := s.mem.get(v.PV.Name)
+	state := s.mem.get(v.PVName)
 	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
 		logger.V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
 		return nil, nil, outcomeSkipped
 	}
 
-	in := policy.BuildInput(v.PV, v.PVC, v.StorageClass, v.Attachment, v.Node, driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
+	objs := v.Objects()
+	in := policy.BuildInput(objs.PV, objs.PVC, objs.StorageClass, objs.Attachment, objs.Node, driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
 	if in.Node == nil {
 		in.Node = &policy.Node{Name: v.NodeName}
 	}
@@ -445,7 +446,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 	}
 
 	t := &scheduler.Task{
-		Volume:   v.PV.Name,
+		Volume:   v.PVName,
 		Driver:   v.Driver,
 		Node:     v.NodeName,
 		Trigger:  sw.Trigger,
@@ -465,7 +466,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 // to confirm. Errors are classified for the dispatcher.
 func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
 	logger := klog.FromContext(ctx)
-	pv := v.PV.Name
+	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
 	// The task may start long after planning: the built-in guards are checked again before each call.
 	if reason := s.recheck(v); reason != "" {
@@ -541,15 +542,15 @@ func (s *Sweeper) recheck(v scheduler.Volume) string {
 // probe calls the sidecar and remembers the result.
 func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Target) (*probe.Result, error) {
 	start := s.opts.Clock.Now()
-	res, err := s.opts.Sidecars.Probe(ctx, target, v.PV.Name)
+	res, err := s.opts.Sidecars.Probe(ctx, target, v.PVName)
 	s.observe("probe", start)
 	if err != nil {
-		s.mem.recordFailure(v.PV.Name)
+		s.mem.recordFailure(v.PVName)
 		s.count(v.Driver, true, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return nil, dispatchError(err)
 	}
-	s.mem.recordProbe(v.PV.Name, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
+	s.mem.recordProbe(v.PVName, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
 	result := "healthy"
 	if !res.Healthy() {
 		result = "unhealthy"
@@ -563,7 +564,7 @@ func (s *Sweeper) failed(ctx context.Context, v scheduler.Volume, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	klog.FromContext(ctx).Error(err, "Volume not healed", "pv", v.PV.Name, "node", v.NodeName, "driver", v.Driver)
+	klog.FromContext(ctx).Error(err, "Volume not healed", "pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
 	s.writeStatus(ctx, v, statusFailed, nil, err.Error())
 	s.setFailing(v, true)
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
@@ -642,21 +643,24 @@ func (s *Sweeper) count(driver string, isProbe bool, result string) {
 
 func (s *Sweeper) setFailing(v scheduler.Volume, failing bool) {
 	m := s.opts.Metrics
-	if m == nil || v.PVC == nil {
+	claim := v.ClaimName()
+	if m == nil || claim.Name == "" {
 		return
 	}
 	if failing {
-		m.healFailing.WithLabelValues(v.PVC.Namespace, v.PVC.Name, v.Driver).Set(1)
+		m.healFailing.WithLabelValues(claim.Namespace, claim.Name, v.Driver).Set(1)
 		return
 	}
-	m.healFailing.DeleteLabelValues(v.PVC.Namespace, v.PVC.Name, v.Driver)
+	m.healFailing.DeleteLabelValues(claim.Namespace, claim.Name, v.Driver)
 }
 
 // volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.
 func (s *Sweeper) volumeEvent(v scheduler.Volume, eventType, reason, format string, args ...any) {
-	var obj runtime.Object = v.PV
-	if v.PVC != nil {
-		obj = v.PVC
+	var obj runtime.Object
+	if pvc := v.Claim(); pvc != nil {
+		obj = pvc
+	} else {
+		obj = v.Objects().PV
 	}
 	s.event(obj, eventType, reason, format, args...)
 }

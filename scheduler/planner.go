@@ -6,6 +6,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -15,28 +18,30 @@ const (
 	IndexDriverNode = "driverNode"
 	// IndexStorageClass indexes PersistentVolumes by StorageClass name.
 	IndexStorageClass = "storageClass"
-	// IndexDriver indexes PersistentVolumes by CSI driver name.
+	// IndexDriver indexes PersistentVolumes by CSI driver name and VolumeAttachments by attacher.
 	IndexDriver = "driver"
-	// IndexVolumeName indexes VolumeAttachments and PersistentVolumeClaims by PV name.
-	IndexVolumeName = "volumeName"
 )
+
+// The planner has no index with one value per volume (PV name to VolumeAttachment, PV name to
+// claim): each would cost a set per volume, about 200 bytes, for lookups that the claim reference
+// on the PV and a walk over one driver's VolumeAttachments do as well.
 
 // PVIndexers are the indexes the planner needs on the PersistentVolume informer.
 func PVIndexers() cache.Indexers {
 	return cache.Indexers{
 		IndexStorageClass: func(obj any) ([]string, error) {
-			pv, ok := obj.(*corev1.PersistentVolume)
-			if !ok || pv.Spec.StorageClassName == "" {
+			pv := pvRecord(obj)
+			if pv == nil || pv.storageClass == "" {
 				return nil, nil
 			}
-			return []string{pv.Spec.StorageClassName}, nil
+			return []string{pv.storageClass}, nil
 		},
 		IndexDriver: func(obj any) ([]string, error) {
-			pv, ok := obj.(*corev1.PersistentVolume)
-			if !ok || pv.Spec.CSI == nil {
+			pv := pvRecord(obj)
+			if pv == nil || !pv.csi {
 				return nil, nil
 			}
-			return []string{pv.Spec.CSI.Driver}, nil
+			return []string{pv.driver}, nil
 		},
 	}
 }
@@ -45,39 +50,30 @@ func PVIndexers() cache.Indexers {
 func VAIndexers() cache.Indexers {
 	return cache.Indexers{
 		IndexDriverNode: func(obj any) ([]string, error) {
-			va, ok := obj.(*storagev1.VolumeAttachment)
-			if !ok {
+			va := attachmentRecord(obj)
+			if va == nil {
 				return nil, nil
 			}
-			return []string{driverNodeKey(va.Spec.Attacher, va.Spec.NodeName)}, nil
+			return []string{driverNodeKey(va.attacher, va.node)}, nil
 		},
-		IndexVolumeName: func(obj any) ([]string, error) {
-			va, ok := obj.(*storagev1.VolumeAttachment)
-			if !ok || va.Spec.Source.PersistentVolumeName == nil {
+		IndexDriver: func(obj any) ([]string, error) {
+			va := attachmentRecord(obj)
+			if va == nil {
 				return nil, nil
 			}
-			return []string{*va.Spec.Source.PersistentVolumeName}, nil
+			return []string{va.attacher}, nil
 		},
 	}
 }
 
-// PVCIndexers are the indexes the planner needs on the PersistentVolumeClaim informer.
-func PVCIndexers() cache.Indexers {
-	return cache.Indexers{
-		IndexVolumeName: func(obj any) ([]string, error) {
-			pvc, ok := obj.(*corev1.PersistentVolumeClaim)
-			if !ok || pvc.Spec.VolumeName == "" {
-				return nil, nil
-			}
-			return []string{pvc.Spec.VolumeName}, nil
-		},
-	}
-}
+// PVCIndexers are the indexes the planner needs on the PersistentVolumeClaim informer: none, a
+// PV's claim is found by its claim reference.
+func PVCIndexers() cache.Indexers { return cache.Indexers{} }
 
 func driverNodeKey(driver, node string) string { return driver + "/" + node }
 
-// Caches are the informer stores the planner reads. Every store comes from a shared informer;
-// the planner never calls the API server.
+// Caches are the informer stores the planner reads. Every store comes from a shared informer
+// whose transform is CacheTransform; the planner never calls the API server.
 type Caches struct {
 	// PVs is indexed with PVIndexers.
 	PVs cache.Indexer
@@ -89,22 +85,118 @@ type Caches struct {
 	StorageClasses, CSIDrivers, Nodes cache.Store
 }
 
-// Volume is one volume a sweep may act on, with the objects the policy reads.
+// NewLocalCaches returns empty caches with the planner's indexes, filled with Add rather than by
+// informers: for tools and tests that plan over objects they hold.
+func NewLocalCaches() Caches {
+	return Caches{
+		PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVIndexers()),
+		VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, VAIndexers()),
+		PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVCIndexers()),
+		StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
+		CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
+		Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
+	}
+}
+
+// Add puts obj, transformed as the informers do, into the store of its kind, replacing an older
+// version.
+func (c Caches) Add(obj runtime.Object) error {
+	var store cache.Store
+	switch obj.(type) {
+	case *corev1.PersistentVolume:
+		store = c.PVs
+	case *storagev1.VolumeAttachment:
+		store = c.VolumeAttachments
+	case *corev1.PersistentVolumeClaim:
+		store = c.PVCs
+	case *storagev1.StorageClass:
+		store = c.StorageClasses
+	case *storagev1.CSIDriver:
+		store = c.CSIDrivers
+	case *corev1.Node:
+		store = c.Nodes
+	default:
+		return fmt.Errorf("planner caches: no store for %T", obj)
+	}
+	rec, err := CacheTransform(obj.DeepCopyObject())
+	if err != nil {
+		return err
+	}
+	return store.Update(rec)
+}
+
+// Volume is one volume a sweep may act on. It points into the caches' compact records;
+// Objects builds the API objects the policy reads when the volume's turn comes, so that a sweep
+// of many volumes does not hold a copy of each.
 type Volume struct {
-	// PV is the PersistentVolume.
-	PV *corev1.PersistentVolume
-	// PVC is the claim bound to PV; nil when it is not in the cache.
-	PVC *corev1.PersistentVolumeClaim
-	// StorageClass is PV's StorageClass; nil when it has none or it is gone.
-	StorageClass *storagev1.StorageClass
-	// Attachment is the VolumeAttachment on Node; nil for drivers without an attach step.
-	Attachment *storagev1.VolumeAttachment
-	// Node is the node object; nil when it is not in the cache.
-	Node *corev1.Node
+	// PVName is the PersistentVolume's name.
+	PVName string
 	// NodeName is the node the volume is used on.
 	NodeName string
 	// Driver is the CSI driver name.
 	Driver string
+	// AttachmentName is the VolumeAttachment's name; empty for drivers without an attach step.
+	AttachmentName string
+
+	pv           *cachedPV
+	claim        *cachedClaim
+	attachment   *cachedAttachment
+	storageClass *storagev1.StorageClass
+	node         *corev1.Node
+}
+
+// VolumeObjects are a volume's cluster objects as the policy reads them. PV is never nil; the
+// others are nil when they do not exist or are not in the caches.
+type VolumeObjects struct {
+	PV           *corev1.PersistentVolume
+	PVC          *corev1.PersistentVolumeClaim
+	StorageClass *storagev1.StorageClass
+	Attachment   *storagev1.VolumeAttachment
+	Node         *corev1.Node
+}
+
+// Objects builds the volume's objects, with the fields the controller keeps of them. The
+// StorageClass and Node are the cached objects themselves: read-only.
+func (v Volume) Objects() VolumeObjects {
+	out := VolumeObjects{StorageClass: v.storageClass, Node: v.node}
+	if v.pv != nil {
+		out.PV = v.pv.object()
+	} else {
+		out.PV = &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: v.PVName}}
+	}
+	if v.claim != nil {
+		out.PVC = v.claim.object()
+	}
+	if v.attachment != nil {
+		out.Attachment = v.attachment.object()
+	}
+	return out
+}
+
+// Claim returns the PersistentVolumeClaim bound to the volume, for Events and status patches;
+// nil when it is not in the caches.
+func (v Volume) Claim() *corev1.PersistentVolumeClaim {
+	if v.claim == nil {
+		return nil
+	}
+	return v.claim.object()
+}
+
+// ClaimAnnotation returns the annotation key of the volume's claim, without building the claim.
+func (v Volume) ClaimAnnotation(key string) (string, bool) {
+	if v.claim == nil {
+		return "", false
+	}
+	return v.claim.annotations.get(key)
+}
+
+// ClaimName returns the namespace and name of the volume's claim; empty when it is not in the
+// caches.
+func (v Volume) ClaimName() types.NamespacedName {
+	if v.claim == nil {
+		return types.NamespacedName{}
+	}
+	return types.NamespacedName{Namespace: v.claim.namespace, Name: v.claim.name}
 }
 
 // Skipped is a volume the planner left out before any policy ran, and why.
@@ -143,13 +235,13 @@ func (p *Planner) NodeVolumes(driver, node string) ([]Volume, []Skipped) {
 	var vols []Volume
 	var skipped []Skipped
 	for _, obj := range objs {
-		va := obj.(*storagev1.VolumeAttachment)
-		if va.Spec.Source.PersistentVolumeName == nil {
+		va := attachmentRecord(obj)
+		if va.pv == "" {
 			continue // an inline volume: no PV to act on
 		}
-		v, reason := p.volume(*va.Spec.Source.PersistentVolumeName, va, node)
+		v, reason := p.volume(va.pv, va, node)
 		if reason != "" {
-			skipped = append(skipped, Skipped{PV: *va.Spec.Source.PersistentVolumeName, Node: node, Reason: reason})
+			skipped = append(skipped, Skipped{PV: va.pv, Node: node, Reason: reason})
 			continue
 		}
 		vols = append(vols, v)
@@ -182,20 +274,19 @@ func (p *Planner) StagedVolumes(driver, node string, pvNames []string) ([]Volume
 // attachment. Volumes of drivers without an attach step are not among them: their nodes are learnt
 // from the sidecars (see ClassDrivers and StagedVolumes).
 func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
-	objs, _ := p.c.PVs.ByIndex(IndexStorageClass, sc)
 	var vols []Volume
 	var skipped []Skipped
-	for _, obj := range objs {
-		pv := obj.(*corev1.PersistentVolume)
-		if pv.Spec.CSI == nil || !p.AttachRequired(pv.Spec.CSI.Driver) {
-			continue
-		}
-		vas, _ := p.c.VolumeAttachments.ByIndex(IndexVolumeName, pv.Name)
-		for _, o := range vas {
-			va := o.(*storagev1.VolumeAttachment)
-			v, reason := p.volume(pv.Name, va, va.Spec.NodeName)
+	for _, driver := range p.classDrivers(sc, true) {
+		// One walk over the driver's VolumeAttachments finds the attachments of every PV of the class.
+		vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
+		for _, obj := range vas {
+			va := attachmentRecord(obj)
+			if va.pv == "" || !p.InClass(va.pv, sc) {
+				continue
+			}
+			v, reason := p.volume(va.pv, va, va.node)
 			if reason != "" {
-				skipped = append(skipped, Skipped{PV: pv.Name, Node: va.Spec.NodeName, Reason: reason})
+				skipped = append(skipped, Skipped{PV: va.pv, Node: va.node, Reason: reason})
 				continue
 			}
 			vols = append(vols, v)
@@ -208,14 +299,21 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 // PVVolumes returns the volume of the PersistentVolume named pv on every node it is attached to.
 // For a driver without an attach step it returns nothing: its nodes come from the sidecars.
 func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
-	vas, _ := p.c.VolumeAttachments.ByIndex(IndexVolumeName, pv)
+	driver, ok := p.PVDriver(pv)
+	if !ok {
+		return nil, nil
+	}
+	vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
 	var vols []Volume
 	var skipped []Skipped
-	for _, o := range vas {
-		va := o.(*storagev1.VolumeAttachment)
-		v, reason := p.volume(pv, va, va.Spec.NodeName)
+	for _, obj := range vas {
+		va := attachmentRecord(obj)
+		if va.pv != pv {
+			continue
+		}
+		v, reason := p.volume(pv, va, va.node)
 		if reason != "" {
-			skipped = append(skipped, Skipped{PV: pv, Node: va.Spec.NodeName, Reason: reason})
+			skipped = append(skipped, Skipped{PV: pv, Node: va.node, Reason: reason})
 			continue
 		}
 		vols = append(vols, v)
@@ -226,26 +324,32 @@ func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
 
 // PVDriver returns the CSI driver of the PersistentVolume named pv, if it is in the cache.
 func (p *Planner) PVDriver(pv string) (string, bool) {
-	obj, ok, _ := p.c.PVs.GetByKey(pv)
-	if !ok || obj.(*corev1.PersistentVolume).Spec.CSI == nil {
+	rec := p.pv(pv)
+	if rec == nil || !rec.csi {
 		return "", false
 	}
-	return obj.(*corev1.PersistentVolume).Spec.CSI.Driver, true
+	return rec.driver, true
 }
 
 // ClassDrivers returns the drivers without an attach step that have PVs in StorageClass sc: a
 // periodic sweep asks their sidecars which of those volumes are staged where.
-func (p *Planner) ClassDrivers(sc string) []string {
+func (p *Planner) ClassDrivers(sc string) []string { return p.classDrivers(sc, false) }
+
+// classDrivers returns the drivers with PVs in StorageClass sc that attach (attach true) or do
+// not.
+func (p *Planner) classDrivers(sc string, attach bool) []string {
 	objs, _ := p.c.PVs.ByIndex(IndexStorageClass, sc)
 	seen := map[string]bool{}
 	var out []string
 	for _, obj := range objs {
-		pv := obj.(*corev1.PersistentVolume)
-		if pv.Spec.CSI == nil || seen[pv.Spec.CSI.Driver] || p.AttachRequired(pv.Spec.CSI.Driver) {
+		pv := pvRecord(obj)
+		if !pv.csi || seen[pv.driver] {
 			continue
 		}
-		seen[pv.Spec.CSI.Driver] = true
-		out = append(out, pv.Spec.CSI.Driver)
+		seen[pv.driver] = true
+		if p.AttachRequired(pv.driver) == attach {
+			out = append(out, pv.driver)
+		}
 	}
 	sort.Strings(out)
 	return out
@@ -253,63 +357,77 @@ func (p *Planner) ClassDrivers(sc string) []string {
 
 // InClass reports whether the PV named pv belongs to StorageClass sc.
 func (p *Planner) InClass(pv, sc string) bool {
-	obj, ok, _ := p.c.PVs.GetByKey(pv)
-	return ok && obj.(*corev1.PersistentVolume).Spec.StorageClassName == sc
+	rec := p.pv(pv)
+	return rec != nil && rec.storageClass == sc
 }
 
 // Recheck applies the built-in guards again to a volume planned earlier, from the caches as they
 // are now: a sweep's task may run long after planning, and its VolumeAttachment may have started
 // to go away meanwhile. It returns the volume with fresh objects, or the reason to leave it alone.
 func (p *Planner) Recheck(v Volume) (Volume, string) {
-	var va *storagev1.VolumeAttachment
-	if v.Attachment != nil {
-		obj, ok, _ := p.c.VolumeAttachments.GetByKey(v.Attachment.Name)
+	var va *cachedAttachment
+	if v.AttachmentName != "" {
+		obj, ok, _ := p.c.VolumeAttachments.GetByKey(v.AttachmentName)
 		if !ok {
 			return Volume{}, "VolumeAttachment is gone (detached)"
 		}
-		va = obj.(*storagev1.VolumeAttachment)
+		va = attachmentRecord(obj)
 	}
-	return p.volume(v.PV.Name, va, v.NodeName)
+	return p.volume(v.PVName, va, v.NodeName)
 }
 
-// volume gathers the objects of one volume and applies the built-in guards, which no policy can
+func (p *Planner) pv(name string) *cachedPV {
+	obj, ok, _ := p.c.PVs.GetByKey(name)
+	if !ok {
+		return nil
+	}
+	return pvRecord(obj)
+}
+
+// volume gathers the records of one volume and applies the built-in guards, which no policy can
 // override: never act on a volume whose attachment is going away, or whose PV is not Bound or is
 // being deleted.
-func (p *Planner) volume(pvName string, va *storagev1.VolumeAttachment, node string) (Volume, string) {
-	obj, ok, _ := p.c.PVs.GetByKey(pvName)
-	if !ok {
-		return Volume{}, "PV not found"
-	}
-	pv := obj.(*corev1.PersistentVolume)
+func (p *Planner) volume(pvName string, va *cachedAttachment, node string) (Volume, string) {
+	pv := p.pv(pvName)
 	switch {
-	case pv.Spec.CSI == nil:
+	case pv == nil:
+		return Volume{}, "PV not found"
+	case !pv.csi:
 		return Volume{}, "not a CSI volume"
-	case pv.DeletionTimestamp != nil:
+	case pv.deleting:
 		return Volume{}, "PV is being deleted"
-	case pv.Status.Phase != corev1.VolumeBound:
-		return Volume{}, fmt.Sprintf("PV is %s, not Bound", pv.Status.Phase)
+	case pv.phase != corev1.VolumeBound:
+		return Volume{}, fmt.Sprintf("PV is %s, not Bound", pv.phase)
 	}
 	if va != nil {
 		switch {
-		case va.DeletionTimestamp != nil:
+		case va.deleting:
 			return Volume{}, "VolumeAttachment is being deleted (detaching)"
-		case !va.Status.Attached:
+		case !va.attached:
 			return Volume{}, "VolumeAttachment is not attached"
-		case va.Status.DetachError != nil:
+		case va.detachError:
 			return Volume{}, "VolumeAttachment has a detach error (detaching)"
 		}
 	}
-	v := Volume{PV: pv, Attachment: va, NodeName: node, Driver: pv.Spec.CSI.Driver}
-	if pvcs, _ := p.c.PVCs.ByIndex(IndexVolumeName, pv.Name); len(pvcs) > 0 {
-		v.PVC = pvcs[0].(*corev1.PersistentVolumeClaim)
+	v := Volume{PVName: pv.name, NodeName: node, Driver: pv.driver, pv: pv, attachment: va}
+	if va != nil {
+		v.AttachmentName = va.name
 	}
-	if pv.Spec.StorageClassName != "" {
-		if o, ok, _ := p.c.StorageClasses.GetByKey(pv.Spec.StorageClassName); ok {
-			v.StorageClass = o.(*storagev1.StorageClass)
+	if pv.claimName != "" {
+		if obj, ok, _ := p.c.PVCs.GetByKey(pv.claimNamespace + "/" + pv.claimName); ok {
+			// A claim of the same name created after the PV's was deleted is not this volume's.
+			if c := claimRecord(obj); c.volumeName == pv.name && (pv.claimUID == "" || c.uid == pv.claimUID) {
+				v.claim = c
+			}
+		}
+	}
+	if pv.storageClass != "" {
+		if o, ok, _ := p.c.StorageClasses.GetByKey(pv.storageClass); ok {
+			v.storageClass = o.(*storagev1.StorageClass)
 		}
 	}
 	if o, ok, _ := p.c.Nodes.GetByKey(node); ok {
-		v.Node = o.(*corev1.Node)
+		v.node = o.(*corev1.Node)
 	}
 	return v, ""
 }
@@ -319,6 +437,6 @@ func sortVolumes(vols []Volume) {
 		if vols[i].NodeName != vols[j].NodeName {
 			return vols[i].NodeName < vols[j].NodeName
 		}
-		return vols[i].PV.Name < vols[j].PV.Name
+		return vols[i].PVName < vols[j].PVName
 	})
 }

@@ -6,7 +6,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func pv(name, sc, driver string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
@@ -31,31 +32,9 @@ func va(pvName, driver, node string, attached bool) *storagev1.VolumeAttachment 
 
 func newTestPlanner(t *testing.T, objs ...any) *Planner {
 	t.Helper()
-	c := Caches{
-		PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVIndexers()),
-		VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, VAIndexers()),
-		PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, PVCIndexers()),
-		StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
-		CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
-		Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
-	}
+	c := NewLocalCaches()
 	for _, o := range objs {
-		var err error
-		switch o.(type) {
-		case *corev1.PersistentVolume:
-			err = c.PVs.Add(o)
-		case *storagev1.VolumeAttachment:
-			err = c.VolumeAttachments.Add(o)
-		case *corev1.PersistentVolumeClaim:
-			err = c.PVCs.Add(o)
-		case *storagev1.StorageClass:
-			err = c.StorageClasses.Add(o)
-		case *storagev1.CSIDriver:
-			err = c.CSIDrivers.Add(o)
-		case *corev1.Node:
-			err = c.Nodes.Add(o)
-		}
-		if err != nil {
+		if err := c.Add(o.(runtime.Object)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,7 +71,7 @@ func TestPlannerGuards(t *testing.T) {
 			p := newTestPlanner(t, objs...)
 			vols, skipped := p.NodeVolumes("d", "n1")
 			if tc.reason == "" {
-				if len(vols) != 1 || len(skipped) != 0 || vols[0].PV.Name != "a" || vols[0].NodeName != "n1" {
+				if len(vols) != 1 || len(skipped) != 0 || vols[0].PVName != "a" || vols[0].NodeName != "n1" {
 					t.Fatalf("volumes %v, skipped %v; want volume a on n1", vols, skipped)
 				}
 				return
@@ -117,10 +96,11 @@ func TestPlannerSelection(t *testing.T) {
 	)
 
 	vols, _ := p.NodeVolumes("rbd", "n1")
-	if len(vols) != 2 || vols[0].PV.Name != "r1" || vols[1].PV.Name != "r3" {
+	if len(vols) != 2 || vols[0].PVName != "r1" || vols[1].PVName != "r3" {
 		t.Fatalf("rbd on n1 = %v, want r1 and r3", names(vols))
 	}
-	if vols[0].PVC == nil || vols[0].PVC.Name != "claim-r1" || vols[0].StorageClass == nil || vols[0].Node == nil || vols[0].Node.Labels["zone"] != "a" {
+	if o := vols[0].Objects(); o.PVC == nil || o.PVC.Name != "claim-r1" || o.StorageClass == nil || o.Node == nil || o.Node.Labels["zone"] != "a" ||
+		o.Attachment == nil || o.Attachment.Spec.NodeName != "n1" || o.PV.Spec.CSI == nil || o.PV.Spec.CSI.Driver != "rbd" {
 		t.Errorf("r1's objects not joined: %+v", vols[0])
 	}
 
@@ -139,7 +119,7 @@ func TestPlannerSelection(t *testing.T) {
 	}
 
 	vols, skipped := p.StagedVolumes("cephfs", "n3", []string{"f1", "r1", "gone"})
-	if len(vols) != 1 || vols[0].PV.Name != "f1" || vols[0].NodeName != "n3" || vols[0].Attachment != nil {
+	if len(vols) != 1 || vols[0].PVName != "f1" || vols[0].NodeName != "n3" || vols[0].AttachmentName != "" || vols[0].Objects().Attachment != nil {
 		t.Fatalf("staged cephfs on n3 = %v, want f1 without attachment", names(vols))
 	}
 	if len(skipped) != 2 {
@@ -150,7 +130,7 @@ func TestPlannerSelection(t *testing.T) {
 func names(vols []Volume) []string {
 	var out []string
 	for _, v := range vols {
-		out = append(out, v.PV.Name+"@"+v.NodeName)
+		out = append(out, v.PVName+"@"+v.NodeName)
 	}
 	return out
 }
@@ -168,7 +148,7 @@ func TestPlannerRecheckSeesLaterDetach(t *testing.T) {
 	detaching := attachment.DeepCopy()
 	now := metav1.Now()
 	detaching.DeletionTimestamp = &now
-	if err := p.c.VolumeAttachments.Update(detaching); err != nil {
+	if err := p.c.Add(detaching); err != nil {
 		t.Fatal(err)
 	}
 	if _, reason := p.Recheck(vols[0]); reason != "VolumeAttachment is being deleted (detaching)" {
@@ -179,5 +159,56 @@ func TestPlannerRecheckSeesLaterDetach(t *testing.T) {
 	}
 	if _, reason := p.Recheck(vols[0]); reason != "VolumeAttachment is gone (detached)" {
 		t.Errorf("recheck after the detach: %q", reason)
+	}
+}
+
+func TestPlannerClaimMustBeTheBoundOne(t *testing.T) {
+	bound := pv("a", "gold", "d", corev1.VolumeBound)
+	bound.Spec.ClaimRef.UID = "uid-1"
+	claim := func(uid types.UID, volume string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "claim-a", UID: uid,
+			Annotations: map[string]string{"team": "db"}}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume}}
+	}
+	tests := map[string]struct {
+		claim *corev1.PersistentVolumeClaim
+		want  bool
+	}{
+		"the bound claim":                 {claim: claim("uid-1", "a"), want: true},
+		"a new claim of the same name":    {claim: claim("uid-2", "a")},
+		"a claim bound to another volume": {claim: claim("uid-1", "b")},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := newTestPlanner(t, bound, va("a", "d", "n1", true), tc.claim)
+			vols, _ := p.NodeVolumes("d", "n1")
+			if len(vols) != 1 {
+				t.Fatalf("volumes %v, want a", names(vols))
+			}
+			got := vols[0].Claim()
+			if (got != nil) != tc.want {
+				t.Fatalf("claim = %v, want found %v", got, tc.want)
+			}
+			if got == nil {
+				return
+			}
+			if got.UID != "uid-1" || got.Annotations["team"] != "db" || vols[0].ClaimName().String() != "shop/claim-a" {
+				t.Errorf("claim = %+v", got.ObjectMeta)
+			}
+			if v, ok := vols[0].ClaimAnnotation("team"); !ok || v != "db" {
+				t.Errorf("ClaimAnnotation(team) = %q, %v", v, ok)
+			}
+		})
+	}
+}
+
+func TestPlannerPVVolumesFindsEveryAttachment(t *testing.T) {
+	p := newTestPlanner(t, pv("a", "gold", "d", corev1.VolumeBound), pv("b", "gold", "d", corev1.VolumeBound),
+		va("a", "d", "n1", true), va("a", "d", "n2", true), va("b", "d", "n1", true))
+	vols, _ := p.PVVolumes("a")
+	if got := names(vols); len(got) != 2 || got[0] != "a@n1" || got[1] != "a@n2" {
+		t.Fatalf("PVVolumes(a) = %v, want a@n1 and a@n2", got)
+	}
+	if vols, _ := p.PVVolumes("missing"); len(vols) != 0 {
+		t.Errorf("PVVolumes(missing) = %v", names(vols))
 	}
 }

@@ -16,9 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -126,8 +124,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 
-	// Storage objects: shared informers with the planner's indexes, stripped of managed fields.
-	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(stripManagedFields))
+	// Storage objects: shared informers with the planner's indexes, holding compact records of
+	// PVs, PVCs and VolumeAttachments (see scheduler.CacheTransform).
+	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(scheduler.CacheTransform))
 	caches, err := plannerCaches(factory)
 	if err != nil {
 		return err
@@ -297,10 +296,7 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 	// A deleted PV's history goes with it.
 	_, err = factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if pv, ok := obj.(*corev1.PersistentVolume); ok {
+			if pv := scheduler.PersistentVolumeFrom(obj); pv != nil {
 				sweeper.Forget(pv)
 			}
 		},
@@ -310,7 +306,7 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 	}
 	// PVCs carry manual sweep requests for their volume.
 	observeClaim := func(obj any) {
-		if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+		if pvc := scheduler.ClaimFrom(obj); pvc != nil {
 			t.manual.Observe(ctx, pvc)
 		}
 	}
@@ -440,15 +436,6 @@ func plannerCaches(factory informers.SharedInformerFactory) (scheduler.Caches, e
 		CSIDrivers:        factory.Storage().V1().CSIDrivers().Informer().GetStore(),
 		Nodes:             factory.Core().V1().Nodes().Informer().GetStore(),
 	}, nil
-}
-
-// stripManagedFields drops what no part of the controller reads from cached objects, to keep the
-// caches of large clusters small.
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 // sidecarClient builds the client of the sidecars from the configuration.

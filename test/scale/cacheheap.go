@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -29,46 +28,13 @@ type cacheHeap struct {
 	ProfileTop     []string `json:"profileTop,omitempty"`
 }
 
-// stripManagedFields is the controller's transform (cmd/volume-healer/run.go).
+// stripManagedFields is the transform the controller used before scheduler.CacheTransform:
+// API objects without their managed fields. It is measured beside the shipped one.
 func stripManagedFields(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
-}
-
-// keepReadFields keeps only what the planner, the policy input, the triggers and Events read:
-// a measure of what a stricter transform would save. It is not the controller's.
-func keepReadFields(obj any) (any, error) {
-	meta := func(m metav1.ObjectMeta, annotations bool) metav1.ObjectMeta {
-		out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
-			DeletionTimestamp: m.DeletionTimestamp, Labels: m.Labels}
-		if annotations {
-			out.Annotations = m.Annotations
-		}
-		return out
-	}
-	switch o := obj.(type) {
-	case *corev1.PersistentVolume:
-		return &corev1.PersistentVolume{
-			ObjectMeta: meta(o.ObjectMeta, false),
-			Spec: corev1.PersistentVolumeSpec{
-				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: o.Spec.CSI},
-				AccessModes:            o.Spec.AccessModes, ClaimRef: o.Spec.ClaimRef,
-				StorageClassName: o.Spec.StorageClassName, MountOptions: o.Spec.MountOptions, VolumeMode: o.Spec.VolumeMode,
-			},
-			Status: corev1.PersistentVolumeStatus{Phase: o.Status.Phase},
-		}, nil
-	case *corev1.PersistentVolumeClaim:
-		return &corev1.PersistentVolumeClaim{ObjectMeta: meta(o.ObjectMeta, true),
-			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: o.Spec.VolumeName, StorageClassName: o.Spec.StorageClassName}}, nil
-	case *storagev1.VolumeAttachment:
-		return &storagev1.VolumeAttachment{ObjectMeta: meta(o.ObjectMeta, false), Spec: o.Spec,
-			Status: storagev1.VolumeAttachmentStatus{Attached: o.Status.Attached, DetachError: o.Status.DetachError}}, nil
-	case *corev1.Node:
-		return &corev1.Node{ObjectMeta: meta(o.ObjectMeta, false)}, nil
-	}
-	return stripManagedFields(obj)
 }
 
 // measureCacheHeap fills the controller's storage informers in this process with transform and

@@ -265,8 +265,8 @@ func (h *harness) measureCluster(ctx context.Context) error {
 		transform func(any) (any, error)
 		sidecar   bool
 	}{
-		{"controller, managed fields stripped (as shipped)", stripManagedFields, false},
-		{"controller, only the fields it reads (a stricter transform)", keepReadFields, false},
+		{"controller, compact records (scheduler.CacheTransform, as shipped)", scheduler.CacheTransform, false},
+		{"controller, API objects with managed fields stripped (the transform before)", stripManagedFields, false},
 		{"one sidecar, every PersistentVolume of the cluster (as shipped)", stripManagedFields, true},
 	} {
 		profile := ""

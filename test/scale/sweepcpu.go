@@ -18,6 +18,7 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -117,18 +118,12 @@ type planningFixture struct {
 // spread perNode to a node.
 func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, error) {
 	f := &planningFixture{
-		caches: scheduler.Caches{
-			PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVIndexers()),
-			VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.VAIndexers()),
-			PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVCIndexers()),
-			StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
-			CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
-			Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
-		},
+		caches:  scheduler.NewLocalCaches(),
 		targets: healer.NewTargetMap(),
 		volumes: volumes,
 	}
-	add := func(store cache.Store, obj any) error { return store.Add(obj) }
+	// The stores hold what the controller's informers hold: the records of scheduler.CacheTransform.
+	add := func(_ cache.Store, obj kruntime.Object) error { return f.caches.Add(obj) }
 	if err := add(f.caches.CSIDrivers, s.driver.DeepCopy()); err != nil {
 		return nil, err
 	}
