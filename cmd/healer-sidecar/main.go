@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	vhconfig "github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer/sidecar"
 )
 
@@ -102,6 +103,11 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 
 // run builds the sidecar and serves until ctx ends.
 func run(ctx context.Context, cfg *config) error {
+	if limit, err := vhconfig.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
+		klog.FromContext(ctx).Error(err, "Running without a Go memory limit")
+	} else {
+		klog.FromContext(ctx).Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+	}
 	restCfg, err := restConfig(cfg.kubeconfig)
 	if err != nil {
 		return err

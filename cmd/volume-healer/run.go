@@ -46,6 +46,11 @@ const shutdownTimeout = 30 * time.Second
 func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
+	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
+		logger.Error(err, "Running without a Go memory limit")
+	} else {
+		logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+	}
 
 	restCfg, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
