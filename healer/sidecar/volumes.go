@@ -12,6 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -35,6 +36,29 @@ func indexByDriverHandle(obj any) ([]string, error) {
 		return nil, nil
 	}
 	return []string{driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle)}, nil
+}
+
+// leanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads. The
+// sidecar caches every PV of the cluster (a field selector cannot pick a node's PVs), so every
+// byte dropped here is saved once per PV on every node.
+func leanPersistentVolume(obj any) (any, error) {
+	pv, ok := obj.(*corev1.PersistentVolume)
+	if !ok {
+		return stripManagedFields(obj)
+	}
+	lean := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pv.Name, UID: pv.UID, ResourceVersion: pv.ResourceVersion},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes: pv.Spec.AccessModes, MountOptions: pv.Spec.MountOptions, VolumeMode: pv.Spec.VolumeMode,
+		},
+	}
+	if src := pv.Spec.CSI; src != nil {
+		lean.Spec.CSI = &corev1.CSIPersistentVolumeSource{
+			Driver: src.Driver, VolumeHandle: src.VolumeHandle, ReadOnly: src.ReadOnly, FSType: src.FSType,
+			VolumeAttributes: src.VolumeAttributes, NodeStageSecretRef: src.NodeStageSecretRef,
+		}
+	}
+	return lean, nil
 }
 
 // stripManagedFields keeps cached objects small: nothing here reads managed fields.
@@ -70,7 +94,7 @@ type volumes struct {
 }
 
 func newVolumes(client kubernetes.Interface, o *Options) (*volumes, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(leanPersistentVolume))
 	pvs := factory.Core().V1().PersistentVolumes().Informer()
 	if err := pvs.AddIndexers(cache.Indexers{pvByHandleIndex: indexByDriverHandle}); err != nil {
 		return nil, fmt.Errorf("index PersistentVolumes: %w", err)

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -265,5 +266,45 @@ func TestSecretsForbidden(t *testing.T) {
 		if took := time.Since(start); took > 10*time.Second {
 			t.Errorf("call %d took %s; a failed list should not wait out the one-minute sync timeout", i+1, took)
 		}
+	}
+}
+
+// The cache keeps a lean copy of every PV: what the driver is sent must not change because of it.
+func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
+	block := corev1.PersistentVolumeBlock
+	pvs := map[string]*corev1.PersistentVolume{
+		"filesystem": testPV("fs", "d", "vol-1", func(pv *corev1.PersistentVolume) {
+			pv.Labels = map[string]string{"big": "label"}
+			pv.Spec.MountOptions = []string{"discard"}
+			pv.Spec.CSI.ReadOnly = true
+			pv.Spec.CSI.VolumeAttributes = map[string]string{"pool": "rbd"}
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
+			pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "shop", Name: "db"}
+		}),
+		"raw block": testPV("blk", "d", "vol-2", func(pv *corev1.PersistentVolume) {
+			pv.Spec.VolumeMode = &block
+			pv.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+		}),
+	}
+	for name, pv := range pvs {
+		t.Run(name, func(t *testing.T) {
+			obj, err := leanPersistentVolume(pv.DeepCopy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			lean := obj.(*corev1.PersistentVolume)
+			if lean.Labels != nil || lean.Spec.ClaimRef != nil {
+				t.Errorf("lean copy keeps fields nothing reads: %+v", lean)
+			}
+			if got, want := stagingPath("/var/lib/kubelet", lean), stagingPath("/var/lib/kubelet", pv); got != want {
+				t.Errorf("staging path %q, want %q", got, want)
+			}
+			if got, want := volumeCapability(lean).String(), volumeCapability(pv).String(); got != want {
+				t.Errorf("capability %s, want %s", got, want)
+			}
+			if !reflect.DeepEqual(lean.Spec.CSI, pv.Spec.CSI) {
+				t.Errorf("CSI source %+v, want %+v", lean.Spec.CSI, pv.Spec.CSI)
+			}
+		})
 	}
 }
