@@ -73,6 +73,8 @@ func startController(t *testing.T, name string, env map[string]string) *controll
 		t.Fatal(err)
 	}
 	cmd := exec.Command(s.controllerBin)
+	// The controller dies with the test binary, however it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = environ
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

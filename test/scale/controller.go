@@ -167,6 +167,9 @@ current-context: scale
 	}
 	p.cmd = exec.Command(bin)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	// The controller dies with the harness, however the harness ends (an interrupted run left
+	// controllers behind before).
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	p.cmd.Env = append(os.Environ(),
 		"VOLUME_HEALER_KUBECONFIG="+kubeconfig,
 		"VOLUME_HEALER_METRICS_BIND_ADDRESS="+p.metricsAddr,
