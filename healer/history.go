@@ -30,10 +30,19 @@ type memory struct {
 	states map[string]*volumeState
 	// gens counts capability changes per driver and node: a restart of the node plugin bumps it.
 	gens map[string]uint64
+	// unhealthyCounts is the unhealthy-volumes gauge kept current as states change, so that a
+	// scrape copies a few label combinations instead of walking every remembered volume under
+	// mu, the lock every probe result takes. A combination that drops to zero is deleted, as a
+	// recount would never produce it. The counts hold as long as states change only through
+	// update and forget, and a recorded ProbeRecord is replaced, never changed in place.
+	unhealthyCounts map[unhealthyKey]int
 }
 
+// unhealthyKey is one series of the unhealthy-volumes gauge: driver and health status.
+type unhealthyKey = [2]string
+
 func newMemory() *memory {
-	return &memory{states: map[string]*volumeState{}, gens: map[string]uint64{}}
+	return &memory{states: map[string]*volumeState{}, gens: map[string]uint64{}, unhealthyCounts: map[unhealthyKey]int{}}
 }
 
 func (m *memory) get(pv string) volumeState {
@@ -53,7 +62,10 @@ func (m *memory) update(pv string, f func(*volumeState)) {
 		s = &volumeState{}
 		m.states[pv] = s
 	}
+	// Whatever f changes, the volume's old contribution to the gauge goes out and its new one in.
+	m.countUnhealthy(s, -1)
 	f(s)
+	m.countUnhealthy(s, +1)
 }
 
 func (m *memory) generation(driver, node string) uint64 {
@@ -119,29 +131,54 @@ func policyHealth(hs []probe.Health) []policy.Health {
 }
 
 // unhealthy counts the volumes whose last probe found them unhealthy, by driver and health status.
-// A volume with two statuses counts under each.
-func (m *memory) unhealthy() map[[2]string]int {
+// A volume with two statuses counts under each. It copies the counts kept by update and forget.
+func (m *memory) unhealthy() map[unhealthyKey]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[[2]string]int{}
-	for _, s := range m.states {
-		if s.history.LastProbe == nil || s.history.LastProbe.Healthy {
-			continue
-		}
-		seen := map[policy.HealthStatus]bool{}
-		for _, h := range s.history.LastProbe.Health {
-			if !seen[h.Status] {
-				seen[h.Status] = true
-				out[[2]string{s.driver, string(h.Status)}]++
-			}
-		}
+	out := make(map[unhealthyKey]int, len(m.unhealthyCounts))
+	for k, n := range m.unhealthyCounts {
+		out[k] = n
 	}
 	return out
 }
 
-// forget drops what is remembered about a deleted PV.
+// countUnhealthy adds delta to the gauge's count of each distinct status of s's last probe, if that
+// probe found the volume unhealthy. The caller holds m.mu.
+func (m *memory) countUnhealthy(s *volumeState, delta int) {
+	p := s.history.LastProbe
+	if p == nil || p.Healthy {
+		return
+	}
+	for i, h := range p.Health {
+		if repeatedStatus(p.Health[:i], h.Status) {
+			continue
+		}
+		k := unhealthyKey{s.driver, string(h.Status)}
+		if n := m.unhealthyCounts[k] + delta; n != 0 {
+			m.unhealthyCounts[k] = n
+		} else {
+			delete(m.unhealthyCounts, k)
+		}
+	}
+}
+
+// repeatedStatus reports whether status is among earlier. A probe reports a handful of statuses at
+// most, so a scan costs less than a set.
+func repeatedStatus(earlier []policy.Health, status policy.HealthStatus) bool {
+	for _, h := range earlier {
+		if h.Status == status {
+			return true
+		}
+	}
+	return false
+}
+
+// forget drops what is remembered about a deleted PV, and its part of the unhealthy-volumes gauge.
 func (m *memory) forget(pv string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.states, pv)
+	if s, ok := m.states[pv]; ok {
+		m.countUnhealthy(s, -1)
+		delete(m.states, pv)
+	}
 }

@@ -174,7 +174,8 @@ type DispatchStats struct {
 // worked off at the pace the budgets allow instead of becoming a storm of heals.
 //
 // Tasks start in this order: restart before manual before schedule, then higher Priority first;
-// between equals the (driver, node) pairs take turns, and on one pair the task submitted first
+// between equals the (driver, node) pair whose node has the most work queued goes first, with the
+// pairs that waited longest gaining on it (see laneLess), and on one pair the task submitted first
 // goes first. A task whose driver or node has no budget left never holds up the others.
 //
 // Queued tasks wait in lanes, one per (driver, node), each a heap in dispatch order; each driver
@@ -184,6 +185,9 @@ type DispatchStats struct {
 type Dispatcher struct {
 	opts    DispatcherOptions
 	metrics *DispatchMetrics
+	// queueWeight and waitWeight rank lanes of equal class (see rankLocked): a queued task of the
+	// lane's node weighs queueWeight, a call started elsewhere while the lane waits waitWeight.
+	queueWeight, waitWeight int64
 	// wake tells the timer loop that the earliest waiting task changed.
 	wake chan struct{}
 	// calls counts the calls started and not yet settled, so that Start can wait for them.
@@ -230,14 +234,17 @@ func NewDispatcher(opts DispatcherOptions) (*Dispatcher, error) {
 	return &Dispatcher{
 		opts:    opts,
 		metrics: opts.Metrics,
-		wake:    make(chan struct{}, 1),
-		log:     klog.Background(),
-		volumes: map[string]*volumeState{},
-		pruneAt: pruneFloor,
-		drivers: map[string]*driverState{},
-		nodes:   map[string]*nodeState{},
-		lanes:   map[laneKey]*lane{},
-		waiting: jobHeap{less: waitsLess},
+		// A round is the calls a lane competes for; a lane can hold at most the slots of its node.
+		queueWeight: int64(min(opts.Global, opts.PerDriver)),
+		waitWeight:  int64(min(opts.Global, opts.PerDriver, opts.PerNode)),
+		wake:        make(chan struct{}, 1),
+		log:         klog.Background(),
+		volumes:     map[string]*volumeState{},
+		pruneAt:     pruneFloor,
+		drivers:     map[string]*driverState{},
+		nodes:       map[string]*nodeState{},
+		lanes:       map[laneKey]*lane{},
+		waiting:     jobHeap{less: waitsLess},
 	}, nil
 }
 
@@ -663,7 +670,7 @@ func (d *Dispatcher) dispatchLocked(now time.Time) []call {
 		j.lane = nil
 		// Count the call before the lane may be dropped, so its driver and node are kept.
 		out = append(out, d.startLocked(j, best.driver, best.node, now))
-		best.started++
+		best.servedAt = int64(d.stats.Started)
 		d.laneChangedLocked(best)
 	}
 	return out
@@ -741,16 +748,59 @@ func (d *Dispatcher) laneLocked(driver, node string) *lane {
 		ns = &nodeState{name: node}
 		d.nodes[node] = ns
 	}
-	l := &lane{key: key, driver: ds, node: ns, index: -1, jobs: jobHeap{less: dispatchLess}}
+	// A new lane has waited since now, like one served just now.
+	l := &lane{key: key, driver: ds, node: ns, index: -1, jobs: jobHeap{less: dispatchLess}, servedAt: int64(d.stats.Started)}
 	ds.laneCount++
-	ns.laneCount++
+	ns.lanes = append(ns.lanes, l)
 	d.lanes[key] = l
 	return l
 }
 
+// rankLocked sets a lane's urgency among lanes of equal class from its node's queued tasks and the
+// calls started since the lane last started one (or appeared):
+//
+//	urgency = ready(node) / slots + waited / round
+//
+// in units of one call's time, where slots is what one node may hold (waitWeight), a round is the
+// calls of the budget the lane competes for (queueWeight), and waited counts calls started.
+//
+// The first term is how long the node needs to work off its queue at its full per-node budget.
+// Serving that first is what keeps a node with far more volumes than the others from being left
+// to run alone, below the global budget, at the end of a rollout.
+//
+// The second term bounds how long a small lane waits, which the first alone would not when the
+// lanes ahead keep being refilled: a waiting lane gains a node's whole budget of tasks per round,
+// so after as many rounds as the node with the most queued work needs at its full pace, it is
+// ahead of every lane served meanwhile, and the few still ahead of it have waited longer and drop
+// behind once served. One volume has at most one queued task, so that wait is bounded, and it is
+// no longer than the node with the most work needs anyway.
+// Waiting is counted in calls started rather than on the clock, so the order does not depend on
+// how long calls take.
+//
+// Multiplied by slots x round, and with the calls started so far left out (they are the same for
+// every lane), the key does not change while a lane waits, so the driver heaps stay in order
+// without a rescan.
+func (d *Dispatcher) rankLocked(l *lane) {
+	l.urgency = int64(l.node.ready)*d.queueWeight - l.servedAt*d.waitWeight
+}
+
 // laneChangedLocked restores the heap order after a lane's jobs changed, and drops a lane that
-// became empty.
+// became empty. Its node's queue changed with it, so the node's other lanes are ranked again.
 func (d *Dispatcher) laneChangedLocked(l *lane) {
+	if delta := len(l.jobs.items) - l.counted; delta != 0 {
+		l.counted += delta
+		l.node.ready += delta
+		for _, o := range l.node.lanes {
+			if o == l {
+				continue
+			}
+			d.rankLocked(o)
+			if o.index >= 0 {
+				heap.Fix(&o.driver.lanes, o.index)
+			}
+		}
+	}
+	d.rankLocked(l)
 	if len(l.jobs.items) == 0 {
 		if l.index >= 0 {
 			heap.Remove(&l.driver.lanes, l.index)
@@ -769,7 +819,15 @@ func (d *Dispatcher) laneChangedLocked(l *lane) {
 		}
 		delete(d.lanes, l.key)
 		l.driver.laneCount--
-		l.node.laneCount--
+		nl := l.node.lanes
+		for i := range nl {
+			if nl[i] == l {
+				nl[i] = nl[len(nl)-1]
+				nl[len(nl)-1] = nil
+				l.node.lanes = nl[:len(nl)-1]
+				break
+			}
+		}
 		d.dropIdleLocked(l.driver, l.node)
 		return
 	}
@@ -797,7 +855,7 @@ func (d *Dispatcher) dropIdleLocked(ds *driverState, ns *nodeState) {
 			}
 		}
 	}
-	if ns.inFlight == 0 && ns.laneCount == 0 && d.nodes[ns.name] == ns {
+	if ns.inFlight == 0 && len(ns.lanes) == 0 && d.nodes[ns.name] == ns {
 		delete(d.nodes, ns.name)
 	}
 }
@@ -938,10 +996,11 @@ func dispatchLess(a, b *job) bool {
 }
 
 // laneLess orders lanes by their best jobs: trigger class and priority first; between equals, the
-// lane that has started fewer calls, then the job submitted first. Taking turns between lanes
-// rather than strictly first-come spreads a rollout's calls over all restarted nodes: each gets
-// its first probe early, none carries more than its share, and they all finish together instead of
-// the last few nodes running alone, below the global budget, at the end.
+// more urgent lane (rankLocked: most queued work on its node, gained on by waiting), then the job
+// submitted first. Taking turns instead would leave a node with ten times the others' volumes
+// less than its share while they have work, and then running alone with its per-node budget, the
+// global budget mostly idle, at the end of a rollout. Nodes of equal work still take turns: the
+// one served last has the lowest urgency of them.
 func laneLess(a, b *lane) bool {
 	ja, jb := a.jobs.items[0], b.jobs.items[0]
 	if classLess(&ja.task, &jb.task) {
@@ -950,8 +1009,8 @@ func laneLess(a, b *lane) bool {
 	if classLess(&jb.task, &ja.task) {
 		return false
 	}
-	if a.started != b.started {
-		return a.started < b.started
+	if a.urgency != b.urgency {
+		return a.urgency > b.urgency
 	}
 	return ja.seq < jb.seq
 }
@@ -1004,8 +1063,13 @@ type lane struct {
 	index int
 	// parked is set while the lane waits for its node to free a slot.
 	parked bool
-	// started counts the calls started from the lane, to take turns between lanes.
-	started int
+	// counted is the number of the lane's jobs counted in its node's ready.
+	counted int
+	// servedAt is the count of calls started (DispatchStats.Started) when the lane last started a
+	// call, or when it appeared.
+	servedAt int64
+	// urgency ranks the lane among lanes of equal class, higher first; see rankLocked.
+	urgency int64
 }
 
 // driverState is one driver's budget and its lanes that have ready jobs.
@@ -1017,12 +1081,14 @@ type driverState struct {
 	gauge     prometheus.Gauge
 }
 
-// nodeState is one node's budget and its lanes parked while it is full.
+// nodeState is one node's budget, its lanes, and those of them parked while it is full.
 type nodeState struct {
-	name      string
-	inFlight  int
-	blocked   []*lane
-	laneCount int
+	name     string
+	inFlight int
+	blocked  []*lane
+	// lanes are the node's lanes, one per driver with ready jobs there; ready counts their jobs.
+	lanes []*lane
+	ready int
 }
 
 // laneHeap orders a driver's lanes by their best job.

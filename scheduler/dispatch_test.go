@@ -1169,36 +1169,64 @@ func TestDispatchMetrics(t *testing.T) {
 	}
 }
 
-func TestDispatchTakesTurnsBetweenNodes(t *testing.T) {
-	d, err := NewDispatcher(DispatcherOptions{Global: 1})
-	if err != nil {
-		t.Fatal(err)
+func TestDispatchOrderBetweenNodes(t *testing.T) {
+	type sub struct{ name, driver, node string }
+	tests := map[string]struct {
+		subs []sub
+		// restart names the one submission of the restart class; the others are periodic.
+		restart string
+		want    []string
+	}{
+		// With one slot, a task queued on a node counts as much as a call started elsewhere while
+		// a lane waits. node-b, with the most queued, goes first and twice, until node-c, equal to
+		// it and waiting, has its turn; node-a, with one task, is served once it has waited three
+		// calls, before node-b's remaining two.
+		"the node with the most queued first, gained on by waiting": {
+			subs: []sub{{"a1", "rbd", "node-a"}, {"b1", "rbd", "node-b"}, {"b2", "rbd", "node-b"}, {"b3", "rbd", "node-b"},
+				{"b4", "rbd", "node-b"}, {"c1", "rbd", "node-c"}, {"c2", "rbd", "node-c"}},
+			want: []string{"b1", "b2", "c1", "a1", "b3", "c2", "b4"},
+		},
+		// node-a has four volumes over two drivers, node-b three: node-a's per-node budget is the
+		// one that runs longest, so node-a goes first although each of its drivers has fewer.
+		"a node's drivers count together": {
+			subs: []sub{{"a-rbd-1", "rbd", "node-a"}, {"a-rbd-2", "rbd", "node-a"}, {"a-fs-1", "cephfs", "node-a"},
+				{"a-fs-2", "cephfs", "node-a"}, {"b1", "rbd", "node-b"}, {"b2", "rbd", "node-b"}, {"b3", "rbd", "node-b"}},
+			want: []string{"a-rbd-1", "a-fs-1", "b1", "a-rbd-2", "a-fs-2", "b2", "b3"},
+		},
+		"the trigger class before the queue": {
+			subs:    []sub{{"a1", "rbd", "node-a"}, {"a2", "rbd", "node-a"}, {"a3", "rbd", "node-a"}, {"b-restart", "rbd", "node-b"}},
+			restart: "b-restart",
+			want:    []string{"b-restart", "a1", "a2", "a3"},
+		},
 	}
-	var mu sync.Mutex
-	var order []string
-	res := newResults()
-	submit := func(name, node string, trigger Trigger) {
-		d.Submit(Task{Volume: "pv-" + name, Driver: "rbd", Node: node, Trigger: trigger, Done: res.done(name),
-			Run: func(context.Context) error {
-				mu.Lock()
-				order = append(order, name)
-				mu.Unlock()
-				return nil
-			}})
-	}
-	submit("a1", "node-a", TriggerSchedule)
-	submit("a2", "node-a", TriggerSchedule)
-	submit("a3", "node-a", TriggerSchedule)
-	submit("b1", "node-b", TriggerSchedule)
-	submit("b2", "node-b", TriggerSchedule)
-	submit("a-restart", "node-a", TriggerRestart)
-	startDispatcher(t, d)
-	res.wait(t)
-	// The restart task goes first; then node-b, which has had no turn, then the nodes alternate
-	// until node-b runs out.
-	want := []string{"a-restart", "b1", "a1", "b2", "a2", "a3"}
-	if strings.Join(order, " ") != strings.Join(want, " ") {
-		t.Fatalf("order:\n got  %v\n want %v", order, want)
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			d, err := NewDispatcher(DispatcherOptions{Global: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var order []string
+			res := newResults()
+			for _, s := range tc.subs {
+				trigger := TriggerSchedule
+				if s.name == tc.restart {
+					trigger = TriggerRestart
+				}
+				d.Submit(Task{Volume: "pv-" + s.name, Driver: s.driver, Node: s.node, Trigger: trigger, Done: res.done(s.name),
+					Run: func(context.Context) error {
+						mu.Lock()
+						order = append(order, s.name)
+						mu.Unlock()
+						return nil
+					}})
+			}
+			startDispatcher(t, d)
+			res.wait(t)
+			if strings.Join(order, " ") != strings.Join(tc.want, " ") {
+				t.Fatalf("order:\n got  %v\n want %v", order, tc.want)
+			}
+		})
 	}
 }
 
