@@ -38,10 +38,11 @@ func indexByDriverHandle(obj any) ([]string, error) {
 	return []string{driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle)}, nil
 }
 
-// leanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads. The
+// LeanPersistentVolume is the transform of the sidecar's PersistentVolume informer: it keeps of a
+// PersistentVolume what resolving it for the driver reads. The
 // sidecar caches every PV of the cluster (a field selector cannot pick a node's PVs), so every
 // byte dropped here is saved once per PV on every node.
-func leanPersistentVolume(obj any) (any, error) {
+func LeanPersistentVolume(obj any) (any, error) {
 	pv, ok := obj.(*corev1.PersistentVolume)
 	if !ok {
 		return stripManagedFields(obj)
@@ -94,7 +95,7 @@ type volumes struct {
 }
 
 func newVolumes(client kubernetes.Interface, o *Options) (*volumes, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(leanPersistentVolume))
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(LeanPersistentVolume))
 	pvs := factory.Core().V1().PersistentVolumes().Informer()
 	if err := pvs.AddIndexers(cache.Indexers{pvByHandleIndex: indexByDriverHandle}); err != nil {
 		return nil, fmt.Errorf("index PersistentVolumes: %w", err)

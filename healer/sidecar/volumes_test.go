@@ -288,7 +288,7 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 	}
 	for name, pv := range pvs {
 		t.Run(name, func(t *testing.T) {
-			obj, err := leanPersistentVolume(pv.DeepCopy())
+			obj, err := LeanPersistentVolume(pv.DeepCopy())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -50,6 +50,10 @@ type Layout struct {
 	MemoryVolumes int `json:"memoryVolumes"`
 	// SweepCPUVolumes are the volumes of figure 5's in-process sweep.
 	SweepCPUVolumes int `json:"sweepCpuVolumes"`
+	// DecodedCacheVolumes are the volumes of figure 4's in-process cache measurement at the
+	// goal's size: objects encoded and decoded as the API server sends them, through the
+	// controller's transform into stores with its indexes, without an API server to fill.
+	DecodedCacheVolumes int `json:"decodedCacheVolumes"`
 	// Workers create objects concurrently.
 	Workers int `json:"workers"`
 	// Settle is how long the controller idles before its memory is read.
@@ -69,12 +73,13 @@ func ShortLayout() Layout {
 		Restarts: 5, GrownRestarts: 2,
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 8, PerDriver: 8, PerNode: 4,
-		CallDelay:         20 * time.Millisecond,
-		MemoryVolumes:     240,
-		SweepCPUVolumes:   2000,
-		Workers:           16,
-		Settle:            time.Second,
-		ControllerProfile: 2 * time.Second,
+		CallDelay:           20 * time.Millisecond,
+		MemoryVolumes:       240,
+		SweepCPUVolumes:     2000,
+		DecodedCacheVolumes: 2000,
+		Workers:             16,
+		Settle:              time.Second,
+		ControllerProfile:   2 * time.Second,
 	}
 }
 
@@ -85,13 +90,14 @@ func FullLayout() Layout {
 		Restarts: 40, GrownRestarts: 5,
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 64, PerDriver: 64, PerNode: 4,
-		CallDelay:         50 * time.Millisecond,
-		MemoryVolumes:     40000,
-		SweepCPUVolumes:   100000,
-		Workers:           48,
-		Settle:            5 * time.Second,
-		Profile:           true,
-		ControllerProfile: 30 * time.Second,
+		CallDelay:           50 * time.Millisecond,
+		MemoryVolumes:       40000,
+		SweepCPUVolumes:     100000,
+		DecodedCacheVolumes: 100000,
+		Workers:             48,
+		Settle:              5 * time.Second,
+		Profile:             true,
+		ControllerProfile:   30 * time.Second,
 	}
 }
 
@@ -267,7 +273,7 @@ func (h *harness) measureCluster(ctx context.Context) error {
 	}{
 		{"controller, compact records (scheduler.CacheTransform, as shipped)", scheduler.CacheTransform, false},
 		{"controller, API objects with managed fields stripped (the transform before)", stripManagedFields, false},
-		{"one sidecar, every PersistentVolume of the cluster (as shipped)", stripManagedFields, true},
+		{"one sidecar, every PersistentVolume of the cluster (as shipped)", sidecar.LeanPersistentVolume, true},
 	} {
 		profile := ""
 		if l.Profile {
@@ -279,6 +285,21 @@ func (h *harness) measureCluster(ctx context.Context) error {
 		}
 		h.res.Memory.Caches = append(h.res.Memory.Caches, ch)
 		h.logf("figure 4: informer caches of %d volumes in this process, %s: %.1f MiB live, %.0f bytes per volume",
+			ch.Volumes, ch.Name, float64(ch.LiveBytes)/(1<<20), ch.BytesPerVolume)
+	}
+	for _, t := range []struct {
+		name      string
+		transform func(any) (any, error)
+	}{
+		{"controller, compact records (as shipped), decoded in-process", scheduler.CacheTransform},
+		{"controller, API objects with managed fields stripped (the transform before), decoded in-process", stripManagedFields},
+	} {
+		ch, err := h.c.measureDecodedCacheHeap(t.name, t.transform, l.DecodedCacheVolumes)
+		if err != nil {
+			return err
+		}
+		h.res.Memory.Caches = append(h.res.Memory.Caches, ch)
+		h.logf("figure 4: caches of %d decoded volumes in this process, %s: %.1f MiB live, %.0f bytes per volume",
 			ch.Volumes, ch.Name, float64(ch.LiveBytes)/(1<<20), ch.BytesPerVolume)
 	}
 	return nil
@@ -835,7 +856,7 @@ type nodeArrival struct {
 // with a global and a per-node budget and calls that all take call, in 1ms steps. With fair
 // unset it starts the nodes with the most work left first, which gives the shortest finish;
 // with fair set the nodes take turns, one task each per pass, as the controller's dispatcher
-// does between equals. It returns when the last call would end.
+// did between equals before it ranked lanes by their queued work. It returns when the last call would end.
 func idealFinish(nodes []nodeArrival, call time.Duration, global, perNode int, fair bool) time.Time {
 	if len(nodes) == 0 {
 		return time.Time{}

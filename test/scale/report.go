@@ -51,7 +51,7 @@ func (r *Results) markdown() string {
 			s.RolloutSeconds, s.FirstProbeSeconds, s.FinishSeconds, s.DispatchSeconds, s.IdealSeconds, 100*s.Efficiency, 100*s.DispatchEfficiency,
 			100*s.Utilization, s.HandledSeconds, s.MaxInFlight, s.MaxInFlightPerNode, s.MaxInFlightPerVolume, s.BudgetViolations,
 			s.ControllerCPUSeconds, s.HarnessCPUSeconds)
-		p("\nGiven when each node's work arrived, a dispatcher that never idles a usable slot would have finished %.1fs after the first marker (%.1fs when the nodes take turns): efficiency against that %.0f%%. The last sweep to end was %s's (%d volumes); it ran alone for the last %.1fs. From a node's last probe to its handled marker: %.2fs at the median, %.2fs at most.\n",
+		p("\nGiven when each node's work arrived, a dispatcher that never idles a usable slot would have finished %.1fs after the first marker (%.1fs had the nodes taken turns, as the dispatcher did before): efficiency against that %.0f%%. The last sweep to end was %s's (%d volumes); it ran alone for the last %.1fs. From a node's last probe to its handled marker: %.2fs at the median, %.2fs at most.\n",
 			s.ArrivalIdealSeconds, s.ArrivalTakingTurnsSeconds, 100*s.ArrivalEfficiency, s.LastNode, s.LastNodeVolumes, s.TailSeconds, s.HandledLagP50Seconds, s.HandledLagMaxSeconds)
 		p("\nOne node plugin restart took %.1fs at the median, %.1fs at most (64 at a time). The dispatcher had tasks queued for %.1fs; meanwhile its slots were %.0f%% busy by its own gauge and %.0f%% busy at the drivers.\n",
 			s.RestartP50Seconds, s.RestartMaxSeconds, s.BacklogSeconds, 100*s.BacklogControllerUtilization, 100*s.BacklogDriverUtilization)

@@ -178,7 +178,8 @@ type storm struct {
 	ArrivalIdealSeconds float64 `json:"arrivalIdealSeconds"`
 	ArrivalEfficiency   float64 `json:"arrivalEfficiency"`
 	// ArrivalTakingTurnsSeconds is the same simulation with the nodes taking turns (one task
-	// each per pass), as the controller's dispatcher orders equal tasks.
+	// each per pass), the order of the controller's dispatcher before it ranked lanes by
+	// their queued work: kept for comparison.
 	ArrivalTakingTurnsSeconds float64 `json:"arrivalTakingTurnsSeconds"`
 	// LastNode is the node whose sweep ended last, LastNodeVolumes its volumes, and TailSeconds
 	// how long it ran after every other node's sweep had ended.

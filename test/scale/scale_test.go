@@ -169,12 +169,20 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 	if measured != want {
 		t.Errorf("figure 4: %d measured points, want %d", measured, want)
 	}
-	if len(m.Caches) != 3 {
-		t.Fatalf("figure 4: %d in-process cache measurements, want 3", len(m.Caches))
+	// Caches: informer-filled shipped and previous transform, the sidecar's, then the decoded
+	// in-process shipped and previous transform.
+	if len(m.Caches) != 5 {
+		t.Fatalf("figure 4: %d in-process cache measurements, want 5", len(m.Caches))
 	}
-	if m.Caches[0].BytesPerVolume <= 0 || m.Caches[1].BytesPerVolume > m.Caches[0].BytesPerVolume {
-		t.Errorf("figure 4: informer caches take %.0f bytes per volume, %.0f with the stricter transform; want a positive size that the stricter one does not exceed",
-			m.Caches[0].BytesPerVolume, m.Caches[1].BytesPerVolume)
+	for _, pair := range [][2]int{{0, 1}, {3, 4}} {
+		shipped, before := m.Caches[pair[0]], m.Caches[pair[1]]
+		if shipped.BytesPerVolume <= 0 || shipped.BytesPerVolume >= before.BytesPerVolume {
+			t.Errorf("figure 4: %s takes %.0f bytes per volume, %s %.0f; want a positive size below the previous transform's",
+				shipped.Name, shipped.BytesPerVolume, before.Name, before.BytesPerVolume)
+		}
+	}
+	if m.Caches[3].Volumes != l.DecodedCacheVolumes {
+		t.Errorf("figure 4: decoded caches measured with %d volumes, want %d", m.Caches[3].Volumes, l.DecodedCacheVolumes)
 	}
 
 	if len(r.SweepCPU) != 2 {
