@@ -291,31 +291,32 @@ func (p *controllerProcess) cpuProfile(ctx context.Context, d time.Duration, pat
 
 // memory samples the controller's resident set size and Go heap in use, a few times a second
 // apart, and returns the medians.
-func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, heap int64, err error) {
-	var rs, hs []int64
+func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, anon, heap int64, err error) {
+	var rs, as, hs []int64
 	for i := range samples {
 		if i > 0 {
 			select {
 			case <-ctx.Done():
-				return 0, 0, ctx.Err()
+				return 0, 0, 0, ctx.Err()
 			case <-time.After(time.Second):
 			}
 		}
 		r, err := processMemory(p.pid())
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		m, err := controllerMetrics(ctx, p.metricsAddr)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if _, ok := m["go_memstats_heap_inuse_bytes"]; !ok {
-			return 0, 0, errors.New("controller /metrics has no go_memstats_heap_inuse_bytes")
+			return 0, 0, 0, errors.New("controller /metrics has no go_memstats_heap_inuse_bytes")
 		}
-		rs = append(rs, r)
+		rs = append(rs, r.Total)
+		as = append(as, r.Anon)
 		hs = append(hs, int64(metricValue(m, "go_memstats_heap_inuse_bytes")))
 	}
-	return median(rs), median(hs), nil
+	return median(rs), median(as), median(hs), nil
 }
 
 func median(v []int64) int64 {

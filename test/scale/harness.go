@@ -549,16 +549,16 @@ func (h *harness) measureMemory(ctx context.Context, name string, debounce time.
 		return ctx.Err()
 	case <-time.After(h.layout.Settle):
 	}
-	rss, heap, err := h.ctrl.memory(ctx, 3)
+	rss, anon, heap, err := h.ctrl.memory(ctx, 3)
 	if err != nil {
 		return err
 	}
 	if h.res.Memory == nil {
 		h.res.Memory = &memory{}
 	}
-	h.res.Memory.Points = append(h.res.Memory.Points, memoryPoint{Volumes: h.clusterVolumes, Nodes: h.clusterNodes, RSSBytes: rss, HeapInuseBytes: heap, ReadySeconds: ready.Seconds()})
-	h.logf("figure 4: controller with %d volumes cached: RSS %.1f MiB, heap in use %.1f MiB (ready in %s; startup requests: %s)",
-		h.clusterVolumes, float64(rss)/(1<<20), float64(heap)/(1<<20), ready.Round(time.Millisecond), h.ctrl.stats.snapshot().describe())
+	h.res.Memory.Points = append(h.res.Memory.Points, memoryPoint{Volumes: h.clusterVolumes, Nodes: h.clusterNodes, RSSBytes: rss, RSSAnonBytes: anon, HeapInuseBytes: heap, ReadySeconds: ready.Seconds()})
+	h.logf("figure 4: controller with %d volumes cached: RSS %.1f MiB (%.1f MiB anonymous), heap in use %.1f MiB (ready in %s; startup requests: %s)",
+		h.clusterVolumes, float64(rss)/(1<<20), float64(anon)/(1<<20), float64(heap)/(1<<20), ready.Round(time.Millisecond), h.ctrl.stats.snapshot().describe())
 	return nil
 }
 
@@ -566,13 +566,15 @@ func (h *harness) measureMemory(ctx context.Context, name string, debounce time.
 // volumes.
 func (h *harness) fitMemory() {
 	m := h.res.Memory
-	var x, rss, heap []float64
+	var x, rss, anon, heap []float64
 	for _, p := range m.Points {
 		x = append(x, float64(p.Volumes))
 		rss = append(rss, float64(p.RSSBytes))
+		anon = append(anon, float64(p.RSSAnonBytes))
 		heap = append(heap, float64(p.HeapInuseBytes))
 	}
 	m.RSSBytesPerVolume, m.RSSInterceptBytes = fitLine(x, rss)
+	m.RSSAnonBytesPerVolume, m.RSSAnonInterceptBytes = fitLine(x, anon)
 	m.HeapBytesPerVolume, m.HeapInterceptBytes = fitLine(x, heap)
 	for _, n := range []int{10000, 100000} {
 		measured := false
@@ -582,6 +584,7 @@ func (h *harness) fitMemory() {
 		if !measured {
 			m.Points = append(m.Points, memoryPoint{Volumes: n, Extrapolated: true,
 				RSSBytes:       int64(m.RSSInterceptBytes + m.RSSBytesPerVolume*float64(n)),
+				RSSAnonBytes:   int64(m.RSSAnonInterceptBytes + m.RSSAnonBytesPerVolume*float64(n)),
 				HeapInuseBytes: int64(m.HeapInterceptBytes + m.HeapBytesPerVolume*float64(n))})
 		}
 	}
@@ -820,7 +823,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 	if s.MaxInFlightPerVolume > 1 || s.DriverMaxConcurrentPerVolume > 1 {
 		s.BudgetViolations++
 	}
-	if s.ControllerRSSBytes, s.ControllerHeapBytes, err = h.ctrl.memory(ctx, 1); err != nil {
+	if s.ControllerRSSBytes, _, s.ControllerHeapBytes, err = h.ctrl.memory(ctx, 1); err != nil {
 		return err
 	}
 	if profile != "" {

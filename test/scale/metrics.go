@@ -1,7 +1,6 @@
 package scale
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -132,25 +131,36 @@ func histogramSums(families map[string]*dto.MetricFamily, name string, match map
 	return count, sum
 }
 
-// processMemory reads the resident set size of a process, in bytes, from /proc/<pid>/status.
-func processMemory(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+// residentSet is a process's resident memory from /proc/<pid>/status, in bytes: Total is VmRSS,
+// Anon the anonymous part (heap, stacks: what the process allocated), File the mapped files
+// (the binary's pages the kernel can drop and read again).
+type residentSet struct{ Total, Anon, File int64 }
+
+// processMemory reads the resident set of a process.
+func processMemory(pid int) (residentSet, error) {
+	var out residentSet
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return out, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			fields := strings.Fields(rest)
-			if len(fields) == 2 && fields[1] == "kB" {
-				kb, err := strconv.ParseInt(fields[0], 10, 64)
-				return kb * 1024, err
-			}
+	fields := map[string]*int64{"VmRSS:": &out.Total, "RssAnon:": &out.Anon, "RssFile:": &out.File}
+	found := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[2] != "kB" || fields[f[0]] == nil {
+			continue
 		}
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return out, fmt.Errorf("/proc/%d/status: %s: %w", pid, line, err)
+		}
+		*fields[f[0]] = kb * 1024
+		found++
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	if found != len(fields) {
+		return out, fmt.Errorf("/proc/%d/status: want VmRSS, RssAnon and RssFile, found %d of them", pid, found)
+	}
+	return out, nil
 }
 
 // processCPU reads the user and system CPU time of a process from /proc/<pid>/stat.

@@ -251,9 +251,11 @@ type stormNode struct {
 // memoryPoint is the controller's memory with a number of volumes in its caches.
 type memoryPoint struct {
 	// Volumes is the number of PVs, of PVCs and of VolumeAttachments in the cluster.
-	Volumes        int   `json:"volumes"`
-	Nodes          int   `json:"nodes"`
-	RSSBytes       int64 `json:"rssBytes"`
+	Volumes  int   `json:"volumes"`
+	Nodes    int   `json:"nodes"`
+	RSSBytes int64 `json:"rssBytes"`
+	// RSSAnonBytes is the anonymous part of RSSBytes; the rest is the binary's mapped pages.
+	RSSAnonBytes   int64 `json:"rssAnonBytes"`
 	HeapInuseBytes int64 `json:"heapInuseBytes"`
 	// Extrapolated is true for points computed from the fit rather than measured.
 	Extrapolated bool `json:"extrapolated"`
@@ -269,7 +271,10 @@ type memory struct {
 	RSSBytesPerVolume  float64 `json:"rssBytesPerVolume"`
 	HeapBytesPerVolume float64 `json:"heapBytesPerVolume"`
 	RSSInterceptBytes  float64 `json:"rssInterceptBytes"`
-	HeapInterceptBytes float64 `json:"heapInterceptBytes"`
+	// RSSAnonBytesPerVolume and RSSAnonInterceptBytes fit the anonymous part of RSS.
+	RSSAnonBytesPerVolume float64 `json:"rssAnonBytesPerVolume"`
+	RSSAnonInterceptBytes float64 `json:"rssAnonInterceptBytes"`
+	HeapInterceptBytes    float64 `json:"heapInterceptBytes"`
 	// Caches are the controller's informer caches rebuilt in the harness's process and measured
 	// after a garbage collection, with its transform and with a stricter one.
 	Caches []cacheHeap `json:"caches"`
