@@ -3,6 +3,7 @@ package scheduler
 import (
 	"slices"
 	"strings"
+	"sync"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,44 +44,95 @@ func CacheTransform(obj any) (any, error) {
 	return obj, nil
 }
 
-// pair is one entry of a string map, kept as a sorted slice: a slice of ten pairs takes half the
-// memory of a map of ten entries.
+// pair is one entry of a string map.
 type pair struct{ key, value string }
 
-// pairs is a map kept as pairs sorted by key.
-type pairs []pair
+// stringMap is a map[string]string kept as two slices of pairs sorted by key: a slice of ten
+// pairs takes half the memory of a map of ten entries. The pairs with short values (pool and
+// cluster names, flags) are usually the same for every volume of a StorageClass, and are shared
+// between the records that have the same ones; the pairs with long values (image names, IDs)
+// are the record's own.
+type stringMap struct {
+	shared, own []pair
+}
 
-func newPairs(m map[string]string) pairs {
+func newStringMap(m map[string]string) stringMap {
 	if len(m) == 0 {
-		return nil
+		return stringMap{}
 	}
-	out := make(pairs, 0, len(m))
+	var shared, own []pair
 	for k, v := range m {
-		out = append(out, pair{intern(k), internValue(v)})
+		if len(v) > maxInternedValue {
+			own = append(own, pair{intern(k), v})
+			continue
+		}
+		shared = append(shared, pair{intern(k), intern(v)})
 	}
-	slices.SortFunc(out, func(a, b pair) int { return strings.Compare(a.key, b.key) })
-	return out
+	byKey := func(a, b pair) int { return strings.Compare(a.key, b.key) }
+	slices.SortFunc(shared, byKey)
+	slices.SortFunc(own, byKey)
+	return stringMap{shared: sharedPairs.get(shared), own: own}
 }
 
 // get returns the value of key.
-func (p pairs) get(key string) (string, bool) {
-	i, ok := slices.BinarySearchFunc(p, key, func(e pair, k string) int { return strings.Compare(e.key, k) })
-	if !ok {
-		return "", false
+func (m stringMap) get(key string) (string, bool) {
+	for _, p := range [][]pair{m.shared, m.own} {
+		if i, ok := slices.BinarySearchFunc(p, key, func(e pair, k string) int { return strings.Compare(e.key, k) }); ok {
+			return p[i].value, true
+		}
 	}
-	return p[i].value, true
+	return "", false
 }
 
-// toMap returns the pairs as a new map; nil when there are none.
-func (p pairs) toMap() map[string]string {
+// toMap returns a new map; nil when there are no entries.
+func (m stringMap) toMap() map[string]string {
+	if len(m.shared)+len(m.own) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m.shared)+len(m.own))
+	for _, p := range m.shared {
+		out[p.key] = p.value
+	}
+	for _, p := range m.own {
+		out[p.key] = p.value
+	}
+	return out
+}
+
+// pairTable shares equal slices of pairs between records. It holds at most maxSharedSets
+// slices: past that, new slices are kept by their records alone, so that values that are short
+// and yet differ per volume cannot grow it without end.
+type pairTable struct {
+	mu   sync.Mutex
+	sets map[string][]pair
+}
+
+// maxSharedSets bounds pairTable: far more than the distinct attribute, label and annotation sets
+// of the StorageClasses and applications of a cluster.
+const maxSharedSets = 4096
+
+var sharedPairs = &pairTable{sets: map[string][]pair{}}
+
+func (t *pairTable) get(p []pair) []pair {
 	if len(p) == 0 {
 		return nil
 	}
-	m := make(map[string]string, len(p))
+	var key strings.Builder
 	for _, e := range p {
-		m[e.key] = e.value
+		key.WriteString(e.key)
+		key.WriteByte(0)
+		key.WriteString(e.value)
+		key.WriteByte(0)
 	}
-	return m
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if shared, ok := t.sets[key.String()]; ok {
+		return shared
+	}
+	if len(t.sets) < maxSharedSets {
+		t.sets[key.String()] = p
+	}
+	return p
 }
 
 // intern returns the canonical copy of s. The canonical copies are weak: one no record uses any
@@ -92,10 +144,13 @@ func intern(s string) string {
 	return unique.Make(s).Value()
 }
 
-// internValue interns a map value unless it looks unique to its object (a long value such as an
-// image name or a volume ID), which interning would only add an entry for.
+// maxInternedValue is the longest map value that is interned. Longer ones (image names, volume
+// IDs) are usually unique to their object, and interning them would only add an entry.
+const maxInternedValue = 32
+
+// internValue interns a map value unless it looks unique to its object.
 func internValue(s string) string {
-	if len(s) > 32 {
+	if len(s) > maxInternedValue {
 		return s
 	}
 	return intern(s)
@@ -131,9 +186,7 @@ type cachedPV struct {
 	// csi is false for volumes of other plugins; driver, handle and attributes are then empty.
 	csi            bool
 	driver, handle string
-	attributes     pairs
-	fsType         string
-	readOnly       bool
+	attributes     stringMap
 	claimNamespace string
 	claimName      string
 	claimUID       types.UID
@@ -152,8 +205,7 @@ func compactPV(o *corev1.PersistentVolume) *cachedPV {
 	if csi := o.Spec.CSI; csi != nil {
 		c.csi = true
 		c.driver, c.handle = intern(csi.Driver), csi.VolumeHandle
-		c.attributes = newPairs(csi.VolumeAttributes)
-		c.fsType, c.readOnly = intern(csi.FSType), csi.ReadOnly
+		c.attributes = newStringMap(csi.VolumeAttributes)
 	}
 	if ref := o.Spec.ClaimRef; ref != nil {
 		c.claimNamespace, c.claimName, c.claimUID = intern(ref.Namespace), ref.Name, ref.UID
@@ -177,7 +229,7 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 	}
 	if c.csi {
 		pv.Spec.CSI = &corev1.CSIPersistentVolumeSource{Driver: c.driver, VolumeHandle: c.handle,
-			VolumeAttributes: c.attributes.toMap(), FSType: c.fsType, ReadOnly: c.readOnly}
+			VolumeAttributes: c.attributes.toMap()}
 	}
 	if c.claimName != "" {
 		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.claimNamespace, Name: c.claimName, UID: c.claimUID}
@@ -192,14 +244,14 @@ type cachedClaim struct {
 	namespace, name, resourceVersion string
 	uid                              types.UID
 	volumeName                       string
-	labels, annotations              pairs
+	labels, annotations              stringMap
 	deleting                         bool
 }
 
 func compactClaim(o *corev1.PersistentVolumeClaim) *cachedClaim {
 	return &cachedClaim{
 		namespace: intern(o.Namespace), name: o.Name, resourceVersion: o.ResourceVersion, uid: o.UID,
-		volumeName: o.Spec.VolumeName, labels: newPairs(o.Labels), annotations: newPairs(o.Annotations),
+		volumeName: o.Spec.VolumeName, labels: newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
 		deleting: o.DeletionTimestamp != nil,
 	}
 }

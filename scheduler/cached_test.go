@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,7 +38,7 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 	}
 	got := PersistentVolumeFrom(rec)
 	want := pv.DeepCopy()
-	want.ManagedFields, want.Annotations, want.Spec.Capacity = nil, nil, nil
+	want.ManagedFields, want.Annotations, want.Spec.Capacity, want.Spec.CSI.FSType = nil, nil, nil, ""
 	want.DeletionTimestamp = got.DeletionTimestamp // only whether it is set is kept
 	if got.DeletionTimestamp == nil || !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("PV after the cache:\n got %+v\nwant %+v", got, want)
@@ -97,9 +98,46 @@ func TestCacheTransformSharesRepeatedStrings(t *testing.T) {
 	}
 	a, b := mk("a"), mk("b")
 	same := func(x, y string) bool { return len(x) > 0 && unsafeData(x) == unsafeData(y) }
-	if !same(a.storageClass, b.storageClass) || !same(a.driver, b.driver) || !same(a.attributes[0].key, b.attributes[0].key) || !same(a.attributes[0].value, b.attributes[0].value) {
+	if !same(a.storageClass, b.storageClass) || !same(a.driver, b.driver) || !same(a.attributes.shared[0].key, b.attributes.shared[0].key) || !same(a.attributes.shared[0].value, b.attributes.shared[0].value) {
 		t.Error("repeated strings are not shared between records")
 	}
 }
 
 func unsafeData(s string) *byte { return unsafe.StringData(s) }
+
+func TestStringMap(t *testing.T) {
+	long := "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"
+	a := newStringMap(map[string]string{"pool": "replicapool", "clusterID": "rook-ceph", "imageName": long})
+	b := newStringMap(map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": long + "x"})
+	if len(a.shared) != 2 || len(a.own) != 1 || &a.shared[0] != &b.shared[0] {
+		t.Errorf("equal short pairs are not one shared slice: %+v, %+v", a, b)
+	}
+	if v, ok := a.get("imageName"); !ok || v != long {
+		t.Errorf("get(imageName) = %q, %v", v, ok)
+	}
+	if v, ok := a.get("pool"); !ok || v != "replicapool" {
+		t.Errorf("get(pool) = %q, %v", v, ok)
+	}
+	if _, ok := a.get("missing"); ok {
+		t.Error("get(missing) found a value")
+	}
+	if m := a.toMap(); len(m) != 3 || m["clusterID"] != "rook-ceph" || m["imageName"] != long {
+		t.Errorf("toMap = %v", m)
+	}
+	if m := newStringMap(nil).toMap(); m != nil {
+		t.Errorf("empty map = %v, want nil", m)
+	}
+}
+
+// Values that are short yet differ per volume must not grow the shared table without end.
+func TestSharedPairsAreBounded(t *testing.T) {
+	for i := range 2 * maxSharedSets {
+		newStringMap(map[string]string{"id": fmt.Sprintf("v-%d", i)})
+	}
+	sharedPairs.mu.Lock()
+	n := len(sharedPairs.sets)
+	sharedPairs.mu.Unlock()
+	if n > maxSharedSets {
+		t.Errorf("shared table holds %d sets, bound %d", n, maxSharedSets)
+	}
+}
