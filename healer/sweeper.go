@@ -468,6 +468,11 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
+	// Each attempt calls the sidecar that serves the node now: a task retried after its sidecar
+	// died must reach the replacement, whose restart sweep joined this task instead of calling.
+	if current, _, err := s.opts.Targets.Target(v.Driver, v.NodeName); err == nil {
+		target = current
+	}
 	// The task may start long after planning: the built-in guards are checked again before each call.
 	if reason := s.recheck(v); reason != "" {
 		logger.V(2).Info("Volume left alone", "reason", reason)

@@ -2,6 +2,7 @@ package healer
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,23 @@ type fakeSidecars struct {
 	probes   map[string]int
 	heals    map[string]int
 	refresh  int
+	// dead are sidecar endpoints that refuse every call; onDead runs after each refusal.
+	dead   map[string]bool
+	onDead func()
+	// endpoints records the endpoint of every call that reached a live sidecar.
+	endpoints []string
+}
+
+// reach fails a call to a dead endpoint as an unreachable sidecar does, and records the others.
+func (f *fakeSidecars) reach(t probe.Target) error {
+	if f.dead[t.Endpoint] {
+		if f.onDead != nil {
+			f.onDead()
+		}
+		return fmt.Errorf("%w: connection refused", probe.ErrUnreachable)
+	}
+	f.endpoints = append(f.endpoints, t.Endpoint)
+	return nil
 }
 
 func (f *fakeSidecars) Capabilities(context.Context, probe.Target) (*probe.Capabilities, error) {
@@ -40,16 +58,22 @@ func (f *fakeSidecars) Capabilities(context.Context, probe.Target) (*probe.Capab
 	return &c, nil
 }
 
-func (f *fakeSidecars) Probe(_ context.Context, _ probe.Target, pv string) (*probe.Result, error) {
+func (f *fakeSidecars) Probe(_ context.Context, t probe.Target, pv string) (*probe.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.reach(t); err != nil {
+		return nil, err
+	}
 	f.probes[pv]++
 	return &probe.Result{Health: f.health[pv], Healable: f.healable[pv]}, nil
 }
 
-func (f *fakeSidecars) Heal(_ context.Context, _ probe.Target, pv string) (*probe.Result, error) {
+func (f *fakeSidecars) Heal(_ context.Context, t probe.Target, pv string) (*probe.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.reach(t); err != nil {
+		return nil, err
+	}
 	f.heals[pv]++
 	if f.healable[pv] && !hasStatus(f.health[pv], "DATA_LOSS") {
 		delete(f.health, pv)
@@ -78,6 +102,7 @@ type fixture struct {
 	client   client.Client
 	recorder *record.FakeRecorder
 	node     *csiaddonsv1alpha1.CSIAddonsNode
+	targets  *TargetMap
 }
 
 // newFixture builds a node with volumes v1..vN of driver rbd on node-a, all attached and bound,
@@ -158,7 +183,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{sweeper: s, sidecars: sc, client: c, recorder: recorder, node: node}
+	return &fixture{sweeper: s, sidecars: sc, client: c, recorder: recorder, node: node, targets: targets}
 }
 
 func (f *fixture) restart() scheduler.Sweep {
@@ -283,5 +308,31 @@ func TestCancelledRestartSweepIsNotRecordedAsHandled(t *testing.T) {
 	}
 	if _, ok := n.Annotations[scheduler.HandledMarkerAnnotation]; ok {
 		t.Error("a cancelled restart sweep was recorded as handled: the next leader would not repeat it")
+	}
+}
+
+// A node plugin that dies mid-sweep and comes back at a new address: the retries of the calls
+// that failed must reach the new sidecar, or the replacement's restart sweep, which joins those
+// retries, would never call it.
+func TestRetryReachesTheReplacementSidecar(t *testing.T) {
+	f := newFixture(t, 1, false)
+	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true
+	f.sidecars.dead = map[string]bool{"127.0.0.1:9070": true}
+	moved := f.node.DeepCopy()
+	moved.Annotations[probe.EndpointAnnotation] = "127.0.0.1:9071"
+	f.sidecars.onDead = func() { f.targets.Set(moved) }
+
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if sum.Healed != 1 || sum.Failed != 0 {
+		t.Fatalf("summary = %+v, want v1 healed through the new sidecar", sum)
+	}
+	for _, e := range f.sidecars.endpoints {
+		if e != "127.0.0.1:9071" {
+			t.Errorf("a call went to %s, want every call after the move at 127.0.0.1:9071", e)
+		}
+	}
+	if f.sidecars.heals["v1"] != 1 {
+		t.Errorf("heals of v1 = %d, want 1", f.sidecars.heals["v1"])
 	}
 }
