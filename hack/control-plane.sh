@@ -4,8 +4,10 @@
 #   hack/control-plane.sh          build or install what is missing, print the assets folder
 #
 # kube-apiserver is built from the Go module proxy (k8s.io/kubernetes at KUBE_VERSION, with every
-# staging module replaced by its published version); etcd comes from Debian's etcd-server package,
-# or is built from the Go module proxy where apt cannot install it. Both land in
+# staging module replaced by its published version), and so is etcd (ETCD_VERSION, the etcd that
+# Kubernetes ships with). Debian's etcd-server package (3.4.23) is not used: it cannot answer the
+# watch progress requests that the apiserver needs to serve streaming lists, so every informer
+# fell back to a full LIST, which current clusters no longer do. Both land in
 # .cache/control-plane/<KUBE_VERSION>/, which git ignores: a second run finds them and returns at once.
 set -euo pipefail
 
@@ -83,27 +85,12 @@ GO
     go mod tidy >/dev/null 2>&1 || true
     CGO_ENABLED=0 go build -o "${assets}/etcd.tmp" go.etcd.io/etcd/server/v3
   )
-  mv "${assets}/etcd.tmp" "${assets}/etcd"
+  # Replace, not overwrite: a test may be running the old binary.
+  mv -f "${assets}/etcd.tmp" "${assets}/etcd"
+  echo "${ETCD_VERSION}" > "${assets}/etcd.version"
   rm -rf "${work}"
 }
 
-install_etcd() {
-  if [ -x /usr/bin/etcd ]; then
-    ln -sf /usr/bin/etcd "${assets}/etcd"
-    return
-  fi
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    log "installing etcd from Debian's etcd-server package"
-    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server) >&2; then
-      # The package starts a system etcd on 2379; the tests start their own on free ports.
-      (systemctl disable --now etcd 2>/dev/null || service etcd stop 2>/dev/null || pkill -x etcd || true) >/dev/null 2>&1
-      ln -sf /usr/bin/etcd "${assets}/etcd"
-      return
-    fi
-  fi
-  build_etcd
-}
-
-[ -x "${assets}/etcd" ] || install_etcd
+[ -x "${assets}/etcd" ] && [ "$(cat "${assets}/etcd.version" 2>/dev/null)" = "${ETCD_VERSION}" ] || build_etcd
 [ -x "${assets}/kube-apiserver" ] || build_apiserver
 echo "${assets}"
