@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +37,12 @@ const csiAddonsModule = "github.com/csi-addons/kubernetes-csi-addons"
 // csiAddonsNodeCRD is the CRD file inside that module.
 const csiAddonsNodeCRD = "config/crd/bases/csiaddons.openshift.io_csiaddonsnodes.yaml"
 
+// watchDrainFlag bounds how long a stopping kube-apiserver waits for its watches to end. Without
+// it the apiserver keeps serving open watches after SIGTERM until its one-minute shutdown timeout,
+// so that StopAPIServer would take a minute whenever a client watches, and the clients' watches
+// would not break when the apiserver is told to stop.
+const watchDrainFlag, watchDrainDefault = "shutdown-watch-termination-grace-period", "2s"
+
 // Env is a started control plane.
 type Env struct {
 	// Config reaches the apiserver as an administrator.
@@ -50,14 +57,20 @@ type Env struct {
 	Kubeconfig string
 
 	env      *envtest.Environment
+	certDir  string
 	stopOnce sync.Once
 	stopErr  error
+
+	// apiMu serializes stopping and starting the apiserver; apiDown is true between
+	// StopAPIServer and StartAPIServer.
+	apiMu   sync.Mutex
+	apiDown bool
 }
 
 // Options tune a control plane. The zero value is ready to use.
 type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, as name=value pairs without the leading "--".
-	// Default: none.
+	// Default: none besides shutdown-watch-termination-grace-period=2s (see watchDrainFlag).
 	APIServerArgs map[string]string
 	// KubeconfigDir is where the kubeconfig file is written. Default: a new temporary folder.
 	KubeconfigDir string
@@ -107,17 +120,29 @@ func New(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
-	args := te.ControlPlane.GetAPIServer().Configure()
+	apiServer := te.ControlPlane.GetAPIServer()
+	// A certificate folder of our own, rather than one envtest creates and deletes when the
+	// apiserver stops, lets StartAPIServer bring the apiserver back with the same serving
+	// certificate and service account keys: clients and tokens from before keep working.
+	certDir, err := os.MkdirTemp("", "volume-healer-apiserver-")
+	if err != nil {
+		return nil, err
+	}
+	apiServer.CertDir = certDir
+	args := apiServer.Configure()
+	args.Set(watchDrainFlag, watchDrainDefault)
 	for name, value := range opts.APIServerArgs {
 		args.Set(name, value)
 	}
 	cfg, err := te.Start()
 	if err != nil {
+		_ = os.RemoveAll(certDir)
 		return nil, fmt.Errorf("envtest with assets %s: %w", assets, err)
 	}
-	e := &Env{Config: cfg, Scheme: scheme, env: te}
+	e := &Env{Config: cfg, Scheme: scheme, env: te, certDir: certDir}
 	if err := e.finish(opts); err != nil {
 		_ = te.Stop()
+		_ = os.RemoveAll(certDir)
 		return nil, err
 	}
 	return e, nil
@@ -157,8 +182,63 @@ func (e *Env) finish(opts Options) error {
 
 // Stop stops kube-apiserver, waits for it to exit, then stops etcd. It is safe to call twice.
 func (e *Env) Stop() error {
-	e.stopOnce.Do(func() { e.stopErr = e.env.Stop() })
+	e.stopOnce.Do(func() {
+		e.apiMu.Lock()
+		defer e.apiMu.Unlock()
+		e.stopErr = e.env.Stop()
+		if err := os.RemoveAll(e.certDir); err != nil {
+			e.stopErr = errors.Join(e.stopErr, err)
+		}
+	})
 	return e.stopErr
+}
+
+// StopAPIServer stops kube-apiserver with SIGTERM, as a rolling restart of the control plane
+// does, and returns once its process has exited and its port accepts no connections: an
+// apiserver keeps serving for a while after SIGTERM, and a new one cannot take the port before
+// it is gone. etcd keeps running, and with it every object. Clients see their requests fail and
+// their watches end until StartAPIServer. Stopping a stopped apiserver does nothing.
+func (e *Env) StopAPIServer() error {
+	e.apiMu.Lock()
+	defer e.apiMu.Unlock()
+	if e.apiDown {
+		return nil
+	}
+	apiServer := e.env.ControlPlane.GetAPIServer()
+	// Stop signals the process and waits for it to exit; only when it does not exit within the
+	// stop timeout does it kill it, without waiting. The port check below covers that case too.
+	stopErr := apiServer.Stop()
+	e.apiDown = true
+	addr := apiServer.SecureServing.HostPort()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return stopErr
+		}
+		_ = conn.Close()
+		if time.Now().After(deadline) {
+			return errors.Join(stopErr, fmt.Errorf("stop kube-apiserver: %s still accepts connections a minute after it was told to stop", addr))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the same address, with the
+// same serving certificate, client CA and service account keys, against the same etcd: every
+// client configuration, kubeconfig file and token issued before works again. It returns once the
+// apiserver reports healthy. Starting a running apiserver does nothing.
+func (e *Env) StartAPIServer() error {
+	e.apiMu.Lock()
+	defer e.apiMu.Unlock()
+	if !e.apiDown {
+		return nil
+	}
+	if err := e.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver again: %w", err)
+	}
+	e.apiDown = false
+	return nil
 }
 
 // APIServerURL is the address clients use to reach the apiserver.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
@@ -166,3 +168,84 @@ func mustCreate(ctx context.Context, t *testing.T, c client.Client, obj client.O
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestAPIServerRestart stops kube-apiserver while etcd keeps running and starts it again: the
+// objects are still there, the clients, the kubeconfig file and a ServiceAccount token made before
+// the restart work again, and a watch started before the restart resumes and delivers what was
+// created after it.
+func TestAPIServerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and restarts kube-apiserver; run without -short")
+	}
+	env := controlplane.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs := env.Clientset
+	mustCreate(ctx, t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restart"}})
+	mustCreate(ctx, t, env.Client, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "restart", Name: "robot"}})
+	mustCreate(ctx, t, env.Client, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "restart", Name: "before"}})
+	tok, err := cs.CoreV1().ServiceAccounts("restart").CreateToken(ctx, "robot", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace("restart"))
+	cmInformer := factory.Core().V1().ConfigMaps().Informer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	defer cancel()
+	if !cache.WaitForCacheSync(ctx.Done(), cmInformer.HasSynced) {
+		t.Fatal("ConfigMap informer did not sync")
+	}
+
+	if err := env.StopAPIServer(); err != nil {
+		t.Fatalf("StopAPIServer: %v", err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("restart").Get(ctx, "before", metav1.GetOptions{}); err == nil {
+		t.Fatal("the apiserver still answers after StopAPIServer returned")
+	}
+	if err := env.StopAPIServer(); err != nil {
+		t.Errorf("StopAPIServer on a stopped apiserver: %v, want nil", err)
+	}
+	if err := env.StartAPIServer(); err != nil {
+		t.Fatalf("StartAPIServer: %v", err)
+	}
+	if err := env.StartAPIServer(); err != nil {
+		t.Errorf("StartAPIServer on a running apiserver: %v, want nil", err)
+	}
+	if err := env.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := cs.CoreV1().ConfigMaps("restart").Get(ctx, "before", metav1.GetOptions{}); err != nil {
+		t.Errorf("the ConfigMap created before the restart: %v", err)
+	}
+	mustCreate(ctx, t, env.Client, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "restart", Name: "after"}})
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, ok, err := cmInformer.GetStore().GetByKey("restart/after")
+		return ok, err
+	}); err != nil {
+		t.Errorf("the informer started before the restart did not see the ConfigMap created after it: %v", err)
+	}
+
+	review, err := cs.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok.Status.Token}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !review.Status.Authenticated || review.Status.User.Username != "system:serviceaccount:restart:robot" {
+		t.Errorf("a token issued before the restart: authenticated %v as %q (%s); want the ServiceAccount",
+			review.Status.Authenticated, review.Status.User.Username, review.Status.Error)
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", env.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fromFile.CoreV1().Namespaces().Get(ctx, "restart", metav1.GetOptions{}); err != nil {
+		t.Errorf("the kubeconfig file written before the restart: %v", err)
+	}
+}

@@ -27,7 +27,8 @@ import (
 //	PUT    /volumes/{id}/recheck-after  set recheck_after ("0s" clears) 200 Volume
 //	                                  body {"recheckAfter": "30s"}
 //	GET    /counters                  call counters                   200 Counters
-//	DELETE /counters                  reset the counters              204
+//	GET    /calls                     the call log, oldest first      200 []Call
+//	DELETE /counters                  reset the counters and the log  204
 //
 // Errors answer 400 (bad body or value), 404 (unknown volume) or 409 (volume exists) with the
 // body {"error": "..."}. Volume IDs in paths are URL path-escaped.
@@ -103,6 +104,9 @@ func (d *Driver) ControlHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /counters", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, d.Counters())
+	})
+	mux.HandleFunc("GET /calls", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, d.Calls())
 	})
 	mux.HandleFunc("DELETE /counters", func(w http.ResponseWriter, _ *http.Request) {
 		d.ResetCounters()
@@ -214,7 +218,13 @@ func (c *ControlClient) Counters(ctx context.Context) (Counters, error) {
 	return out, c.do(ctx, http.MethodGet, "/counters", nil, &out)
 }
 
-// ResetCounters sets the counters back to zero.
+// Calls reads the call log.
+func (c *ControlClient) Calls(ctx context.Context) ([]Call, error) {
+	var out []Call
+	return out, c.do(ctx, http.MethodGet, "/calls", nil, &out)
+}
+
+// ResetCounters sets the counters back to zero and empties the call log.
 func (c *ControlClient) ResetCounters(ctx context.Context) error {
 	return c.do(ctx, http.MethodDelete, "/counters", nil, nil)
 }

@@ -209,8 +209,14 @@ func (d *Driver) Counters() Counters {
 	return d.counters.snapshot()
 }
 
-// ResetCounters sets every counter back to zero; calls still in flight stay counted as in
-// flight.
+// Calls returns the call log: every ProbeVolume and HealVolume call since the driver started or
+// since ResetCounters (at most MaxCallLog, the most recent), oldest first.
+func (d *Driver) Calls() []Call {
+	return d.counters.log()
+}
+
+// ResetCounters sets every counter back to zero and empties the call log; calls still in flight
+// stay counted as in flight.
 func (d *Driver) ResetCounters() {
 	d.counters.reset()
 }

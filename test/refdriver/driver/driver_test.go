@@ -402,6 +402,66 @@ func TestCallerDeadlineReleasesHungVolume(t *testing.T) {
 	}
 }
 
+// The call log tells when each call ran and whether its caller had given up on it, through the
+// Go API and the control interface alike.
+func TestCallLog(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Now())
+	n := startNode(t, driver.Options{Clock: clk})
+	ctx := ctxT(t)
+	before := time.Now()
+	if _, err := n.healer.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.healer.HealVolume(ctx, &healerv1alpha1.HealVolumeRequest{VolumeId: "vol-2"}); err != nil {
+		t.Fatal(err)
+	}
+	must[driver.Volume](t)(n.d.SetCondition("vol-3", driver.Hung, time.Hour))
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := n.healer.ProbeVolume(short, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-3"}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("ProbeVolume of a hung volume with a short deadline: %v, want DEADLINE_EXCEEDED", err)
+	}
+	// The server notices the caller's deadline asynchronously.
+	deadline := time.Now().Add(5 * time.Second)
+	for n.d.Counters().InFlight != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the abandoned call is still in flight after 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	type entry struct {
+		rpc, volume string
+		abandoned   bool
+	}
+	want := []entry{{"ProbeVolume", "vol-1", false}, {"HealVolume", "vol-2", false}, {"ProbeVolume", "vol-3", true}}
+	fromControl, err := n.control.Calls(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string][]driver.Call{"Go API": n.d.Calls(), "control interface": fromControl}
+	for name, calls := range logs {
+		var got []entry
+		for i, c := range calls {
+			got = append(got, entry{c.RPC, c.VolumeID, c.Abandoned})
+			if c.Start.Before(before) || c.End.Before(c.Start) {
+				t.Errorf("%s: call %d ran from %s to %s; want an end after its start, both after %s", name, i, c.Start, c.End, before)
+			}
+			if i > 0 && c.Start.Before(calls[i-1].End) {
+				t.Errorf("%s: call %d starts before call %d ended; they ran one after the other", name, i, i-1)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: call log = %+v, want %+v", name, got, want)
+		}
+	}
+
+	n.d.ResetCounters()
+	if calls := n.d.Calls(); len(calls) != 0 {
+		t.Errorf("call log after ResetCounters = %+v, want empty", calls)
+	}
+}
+
 func TestListStagedVolumes(t *testing.T) {
 	n := startNode(t, driver.Options{SeedVolumes: []string{"a", "b", "c", "d", "e"}})
 	ctx := ctxT(t)

@@ -49,7 +49,7 @@ func (s *healerServer) GetHealerCapabilities(context.Context, *healerv1alpha1.Ge
 
 // ProbeVolume reports the health of a volume without changing it.
 func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.ProbeVolumeRequest) (*healerv1alpha1.ProbeVolumeResponse, error) {
-	v, release, err := s.begin("ProbeVolume", healerv1alpha1.HealerCapability_RPC_PROBE, req.GetVolumeId(), req.GetStagingTargetPath())
+	v, release, err := s.begin(ctx, "ProbeVolume", healerv1alpha1.HealerCapability_RPC_PROBE, req.GetVolumeId(), req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.Prob
 // changes nothing; a lost volume cannot be repaired, and the answer says so with its DATA_LOSS
 // health rather than with an error, because the heal itself ran.
 func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealVolumeRequest) (*healerv1alpha1.HealVolumeResponse, error) {
-	v, release, err := s.begin("HealVolume", healerv1alpha1.HealerCapability_RPC_HEAL, req.GetVolumeId(), req.GetStagingTargetPath())
+	v, release, err := s.begin(ctx, "HealVolume", healerv1alpha1.HealerCapability_RPC_HEAL, req.GetVolumeId(), req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func (s *healerServer) ListStagedVolumes(_ context.Context, req *healerv1alpha1.
 
 // begin makes checks 1 to 5 for a volume RPC and returns the volume with its lock held;
 // release unlocks it and ends the call's in-flight count.
-func (s *healerServer) begin(rpc string, capability healerv1alpha1.HealerCapability_RPC_Type, volumeID, stagingPath string) (v Volume, release func(), err error) {
+func (s *healerServer) begin(ctx context.Context, rpc string, capability healerv1alpha1.HealerCapability_RPC_Type, volumeID, stagingPath string) (v Volume, release func(), err error) {
 	s.d.counters.call(rpc)
 	if !s.d.serves(capability) {
 		return Volume{}, nil, status.Errorf(codes.Unimplemented, "this driver does not advertise %s", capability)
@@ -157,7 +157,7 @@ func (s *healerServer) begin(rpc string, capability healerv1alpha1.HealerCapabil
 	if volumeID == "" {
 		return Volume{}, nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
-	leave := s.d.counters.enter(rpc, volumeID)
+	leave := s.d.counters.enter(ctx, rpc, volumeID)
 
 	v, err = s.d.Volume(volumeID)
 	if err != nil {

@@ -1,0 +1,373 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// processGrace is how long a sidecar or driver may take to stop after SIGTERM.
+const processGrace = 15 * time.Second
+
+// node is one simulated node: a CSI node plugin pod with the reference driver serving its
+// CSI-Addons socket and the healer sidecar in front of it, each its own process. Restarting the
+// plugin starts new processes: a driver reading its volumes from its state folder, a sidecar with a
+// new pod UID, which writes a new restart marker on the CSIAddonsNode.
+type node struct {
+	f        *fixture
+	name     string
+	stateDir string
+	sockDir  string
+	logDir   string
+	control  *driver.ControlClient
+	// volumes are added to the driver at each start if it does not know them yet.
+	volumes []*volume
+
+	mu      sync.Mutex
+	driver  *process
+	sidecar *process
+	starts  int
+	podUID  string
+	// pastCalls and pastCounters hold what the drivers of earlier starts served, read just before
+	// each was stopped.
+	pastCalls    []driver.Call
+	pastCounters []driver.Counters
+}
+
+// newNode creates the Node object and a node whose plugin has not started yet.
+func (f *fixture) newNode(name string) *node {
+	f.t.Helper()
+	f.create(nodeObject(name))
+	// UNIX socket paths must stay under 108 bytes, which test folders can exceed.
+	sockDir, err := os.MkdirTemp("", "vh")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	control, err := driver.NewControlClient("unix://" + filepath.Join(sockDir, "control.sock"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	n := &node{
+		f: f, name: name,
+		stateDir: filepath.Join(f.t.TempDir(), name),
+		sockDir:  sockDir,
+		logDir:   f.s.logDir(f.t),
+		control:  control,
+	}
+	f.t.Cleanup(func() {
+		if err := n.stop(); err != nil {
+			f.t.Errorf("stop node %s: %v", name, err)
+		}
+		_ = os.RemoveAll(sockDir)
+	})
+	return n
+}
+
+func (n *node) endpoint() string { return "unix://" + filepath.Join(n.sockDir, "csi-addons.sock") }
+
+// start starts the driver, then the sidecar, and returns once the sidecar has written its restart
+// marker on the CSIAddonsNode.
+func (n *node) start() {
+	n.f.t.Helper()
+	if err := n.launch(); err != nil {
+		n.f.t.Fatal(err)
+	}
+}
+
+// launch is start for use from any goroutine: it returns what went wrong.
+func (n *node) launch() error {
+	if err := n.launchDriver(); err != nil {
+		return err
+	}
+	return n.launchSidecar(true)
+}
+
+// startDriver starts the driver and adds the volumes it does not hold yet.
+func (n *node) startDriver() {
+	n.f.t.Helper()
+	if err := n.launchDriver(); err != nil {
+		n.f.t.Fatal(err)
+	}
+}
+
+func (n *node) launchDriver() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.driver != nil && n.driver.running() {
+		return fmt.Errorf("the driver of %s started twice", n.name)
+	}
+	args := []string{
+		"--endpoint", n.endpoint(),
+		"--control", "unix://" + filepath.Join(n.sockDir, "control.sock"),
+		"--state-dir", n.stateDir,
+		"--driver-name", n.f.driver,
+		"--node-id", n.name,
+		"--volumes", "0",
+		"--v", "2",
+	}
+	proc, err := n.f.s.procs.start("driver on "+n.name, n.f.s.bin.driver, args, nil, filepath.Join(n.logDir, n.name+"-driver.log"))
+	if err != nil {
+		return err
+	}
+	n.driver = proc
+	var have []driver.Volume
+	err = waitFor(n.f.ctx(), time.Minute, "the driver on "+n.name+" to answer on its control socket", func() (bool, string) {
+		if !proc.running() {
+			return true, "exited" // reported below
+		}
+		var err error
+		have, err = n.control.Volumes(n.f.ctx())
+		return err == nil, fmt.Sprint(err)
+	})
+	if err != nil {
+		return err
+	}
+	if !proc.running() {
+		return fmt.Errorf("the driver on %s exited (%s):\n%s", n.name, proc.exitStatus(), proc.logTail(20))
+	}
+	known := map[string]bool{}
+	for _, v := range have {
+		known[v.ID] = true
+	}
+	for _, v := range n.volumes {
+		if known[v.handle] {
+			continue // on disk from an earlier start
+		}
+		if _, err := n.control.AddVolume(n.f.ctx(), v.spec()); err != nil {
+			return fmt.Errorf("add %s to the driver on %s: %w", v.pv, n.name, err)
+		}
+	}
+	return nil
+}
+
+// startSidecar starts a sidecar with a new pod UID; with wait, it returns once the sidecar has
+// written its restart marker on the CSIAddonsNode.
+func (n *node) startSidecar(wait bool) {
+	n.f.t.Helper()
+	if err := n.launchSidecar(wait); err != nil {
+		n.f.t.Fatal(err)
+	}
+}
+
+func (n *node) launchSidecar(wait bool) error {
+	n.mu.Lock()
+	if n.sidecar != nil && n.sidecar.running() {
+		n.mu.Unlock()
+		return fmt.Errorf("the sidecar of %s started twice", n.name)
+	}
+	n.starts++
+	n.podUID = fmt.Sprintf("%s-start-%d", n.name, n.starts)
+	args := []string{
+		"--kubeconfig", n.f.s.env.Kubeconfig,
+		"--driver-endpoint", n.endpoint(),
+		"--node-name", n.name,
+		"--namespace", n.f.pluginNS,
+		"--pod-uid", n.podUID,
+		// A new port on each start, as a recreated pod gets a new IP: the controller must follow
+		// the endpoint on the CSIAddonsNode.
+		"--listen", "127.0.0.1:0",
+		"--insecure",
+		"--metrics-address", "0",
+		"--shutdown-timeout", "2s",
+		"--v", "2",
+	}
+	logPath := filepath.Join(n.logDir, fmt.Sprintf("%s-sidecar-%d.log", n.name, n.starts))
+	proc, err := n.f.s.procs.start("sidecar on "+n.name, n.f.s.bin.sidecar, args, nil, logPath)
+	if err == nil {
+		n.sidecar = proc
+	}
+	n.mu.Unlock()
+	if err != nil || !wait {
+		return err
+	}
+	return n.awaitRegistered(time.Minute)
+}
+
+// waitRegistered waits until the CSIAddonsNode carries the restart marker of the current sidecar.
+func (n *node) waitRegistered(timeout time.Duration) {
+	n.f.t.Helper()
+	if err := n.awaitRegistered(timeout); err != nil {
+		n.f.t.Fatal(err)
+	}
+}
+
+func (n *node) awaitRegistered(timeout time.Duration) error {
+	n.mu.Lock()
+	proc, suffix := n.sidecar, "/"+n.podUID
+	n.mu.Unlock()
+	err := waitFor(n.f.ctx(), timeout, "the sidecar on "+n.name+" to register its restart", func() (bool, string) {
+		if !proc.running() {
+			return true, "exited" // reported below
+		}
+		obj, err := n.f.addonsNode(n)
+		if err != nil {
+			return false, err.Error()
+		}
+		marker := obj.Annotations[sidecar.RestartAnnotation]
+		return strings.HasSuffix(marker, suffix), "marker " + marker
+	})
+	if err == nil && !proc.running() {
+		err = fmt.Errorf("the sidecar on %s exited (%s):\n%s", n.name, proc.exitStatus(), proc.logTail(20))
+	}
+	return err
+}
+
+// stop stops the plugin: the sidecar first, so that no call reaches the driver after its call log
+// was read, then the driver.
+func (n *node) stop() error {
+	return errors.Join(n.stopSidecar(), n.stopDriver())
+}
+
+// stopSidecar stops the sidecar with SIGTERM.
+func (n *node) stopSidecar() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sidecar == nil {
+		return nil
+	}
+	return n.sidecar.stop(processGrace)
+}
+
+// stopDriver records what the driver served and stops it with SIGTERM.
+func (n *node) stopDriver() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.driver == nil || !n.driver.running() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	calls, err := n.control.Calls(ctx)
+	if err != nil {
+		return fmt.Errorf("read the call log of the driver on %s: %w", n.name, err)
+	}
+	counters, err := n.control.Counters(ctx)
+	if err != nil {
+		return fmt.Errorf("read the counters of the driver on %s: %w", n.name, err)
+	}
+	n.pastCalls = append(n.pastCalls, calls...)
+	n.pastCounters = append(n.pastCounters, counters)
+	return n.driver.stop(processGrace)
+}
+
+// restart stops the node plugin and starts it again, as a crash or an upgrade of its pod does.
+func (n *node) restart() {
+	n.f.t.Helper()
+	if err := n.stop(); err != nil {
+		n.f.t.Fatal(err)
+	}
+	n.start()
+}
+
+// sidecarProc is the current sidecar process.
+func (n *node) sidecarProc() *process {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.sidecar
+}
+
+// record returns every call the node's drivers served, over all starts, and the counters of each
+// driver process. The running driver must answer.
+func (n *node) record() ([]driver.Call, []driver.Counters, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	calls := append([]driver.Call(nil), n.pastCalls...)
+	counters := append([]driver.Counters(nil), n.pastCounters...)
+	if n.driver == nil || !n.driver.running() {
+		return calls, counters, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	live, err := n.control.Calls(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the call log of the driver on %s: %w", n.name, err)
+	}
+	c, err := n.control.Counters(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the counters of the driver on %s: %w", n.name, err)
+	}
+	return append(calls, live...), append(counters, c), nil
+}
+
+// inFlight returns the calls the running driver serves now.
+func (n *node) inFlight() int64 {
+	n.f.t.Helper()
+	c, err := n.control.Counters(n.f.ctx())
+	if err != nil {
+		n.f.t.Fatalf("read the counters of the driver on %s: %v", n.name, err)
+	}
+	return c.InFlight
+}
+
+// volume is one test volume: its API objects and the reference driver's record of it.
+type volume struct {
+	pv, pvc, handle, class string
+	// mounter is what the driver stages the volume with: "rbd-nbd" can be healed, "krbd" cannot.
+	mounter string
+	node    *node
+	// brokenAt is when the volume was last broken, with broken its condition then; detachedAt is
+	// when its VolumeAttachment began deleting.
+	brokenAt   time.Time
+	broken     driver.Condition
+	detachedAt time.Time
+}
+
+func (v *volume) va() string { return "csi-" + v.pv }
+
+func (v *volume) spec() driver.VolumeSpec {
+	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.attributes()}
+}
+
+// attributes are the PV's volume attributes as Ceph CSI writes them: krbd volumes carry no
+// mounter key.
+func (v *volume) attributes() map[string]string {
+	attrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": "csi-vol-" + v.pv}
+	if v.mounter == "rbd-nbd" {
+		attrs["mounter"] = "rbd-nbd"
+	}
+	return attrs
+}
+
+// newVolumes describes n volumes of class on node nd, named <fixture>-<tag>-<i>. mounter is the
+// driver's: "rbd-nbd" or "krbd".
+func (f *fixture) newVolumes(nd *node, class, mounter, tag string, n int) []*volume {
+	out := make([]*volume, 0, n)
+	for i := range n {
+		id := fmt.Sprintf("%s-%s-%03d", f.name, tag, i)
+		out = append(out, &volume{
+			pv: "pvc-" + id, pvc: "data-" + id, class: class, mounter: mounter, node: nd,
+			handle: "0001-0009-rook-ceph-0000000000000002-" + id,
+		})
+	}
+	nd.volumes = append(nd.volumes, out...)
+	return out
+}
+
+// breakVolume puts the volume into a broken condition in its running driver; hang applies to
+// driver.Hung.
+func (v *volume) breakVolume(t *testing.T, c driver.Condition, hang time.Duration) {
+	t.Helper()
+	if _, err := v.node.control.SetCondition(t.Context(), v.handle, c, hang); err != nil {
+		t.Fatalf("set %s %s: %v", v.pv, c, err)
+	}
+	v.brokenAt, v.broken = time.Now(), c
+}
+
+// condition returns the driver's condition of the volume.
+func (v *volume) condition(t *testing.T) driver.Condition {
+	t.Helper()
+	got, err := v.node.control.Volume(t.Context(), v.handle)
+	if err != nil {
+		t.Fatalf("volume %s: %v", v.pv, err)
+	}
+	return got.Condition
+}

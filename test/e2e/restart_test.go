@@ -1,0 +1,69 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// TestRestartFlow is the controller's main job, with every part a process: a node plugin restarts
+// and its restart killed the rbd-nbd mounters of some volumes, turned one mount read-only, left one
+// hanging and one with its data lost. The restart sweep heals exactly the broken volumes the
+// driver can heal, leaves the krbd volumes (which it cannot) and the lost one alone, sends nothing
+// for a volume that is detaching, and records the restart as handled, with the counts in the
+// RestartSweepFinished Event.
+func TestRestartFlow(t *testing.T) {
+	f := newFixture(t, "restart")
+	nbd := f.storageClass("restart-rbd-nbd", "rbd-nbd", nil)
+	krbd := f.storageClass("restart-rbd", "", nil)
+	b := budgets{global: 4, perDriver: 4, perNode: 2}
+	n := f.newNode("restart-node-1")
+	gone := f.newVolumes(n, nbd, "rbd-nbd", "gone", 3)
+	readOnly := f.newVolumes(n, nbd, "rbd-nbd", "readonly", 1)
+	hung := f.newVolumes(n, nbd, "rbd-nbd", "hung", 2)
+	lost := f.newVolumes(n, nbd, "rbd-nbd", "lost", 1)
+	krbdGone := f.newVolumes(n, krbd, "krbd", "krbd-gone", 1)
+	f.newVolumes(n, nbd, "rbd-nbd", "healthy", 2)
+	f.newVolumes(n, krbd, "krbd", "krbd-healthy", 1)
+	detaching := f.newVolumes(n, nbd, "rbd-nbd", "detaching", 1)
+	f.createObjects(n.volumes)
+	f.detach(detaching[0])
+
+	n.start()
+	c := f.startController("restart", b.settings())
+	f.sweepFinished(n, time.Minute)
+
+	// The mounters die with the plugin: the volumes are broken when the new plugin starts.
+	for _, v := range append(gone, detaching...) {
+		v.breakVolume(t, driver.Gone, 0)
+	}
+	readOnly[0].breakVolume(t, driver.ReadOnly, 0)
+	for _, v := range hung {
+		v.breakVolume(t, driver.Hung, 300*time.Millisecond)
+	}
+	lost[0].breakVolume(t, driver.Lost, 0)
+	krbdGone[0].breakVolume(t, driver.Gone, 0)
+	n.restart()
+	f.sweepFinished(n, 2*time.Minute)
+	c.mustRun()
+
+	healed := slices.Concat(gone, readOnly, hung)
+	f.verify([]*node{n}, b, outcome{
+		healed:     healed,
+		leftBroken: slices.Concat(lost, krbdGone),
+		untouched:  detaching,
+	})
+	// 12 volumes: the detaching one skipped before the count; of the 11 probed 6 healed, the lost
+	// and the broken krbd one left alone.
+	want := []string{fmt.Sprintf("%d volumes:", len(n.volumes)-1), fmt.Sprintf("%d healed", len(healed)), "2 unhealthy left alone", "1 skipped", "0 failed"}
+	eventually(t, 15*time.Second, fmt.Sprintf("a RestartSweepFinished Event saying %q", want), func() (bool, string) {
+		msgs := n.f.sweepEvents(n)
+		return slices.ContainsFunc(msgs, func(m string) bool {
+			return !slices.ContainsFunc(want, func(part string) bool { return !strings.Contains(m, part) })
+		}), fmt.Sprintf("%q", msgs)
+	})
+}

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+)
+
+// goroutineSlack is how many goroutines more than before the faults the controller may keep once
+// everything has settled: connections to the new sidecars and timers come and go. A leak of one
+// goroutine per timed-out or cut-off call would exceed it, as the test makes more such calls.
+const goroutineSlack = 10
+
+// TestSidecarHungAndKilledMidCall freezes one node's sidecar (SIGSTOP) while the controller's calls
+// to it are in flight, then kills another node's sidecar (SIGKILL) in the middle of calls. The
+// calls to the frozen sidecar time out and give their budget slots back: with a global budget of
+// two, the other node's restart sweep completes while the frozen sidecar still holds its socket
+// open. Each broken sidecar's sweep ends (its calls fail and are given up), new sidecars replace
+// them, as the kubelet restarts a crashed container after its back-off, and their restart sweeps
+// heal every broken volume. Afterwards the controller has nothing in flight and no more goroutines
+// than before the faults.
+func TestSidecarHungAndKilledMidCall(t *testing.T) {
+	f := newFixture(t, "sidecar")
+	sc := f.storageClass("sidecar-rbd-nbd", "rbd-nbd", nil)
+	b := budgets{global: 2, perDriver: 2, perNode: 2}
+	hungNode, killedNode := f.newNode("sidecar-node-1"), f.newNode("sidecar-node-2")
+	hungVols := f.newVolumes(hungNode, sc, "rbd-nbd", "n1", 4)
+	killedVols := f.newVolumes(killedNode, sc, "rbd-nbd", "n2", 5)
+	f.createObjects(append(append([]*volume{}, hungVols...), killedVols...))
+	detaching := killedVols[4]
+	f.detach(detaching)
+	hungNode.start()
+	killedNode.start()
+	c := f.startController("sidecar", b.withSettings(sidecarFaultSettings))
+	f.sweepsFinished([]*node{hungNode, killedNode}, time.Minute)
+	c.waitIdle(time.Minute)
+	before := c.goroutines()
+
+	// The hung sidecar: its node plugin restarts with slow volumes (1s, inside the 2s deadline)
+	// and the sidecar freezes while the restart sweep's calls are in flight.
+	for _, v := range hungVols {
+		v.breakVolume(t, driver.Hung, time.Second)
+	}
+	hungNode.restart()
+	waitInFlight(t, hungNode)
+	frozen := hungNode.sidecarProc()
+	if err := frozen.pause(); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	// While it is frozen, the other node plugin restarts with broken volumes; its sweep needs
+	// the budget slots the frozen sidecar's calls held.
+	for _, v := range killedVols[:4] {
+		v.breakVolume(t, driver.Gone, 0)
+	}
+	detaching.breakVolume(t, driver.Gone, 0)
+	killedNode.restart()
+	f.sweepFinished(killedNode, 2*time.Minute)
+	if !frozen.running() {
+		t.Fatal("the frozen sidecar exited")
+	}
+	t.Logf("the other node's sweep finished %s after the sidecar froze", time.Since(pausedAt).Round(100*time.Millisecond))
+	eventually(t, time.Minute, "calls to the frozen sidecar to time out", func() (bool, string) {
+		n := c.metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
+		return n >= 4, fmt.Sprintf("%v calls timed out", n)
+	})
+	// The frozen sidecar is killed, as a failed liveness probe would have it; once the sweep of
+	// its restart has given up on it, a new one takes its place.
+	if err := frozen.kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.sweepFinished(hungNode, 2*time.Minute)
+	hungNode.startSidecar(true)
+
+	// The killed sidecar: its node plugin restarts with slow volumes and the sidecar dies with
+	// calls in flight, then comes back once the sweep has given up on it.
+	for _, v := range killedVols[:4] {
+		v.breakVolume(t, driver.Hung, time.Second)
+	}
+	killedNode.restart()
+	waitInFlight(t, killedNode)
+	if err := killedNode.sidecarProc().kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.sweepFinished(killedNode, 2*time.Minute)
+	killedNode.startSidecar(true)
+
+	f.sweepsFinished([]*node{hungNode, killedNode}, 2*time.Minute)
+	c.waitIdle(time.Minute)
+	c.mustRun()
+	timeouts := c.metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
+	failures := c.metric("volume_healer_sidecar_call_errors_total", nil) - timeouts
+	var after int
+	eventually(t, time.Minute, "the controller's goroutines to come back down", func() (bool, string) {
+		after = c.goroutines()
+		return after <= before+goroutineSlack, fmt.Sprintf("%d goroutines before the faults, %d now (slack %d)", before, after, goroutineSlack)
+	})
+	t.Logf("goroutines: %d before the faults, %d after; %v calls timed out, %v failed otherwise", before, after, timeouts, failures)
+	if timeouts+failures <= goroutineSlack {
+		t.Errorf("only %v calls timed out or failed: too few for the goroutine check to see a leak of one per call", timeouts+failures)
+	}
+	f.verify([]*node{hungNode, killedNode}, b, outcome{
+		healed:    append(append([]*volume{}, hungVols...), killedVols[:4]...),
+		untouched: []*volume{detaching},
+	})
+}
+
+// sidecarFaultSettings make calls to a dead or frozen sidecar end and be given up within seconds.
+var sidecarFaultSettings = map[string]string{
+	"TIMEOUTS_PROBE": "2s",
+	"TIMEOUTS_HEAL":  "2s",
+	"BACKOFF_BASE":   "300ms",
+	"BACKOFF_MAX":    "1s",
+}
+
+// TestSidecarReplacedWhileCallsRetry kills a sidecar with calls in flight and starts its
+// replacement at once, as the kubelet restarts a crashed container the first time, while the
+// controller still retries the calls that failed against the dead sidecar. The replacement's
+// restart marker must bring a sweep that calls the new sidecar and heals the broken volumes; the
+// retries aimed at the dead sidecar's address must not stand in for it.
+func TestSidecarReplacedWhileCallsRetry(t *testing.T) {
+	f := newFixture(t, "replaced")
+	sc := f.storageClass("replaced-rbd-nbd", "rbd-nbd", nil)
+	b := budgets{global: 2, perDriver: 2, perNode: 2}
+	n := f.newNode("replaced-node-1")
+	vols := f.newVolumes(n, sc, "rbd-nbd", "vol", 4)
+	f.createObjects(vols)
+	n.start()
+	// Retries far enough apart that the replacement registers while they still go on.
+	c := f.startController("replaced", b.withSettings(map[string]string{
+		"TIMEOUTS_PROBE": "2s",
+		"TIMEOUTS_HEAL":  "2s",
+		"BACKOFF_BASE":   "1s",
+		"BACKOFF_MAX":    "4s",
+	}))
+	f.sweepFinished(n, time.Minute)
+
+	for _, v := range vols {
+		v.breakVolume(t, driver.Hung, time.Second)
+	}
+	n.restart()
+	waitInFlight(t, n)
+	if err := n.sidecarProc().kill(); err != nil {
+		t.Fatal(err)
+	}
+	n.startSidecar(true)
+	f.sweepFinished(n, 2*time.Minute)
+	c.waitIdle(time.Minute)
+	c.mustRun()
+	f.verify([]*node{n}, b, outcome{healed: vols})
+}
+
+// waitInFlight waits until the node's driver serves at least one call.
+func waitInFlight(t *testing.T, n *node) {
+	t.Helper()
+	eventually(t, time.Minute, "a call in flight on "+n.name, func() (bool, string) {
+		inFlight := n.inFlight()
+		return inFlight > 0, fmt.Sprintf("%d calls in flight", inFlight)
+	})
+}
