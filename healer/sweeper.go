@@ -410,8 +410,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 		return nil, nil, outcomeSkipped
 	}
 
-	objs := v.Objects()
-	in := policy.BuildInput(objs.PV, objs.PVC, objs.StorageClass, objs.Attachment, objs.Node, driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
+	in := v.PolicyInput(driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
 	if in.Node == nil {
 		in.Node = &policy.Node{Name: v.NodeName}
 	}

@@ -47,13 +47,22 @@ func CacheTransform(obj any) (any, error) {
 // pair is one entry of a string map.
 type pair struct{ key, value string }
 
-// stringMap is a map[string]string kept as two slices of pairs sorted by key: a slice of ten
-// pairs takes half the memory of a map of ten entries. The pairs with short values (pool and
-// cluster names, flags) are usually the same for every volume of a StorageClass, and are shared
-// between the records that have the same ones; the pairs with long values (image names, IDs)
-// are the record's own.
+// stringMap is a map[string]string kept as slices of pairs sorted by key: a slice of ten pairs
+// takes half the memory of a map of ten entries. The pairs with short values (pool and cluster
+// names, flags) are usually the same for every volume of a StorageClass or every claim of an
+// application, and are shared between the records that have the same ones; the pairs with long
+// values (image names, IDs) are the record's own.
 type stringMap struct {
-	shared, own []pair
+	shared *pairSet
+	own    []pair
+}
+
+// pairSet is a sorted slice of pairs, shared between records. m is the same entries as a map,
+// read-only, for the sets the table holds: a record whose entries are all shared hands it out
+// instead of building a map per use.
+type pairSet struct {
+	pairs []pair
+	m     map[string]string
 }
 
 func newStringMap(m map[string]string) stringMap {
@@ -76,7 +85,11 @@ func newStringMap(m map[string]string) stringMap {
 
 // get returns the value of key.
 func (m stringMap) get(key string) (string, bool) {
-	for _, p := range [][]pair{m.shared, m.own} {
+	var shared []pair
+	if m.shared != nil {
+		shared = m.shared.pairs
+	}
+	for _, p := range [][]pair{shared, m.own} {
 		if i, ok := slices.BinarySearchFunc(p, key, func(e pair, k string) int { return strings.Compare(e.key, k) }); ok {
 			return p[i].value, true
 		}
@@ -84,13 +97,21 @@ func (m stringMap) get(key string) (string, bool) {
 	return "", false
 }
 
-// toMap returns a new map; nil when there are no entries.
+// toMap returns the entries as a map, nil when there are none. The map may be shared with other
+// records: read-only.
 func (m stringMap) toMap() map[string]string {
-	if len(m.shared)+len(m.own) == 0 {
+	if len(m.own) == 0 && m.shared != nil && m.shared.m != nil {
+		return m.shared.m
+	}
+	var shared []pair
+	if m.shared != nil {
+		shared = m.shared.pairs
+	}
+	if len(shared)+len(m.own) == 0 {
 		return nil
 	}
-	out := make(map[string]string, len(m.shared)+len(m.own))
-	for _, p := range m.shared {
+	out := make(map[string]string, len(shared)+len(m.own))
+	for _, p := range shared {
 		out[p.key] = p.value
 	}
 	for _, p := range m.own {
@@ -99,21 +120,21 @@ func (m stringMap) toMap() map[string]string {
 	return out
 }
 
-// pairTable shares equal slices of pairs between records. It holds at most maxSharedSets
-// slices: past that, new slices are kept by their records alone, so that values that are short
-// and yet differ per volume cannot grow it without end.
+// pairTable shares equal sets of pairs between records. It holds at most maxSharedSets sets:
+// past that, new sets are kept by their records alone, so that values that are short and yet
+// differ per volume cannot grow it without end.
 type pairTable struct {
 	mu   sync.Mutex
-	sets map[string][]pair
+	sets map[string]*pairSet
 }
 
 // maxSharedSets bounds pairTable: far more than the distinct attribute, label and annotation sets
 // of the StorageClasses and applications of a cluster.
 const maxSharedSets = 4096
 
-var sharedPairs = &pairTable{sets: map[string][]pair{}}
+var sharedPairs = &pairTable{sets: map[string]*pairSet{}}
 
-func (t *pairTable) get(p []pair) []pair {
+func (t *pairTable) get(p []pair) *pairSet {
 	if len(p) == 0 {
 		return nil
 	}
@@ -126,13 +147,18 @@ func (t *pairTable) get(p []pair) []pair {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if shared, ok := t.sets[key.String()]; ok {
-		return shared
+	if set, ok := t.sets[key.String()]; ok {
+		return set
 	}
+	set := &pairSet{pairs: p}
 	if len(t.sets) < maxSharedSets {
-		t.sets[key.String()] = p
+		set.m = make(map[string]string, len(p))
+		for _, e := range p {
+			set.m[e.key] = e.value
+		}
+		t.sets[key.String()] = set
 	}
-	return p
+	return set
 }
 
 // intern returns the canonical copy of s. The canonical copies are weak: one no record uses any
@@ -395,7 +421,8 @@ func PersistentVolumeFrom(obj any) *corev1.PersistentVolume {
 }
 
 // ClaimFrom returns the PersistentVolumeClaim an informer handler of the planner's caches
-// received, with the fields the controller keeps; nil for anything else.
+// received, with the fields the controller keeps; nil for anything else. Its maps may be shared
+// with the caches: read-only.
 func ClaimFrom(obj any) *corev1.PersistentVolumeClaim {
 	if r := claimRecord(obj); r != nil {
 		return r.object()

@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 // Index names on the planner's informers.
@@ -155,8 +157,9 @@ type VolumeObjects struct {
 	Node         *corev1.Node
 }
 
-// Objects builds the volume's objects, with the fields the controller keeps of them. The
-// StorageClass and Node are the cached objects themselves: read-only.
+// Objects builds the volume's objects, with the fields the controller keeps of them. They are
+// read-only: the StorageClass and Node are the cached objects themselves, and maps (labels,
+// annotations, attributes) may be shared with the caches.
 func (v Volume) Objects() VolumeObjects {
 	out := VolumeObjects{StorageClass: v.storageClass, Node: v.node}
 	if v.pv != nil {
@@ -174,7 +177,7 @@ func (v Volume) Objects() VolumeObjects {
 }
 
 // Claim returns the PersistentVolumeClaim bound to the volume, for Events and status patches;
-// nil when it is not in the caches.
+// nil when it is not in the caches. Read-only, as Objects.
 func (v Volume) Claim() *corev1.PersistentVolumeClaim {
 	if v.claim == nil {
 		return nil
@@ -439,4 +442,53 @@ func sortVolumes(vols []Volume) {
 		}
 		return vols[i].PVName < vols[j].PVName
 	})
+}
+
+// PolicyInput builds the policy's first-evaluation input for the volume from the cached records,
+// without the API objects Objects would build: it is what policy.BuildInput(Objects()...) returns
+// (TestPolicyInputMatchesBuildInput keeps the two equal), at a fraction of the allocations, which
+// matters when a periodic sweep decides 100,000 volumes. The caller sets History, and Probe for
+// the second evaluation.
+func (v Volume) PolicyInput(driver policy.DriverInfo, trigger policy.Trigger) policy.Input {
+	if v.pv == nil {
+		o := v.Objects()
+		return policy.BuildInput(o.PV, o.PVC, o.StorageClass, o.Attachment, o.Node, driver, trigger)
+	}
+	pv := v.pv
+	in := policy.Input{Trigger: trigger, Driver: driver}
+	in.Volume.PV = pv.name
+	if pv.csi {
+		in.Volume.Handle = pv.handle
+		in.Volume.Driver = pv.driver
+		in.Volume.Attributes = pv.attributes.toMap()
+	}
+	if in.Driver.Name == "" {
+		in.Driver.Name = in.Volume.Driver
+	}
+	in.Volume.MountOptions = pv.mountOptions
+	for _, m := range pv.accessModes {
+		in.Volume.AccessModes = append(in.Volume.AccessModes, string(m))
+	}
+	if pv.storageClass != "" {
+		in.Volume.StorageClass = &policy.StorageClass{Name: pv.storageClass}
+		if sc := v.storageClass; sc != nil && sc.Name == pv.storageClass {
+			in.Volume.StorageClass.Parameters = sc.Parameters
+		}
+	}
+	switch c := v.claim; {
+	case c != nil:
+		in.Volume.PVC = &policy.Claim{Namespace: c.namespace, Name: c.name, Labels: c.labels.toMap(), Annotations: c.annotations.toMap()}
+	case pv.claimName != "" && pv.phase == corev1.VolumeBound:
+		in.Volume.PVC = &policy.Claim{Namespace: pv.claimNamespace, Name: pv.claimName}
+	}
+	if va := v.attachment; va != nil {
+		in.Attachment = &policy.Attachment{Node: va.node, Attached: va.attached, Detaching: va.deleting}
+	}
+	switch {
+	case v.node != nil:
+		in.Node = &policy.Node{Name: v.node.Name, Labels: v.node.Labels}
+	case v.attachment != nil:
+		in.Node = &policy.Node{Name: v.attachment.node}
+	}
+	return in
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -8,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 func pv(name, sc, driver string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
@@ -210,5 +213,48 @@ func TestPlannerPVVolumesFindsEveryAttachment(t *testing.T) {
 	}
 	if vols, _ := p.PVVolumes("missing"); len(vols) != 0 {
 		t.Errorf("PVVolumes(missing) = %v", names(vols))
+	}
+}
+
+func TestPolicyInputMatchesBuildInput(t *testing.T) {
+	withAttrs := pv("a", "gold", "d", corev1.VolumeBound)
+	withAttrs.Spec.CSI.VolumeAttributes = map[string]string{"pool": "rbd", "imageName": "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"}
+	withAttrs.Spec.MountOptions = []string{"discard"}
+	withAttrs.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce, corev1.ReadOnlyMany}
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "claim-a",
+		Labels: map[string]string{"app": "db"}, Annotations: map[string]string{"team": "payments"}}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "a"}}
+	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"}, Parameters: map[string]string{"mounter": "rbd-nbd"}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"zone": "a"}}}
+	noAttach := false
+	tests := map[string]struct {
+		objs   []any
+		staged bool
+	}{
+		"everything cached":            {objs: []any{withAttrs, va("a", "d", "n1", true), claim, class, node}},
+		"claim not cached":             {objs: []any{withAttrs, va("a", "d", "n1", true), class}},
+		"no node, no class":            {objs: []any{pv("a", "gold", "d", corev1.VolumeBound), va("a", "d", "n1", true)}},
+		"no attach step, node cached":  {objs: []any{withAttrs, claim, node, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "d"}, Spec: storagev1.CSIDriverSpec{AttachRequired: &noAttach}}}, staged: true},
+		"no attach step, nothing else": {objs: []any{pv("a", "", "d", corev1.VolumeBound)}, staged: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := newTestPlanner(t, tc.objs...)
+			var vols []Volume
+			if tc.staged {
+				vols, _ = p.StagedVolumes("d", "n1", []string{"a"})
+			} else {
+				vols, _ = p.NodeVolumes("d", "n1")
+			}
+			if len(vols) != 1 {
+				t.Fatalf("volumes %v, want a", names(vols))
+			}
+			driver := policy.DriverInfo{Healer: policy.HealerCapabilities{Probe: true}}
+			o := vols[0].Objects()
+			want := policy.BuildInput(o.PV, o.PVC, o.StorageClass, o.Attachment, o.Node, driver, policy.TriggerSchedule)
+			got := vols[0].PolicyInput(driver, policy.TriggerSchedule)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("PolicyInput:\n got %+v\nwant %+v", got, want)
+			}
+		})
 	}
 }
