@@ -588,6 +588,9 @@ func dispatchError(err error) error {
 	switch {
 	case errors.Is(err, probe.ErrBusy):
 		return fmt.Errorf("%w: %w", scheduler.ErrRetryLater, err)
+	case errors.Is(err, probe.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded):
+		// The call's deadline passed: the dispatcher counts the retry as a timeout.
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 	case !probe.Retryable(err):
 		return fmt.Errorf("%w: %w", scheduler.ErrPermanent, err)
 	default:

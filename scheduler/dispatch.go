@@ -530,7 +530,8 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 			result = fmt.Errorf("%w after %d failed attempts: %w", ErrGaveUp, j.failed, err)
 		} else {
 			final = false
-			if timedOut {
+			// A call's own deadline (shorter than the task's) counts as a timeout too.
+			if timedOut || errors.Is(err, context.DeadlineExceeded) {
 				d.metrics.retried(retryTimeout)
 			} else {
 				d.metrics.retried(retryFailed)

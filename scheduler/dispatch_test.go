@@ -870,6 +870,34 @@ func TestDispatchTimeoutFreesTheSlot(t *testing.T) {
 	}
 }
 
+// A call that ends on its own deadline, shorter than the task's, is retried as a timeout: the
+// metric must not file it under failures.
+func TestDispatchCallTimeoutCountsAsTimeout(t *testing.T) {
+	m := NewDispatchMetrics(prometheus.NewRegistry())
+	d, _ := runDispatcher(t, DispatcherOptions{Global: 1, MaxAttempts: 2, BackoffBase: time.Millisecond, Metrics: m})
+	res := newResults()
+	calls := 0
+	d.Submit(Task{Volume: "pv-slow", Driver: "rbd", Node: "node-a", Trigger: TriggerRestart, Timeout: time.Minute,
+		Done: res.done("slow"),
+		Run: func(context.Context) error {
+			calls++
+			if calls == 1 {
+				return fmt.Errorf("probe: %w", context.DeadlineExceeded)
+			}
+			return nil
+		}})
+	res.wait(t)
+	if got := res.one(t, "slow"); got.Err != nil {
+		t.Fatalf("task: %v", got.Err)
+	}
+	if got := testutil.ToFloat64(m.retries.WithLabelValues(retryTimeout)); got != 1 {
+		t.Errorf("retries_total{reason=timeout} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.retries.WithLabelValues(retryFailed)); got != 0 {
+		t.Errorf("retries_total{reason=failed} = %v, want 0", got)
+	}
+}
+
 func TestDispatchShutdown(t *testing.T) {
 	tests := map[string]struct {
 		// inFlight is the call in flight at shutdown; it gets a channel closed to let it finish.
