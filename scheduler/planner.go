@@ -20,7 +20,7 @@ const (
 	IndexDriverNode = "driverNode"
 	// IndexStorageClass indexes PersistentVolumes by StorageClass name.
 	IndexStorageClass = "storageClass"
-	// IndexDriver indexes PersistentVolumes by CSI driver name and VolumeAttachments by attacher.
+	// IndexDriver indexes VolumeAttachments by attacher.
 	IndexDriver = "driver"
 )
 
@@ -37,13 +37,6 @@ func PVIndexers() cache.Indexers {
 				return nil, nil
 			}
 			return []string{pv.storageClass}, nil
-		},
-		IndexDriver: func(obj any) ([]string, error) {
-			pv := pvRecord(obj)
-			if pv == nil || !pv.csi {
-				return nil, nil
-			}
-			return []string{pv.driver}, nil
 		},
 	}
 }
