@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/volume-healer/volume-healer/policy"
@@ -118,6 +119,30 @@ func (c Caches) Add(obj runtime.Object) error {
 		return err
 	}
 	return store.Update(rec)
+}
+
+// InformerCaches registers the planner's informers and indexes with factory and returns their
+// stores. The factory's transform should be CacheTransform.
+func InformerCaches(factory informers.SharedInformerFactory) (Caches, error) {
+	pvs := factory.Core().V1().PersistentVolumes().Informer()
+	vas := factory.Storage().V1().VolumeAttachments().Informer()
+	pvcs := factory.Core().V1().PersistentVolumeClaims().Informer()
+	for _, add := range []struct {
+		informer cache.SharedIndexInformer
+		indexers cache.Indexers
+	}{{pvs, PVIndexers()}, {vas, VAIndexers()}, {pvcs, PVCIndexers()}} {
+		if err := add.informer.AddIndexers(add.indexers); err != nil {
+			return Caches{}, err
+		}
+	}
+	return Caches{
+		PVs:               pvs.GetIndexer(),
+		VolumeAttachments: vas.GetIndexer(),
+		PVCs:              pvcs.GetIndexer(),
+		StorageClasses:    factory.Storage().V1().StorageClasses().Informer().GetStore(),
+		CSIDrivers:        factory.Storage().V1().CSIDrivers().Informer().GetStore(),
+		Nodes:             factory.Core().V1().Nodes().Informer().GetStore(),
+	}, nil
 }
 
 // Volume is one volume a sweep may act on. It points into the caches' compact records;

@@ -133,7 +133,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// Storage objects: shared informers with the planner's indexes, holding compact records of
 	// PVs, PVCs and VolumeAttachments (see scheduler.CacheTransform).
 	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(scheduler.CacheTransform))
-	caches, err := plannerCaches(factory)
+	caches, err := scheduler.InformerCaches(factory)
 	if err != nil {
 		return err
 	}
@@ -434,29 +434,6 @@ type everyReplica struct{ manager.Runnable }
 
 // NeedLeaderElection reports that the runnable runs on standby replicas too.
 func (everyReplica) NeedLeaderElection() bool { return false }
-
-// plannerCaches registers the planner's informers and indexes with factory.
-func plannerCaches(factory informers.SharedInformerFactory) (scheduler.Caches, error) {
-	pvs := factory.Core().V1().PersistentVolumes().Informer()
-	vas := factory.Storage().V1().VolumeAttachments().Informer()
-	pvcs := factory.Core().V1().PersistentVolumeClaims().Informer()
-	for _, add := range []struct {
-		informer toolscache.SharedIndexInformer
-		indexers toolscache.Indexers
-	}{{pvs, scheduler.PVIndexers()}, {vas, scheduler.VAIndexers()}, {pvcs, scheduler.PVCIndexers()}} {
-		if err := add.informer.AddIndexers(add.indexers); err != nil {
-			return scheduler.Caches{}, err
-		}
-	}
-	return scheduler.Caches{
-		PVs:               pvs.GetIndexer(),
-		VolumeAttachments: vas.GetIndexer(),
-		PVCs:              pvcs.GetIndexer(),
-		StorageClasses:    factory.Storage().V1().StorageClasses().Informer().GetStore(),
-		CSIDrivers:        factory.Storage().V1().CSIDrivers().Informer().GetStore(),
-		Nodes:             factory.Core().V1().Nodes().Informer().GetStore(),
-	}, nil
-}
 
 // sidecarClient builds the client of the sidecars from the configuration.
 func sidecarClient(cfg *config.Config) (*probe.Client, error) {

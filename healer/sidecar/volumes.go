@@ -38,6 +38,12 @@ func indexByDriverHandle(obj any) ([]string, error) {
 	return []string{driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle)}, nil
 }
 
+// PersistentVolumeIndexers are the indexes of the sidecar's PersistentVolume informer: by driver
+// and volume handle, to name the PV of a volume the driver lists.
+func PersistentVolumeIndexers() cache.Indexers {
+	return cache.Indexers{pvByHandleIndex: indexByDriverHandle}
+}
+
 // LeanPersistentVolume is the transform of the sidecar's PersistentVolume informer: it keeps of a
 // PersistentVolume what resolving it for the driver reads. The
 // sidecar caches every PV of the cluster (a field selector cannot pick a node's PVs), so every
@@ -97,7 +103,7 @@ type volumes struct {
 func newVolumes(client kubernetes.Interface, o *Options) (*volumes, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(LeanPersistentVolume))
 	pvs := factory.Core().V1().PersistentVolumes().Informer()
-	if err := pvs.AddIndexers(cache.Indexers{pvByHandleIndex: indexByDriverHandle}); err != nil {
+	if err := pvs.AddIndexers(PersistentVolumeIndexers()); err != nil {
 		return nil, fmt.Errorf("index PersistentVolumes: %w", err)
 	}
 	v := &volumes{

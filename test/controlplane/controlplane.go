@@ -21,6 +21,8 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -353,4 +355,17 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// WriteServiceAccountToken requests a token of the ServiceAccount namespace/name, valid for ttl,
+// and writes it to path, readable by its owner only. The controller, run as a process outside
+// the cluster, authenticates to the sidecars with it, as its pod would with a projected token.
+func WriteServiceAccountToken(ctx context.Context, cs kubernetes.Interface, namespace, name string, ttl time.Duration, path string) error {
+	seconds := int64(ttl / time.Second)
+	tok, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token of the ServiceAccount %s/%s: %w", namespace, name, err)
+	}
+	return os.WriteFile(path, []byte(tok.Status.Token), 0o600)
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -285,13 +284,8 @@ type controllerProcess struct {
 
 func startController(ctx context.Context, env *controlplane.Env, dir, bin string) (*controllerProcess, error) {
 	// The controller authenticates to the sidecars with its ServiceAccount's token.
-	tok, err := env.Clientset.CoreV1().ServiceAccounts("volume-healer").CreateToken(ctx, "volume-healer",
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("token for the controller: %w", err)
-	}
 	tokenFile := filepath.Join(dir, "controller-token")
-	if err := os.WriteFile(tokenFile, []byte(tok.Status.Token), 0o600); err != nil {
+	if err := controlplane.WriteServiceAccountToken(ctx, env.Clientset, "volume-healer", "volume-healer", time.Hour, tokenFile); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "controller.log")
@@ -506,5 +500,3 @@ func (e *eventPrinter) print(ctx context.Context) {
 		}
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -152,14 +151,8 @@ func setUpSuite() (*suite, error) {
 		return s, err
 	}
 	// Long enough for the whole run: the sidecars review it with every uncached call.
-	expiry := int64(4 * 3600)
-	tok, err := cs.CoreV1().ServiceAccounts(controllerNamespace).CreateToken(ctx, controllerAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
-	if err != nil {
-		return s, fmt.Errorf("token of the controller's ServiceAccount: %w", err)
-	}
 	s.tokenFile = filepath.Join(dir, "controller-token")
-	return s, os.WriteFile(s.tokenFile, []byte(tok.Status.Token), 0o600)
+	return s, controlplane.WriteServiceAccountToken(ctx, cs, controllerNamespace, controllerAccount, 4*time.Hour, s.tokenFile)
 }
 
 // build builds the three programs. Only the controller gets the race detector: it is the program

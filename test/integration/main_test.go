@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -134,14 +133,8 @@ func setUpSuite() (*suite, error) {
 	if _, err := cs.CoreV1().ServiceAccounts(controllerNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: controllerAccount}}, metav1.CreateOptions{}); err != nil {
 		return s, err
 	}
-	expiry := int64(3600)
-	tok, err := cs.CoreV1().ServiceAccounts(controllerNamespace).CreateToken(ctx, controllerAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
-	if err != nil {
-		return s, fmt.Errorf("token of the controller's ServiceAccount: %w", err)
-	}
 	s.tokenFile = filepath.Join(dir, "controller-token")
-	return s, os.WriteFile(s.tokenFile, []byte(tok.Status.Token), 0o600)
+	return s, controlplane.WriteServiceAccountToken(ctx, cs, controllerNamespace, controllerAccount, time.Hour, s.tokenFile)
 }
 
 // buildController builds the controller binary without the race detector: it runs as its own

@@ -8,7 +8,6 @@ import (
 	"runtime/pprof"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -17,6 +16,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 
+	"github.com/volume-healer/volume-healer/healer/sidecar"
 	"github.com/volume-healer/volume-healer/scheduler"
 )
 
@@ -57,32 +57,15 @@ func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform t
 
 	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(transform))
 	if sidecarView {
-		err := factory.Core().V1().PersistentVolumes().Informer().AddIndexers(toolscache.Indexers{"csiDriverVolumeHandle": func(obj any) ([]string, error) {
-			pv, ok := obj.(*corev1.PersistentVolume)
-			if !ok || pv.Spec.CSI == nil {
-				return nil, nil
-			}
-			return []string{pv.Spec.CSI.Driver + "\x00" + pv.Spec.CSI.VolumeHandle}, nil
-		}})
+		err := factory.Core().V1().PersistentVolumes().Informer().AddIndexers(sidecar.PersistentVolumeIndexers())
 		if err != nil {
 			return out, err
 		}
 		return c.fillAndMeasure(ctx, factory, &before, out, profile)
 	}
-	pvs := factory.Core().V1().PersistentVolumes().Informer()
-	vas := factory.Storage().V1().VolumeAttachments().Informer()
-	pvcs := factory.Core().V1().PersistentVolumeClaims().Informer()
-	for _, add := range []struct {
-		informer toolscache.SharedIndexInformer
-		indexers toolscache.Indexers
-	}{{pvs, scheduler.PVIndexers()}, {vas, scheduler.VAIndexers()}, {pvcs, scheduler.PVCIndexers()}} {
-		if err := add.informer.AddIndexers(add.indexers); err != nil {
-			return out, err
-		}
+	if _, err := scheduler.InformerCaches(factory); err != nil {
+		return out, err
 	}
-	factory.Storage().V1().StorageClasses().Informer()
-	factory.Storage().V1().CSIDrivers().Informer()
-	factory.Core().V1().Nodes().Informer()
 	return c.fillAndMeasure(ctx, factory, &before, out, profile)
 }
 
@@ -156,10 +139,8 @@ func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.Trans
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	pvs := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, scheduler.PVIndexers())
-	vas := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, scheduler.VAIndexers())
-	pvcs := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, scheduler.PVCIndexers())
-	nodes := toolscache.NewStore(toolscache.MetaNamespaceKeyFunc)
+	caches := scheduler.NewLocalCaches()
+	pvs, vas, pvcs, nodes := caches.PVs, caches.VolumeAttachments, caches.PVCs, caches.Nodes
 	const perNode = 100
 	for n := 0; n*perNode < volumes; n++ {
 		node := fmt.Sprintf("node-%05d", n)

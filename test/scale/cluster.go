@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -136,14 +134,8 @@ func (c *cluster) init(ctx context.Context) error {
 			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
 		}
 	}
-	expiry := int64(24 * 3600)
-	tok, err := c.kube.CoreV1().ServiceAccounts(controllerNamespace).CreateToken(ctx, controllerAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("token of the controller's ServiceAccount: %w", err)
-	}
 	c.tokenFile = filepath.Join(c.dir, "controller-token")
-	return os.WriteFile(c.tokenFile, []byte(tok.Status.Token), 0o600)
+	return controlplane.WriteServiceAccountToken(ctx, c.kube, controllerNamespace, controllerAccount, 24*time.Hour, c.tokenFile)
 }
 
 // createNodes creates the Node objects.
