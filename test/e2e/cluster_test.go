@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,10 +23,8 @@ import (
 	"github.com/volume-healer/volume-healer/healer/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/fixtures"
 )
-
-// stageSecret is the node-stage Secret every PV names, as Ceph CSI's PVs name rook-csi-rbd-node.
-const stageSecret = "rook-csi-rbd-node"
 
 // holdFinalizer keeps a deleted VolumeAttachment in the API with its deletionTimestamp set, as the
 // external-attacher's finalizer does while it detaches.
@@ -80,7 +77,7 @@ func newFixture(t *testing.T, name string) *fixture {
 	}
 	f.create(&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: f.driver}, Spec: storagev1.CSIDriverSpec{AttachRequired: &attach}})
 	f.create(&corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.pluginNS, Name: stageSecret},
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.pluginNS, Name: fixtures.StageSecret},
 		StringData: map[string]string{"userID": "csi-rbd-node", "userKey": "AQD0cG9vbGtleQ=="},
 	})
 	t.Cleanup(f.cleanUp)
@@ -115,17 +112,14 @@ func (f *fixture) cleanUp() {
 // storageClass creates a Ceph RBD StorageClass of the fixture's driver; mounter "" is krbd.
 func (f *fixture) storageClass(name, mounter string, annotations map[string]string) string {
 	f.t.Helper()
-	params := map[string]string{
-		"clusterID": "rook-ceph", "pool": "replicapool", "imageFeatures": "layering",
-		"csi.storage.k8s.io/node-stage-secret-name":      stageSecret,
-		"csi.storage.k8s.io/node-stage-secret-namespace": f.pluginNS,
-	}
-	if mounter != "" {
-		params["mounter"] = mounter
-	}
-	f.create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}, Provisioner: f.driver, Parameters: params})
+	f.create(f.ceph().StorageClass(name, mounter, annotations))
 	f.classes = append(f.classes, name)
 	return name
+}
+
+// ceph is the fixture's cluster as the shared fixtures build it.
+func (f *fixture) ceph() fixtures.CephCluster {
+	return fixtures.CephCluster{Client: f.cs, Driver: f.driver, PluginNamespace: f.pluginNS, AppNamespace: f.appNS}
 }
 
 func nodeObject(name string) *corev1.Node {
@@ -136,84 +130,13 @@ func nodeObject(name string) *corev1.Node {
 // provisioning, binding and attaching leave them.
 func (f *fixture) createObjects(vols []*volume) {
 	f.t.Helper()
-	ctx := f.ctx()
-	work := make(chan *volume)
-	errs := make(chan error, len(vols))
-	const workers = 8
-	for range workers {
-		go func() {
-			for v := range work {
-				errs <- f.createVolume(ctx, v)
-			}
-		}()
+	objs := make([]fixtures.CephVolume, len(vols))
+	for i, v := range vols {
+		objs[i] = v.ceph()
 	}
-	for _, v := range vols {
-		work <- v
+	if err := f.ceph().CreateVolumes(f.ctx(), objs, true, 8); err != nil {
+		f.t.Fatal(err)
 	}
-	close(work)
-	for range vols {
-		if err := <-errs; err != nil {
-			f.t.Fatal(err)
-		}
-	}
-}
-
-func (f *fixture) createVolume(ctx context.Context, v *volume) error {
-	size := resource.MustParse("10Gi")
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: v.pv},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:         corev1.ResourceList{corev1.ResourceStorage: size},
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: v.class,
-			ClaimRef:         &corev1.ObjectReference{APIVersion: "v1", Kind: "PersistentVolumeClaim", Namespace: f.appNS, Name: v.pvc},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: f.driver, VolumeHandle: v.handle, FSType: "ext4", VolumeAttributes: v.attributes(),
-				NodeStageSecretRef: &corev1.SecretReference{Name: stageSecret, Namespace: f.pluginNS},
-			}},
-		},
-	}
-	pv, err := f.cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create PV %s: %w", v.pv, err)
-	}
-	pv.Status.Phase = corev1.VolumeBound
-	if _, err := f.cs.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("bind PV %s: %w", v.pv, err)
-	}
-	class := v.class
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.appNS, Name: v.pvc},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: &class,
-			VolumeName:       v.pv,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
-		},
-	}
-	pvc, err = f.cs.CoreV1().PersistentVolumeClaims(f.appNS).Create(ctx, pvc, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create PVC %s: %w", v.pvc, err)
-	}
-	pvc.Status.Phase = corev1.ClaimBound
-	if _, err := f.cs.CoreV1().PersistentVolumeClaims(f.appNS).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("bind PVC %s: %w", v.pvc, err)
-	}
-	pvName := v.pv
-	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: v.va()},
-		Spec: storagev1.VolumeAttachmentSpec{Attacher: f.driver, NodeName: v.node.name,
-			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-	}
-	va, err = f.cs.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create VolumeAttachment of %s: %w", v.pv, err)
-	}
-	va.Status.Attached = true
-	if _, err := f.cs.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("attach VolumeAttachment of %s: %w", v.pv, err)
-	}
-	return nil
 }
 
 // detach starts deleting the volume's VolumeAttachment and keeps it in the API with a finalizer,
@@ -221,24 +144,15 @@ func (f *fixture) createVolume(ctx context.Context, v *volume) error {
 // volume.
 func (f *fixture) detach(v *volume) {
 	f.t.Helper()
-	ctx := f.ctx()
-	patch := fmt.Appendf(nil, `{"metadata":{"finalizers":[%q]}}`, holdFinalizer)
-	if _, err := f.cs.StorageV1().VolumeAttachments().Patch(ctx, v.va(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		f.t.Fatalf("add finalizer to VolumeAttachment %s: %v", v.va(), err)
-	}
 	f.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = f.cs.StorageV1().VolumeAttachments().Patch(ctx, v.va(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_ = f.ceph().Release(ctx, v.ceph())
 	})
-	if err := f.cs.StorageV1().VolumeAttachments().Delete(ctx, v.va(), metav1.DeleteOptions{}); err != nil {
-		f.t.Fatalf("delete VolumeAttachment %s: %v", v.va(), err)
+	if err := f.ceph().Detach(f.ctx(), v.ceph(), holdFinalizer); err != nil {
+		f.t.Fatal(err)
 	}
 	v.detachedAt = time.Now()
-	va, err := f.cs.StorageV1().VolumeAttachments().Get(ctx, v.va(), metav1.GetOptions{})
-	if err != nil || va.DeletionTimestamp == nil {
-		f.t.Fatalf("VolumeAttachment %s should stay with a deletionTimestamp: %v, %+v", v.va(), err, va)
-	}
 }
 
 // addonsNodeKey names the CSIAddonsNode the node's sidecar registers.

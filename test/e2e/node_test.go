@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/test/fixtures"
 	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
@@ -321,20 +322,13 @@ type volume struct {
 	detachedAt time.Time
 }
 
-func (v *volume) va() string { return "csi-" + v.pv }
-
-func (v *volume) spec() driver.VolumeSpec {
-	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.attributes()}
+// ceph is the volume as the shared fixtures describe it.
+func (v *volume) ceph() fixtures.CephVolume {
+	return fixtures.CephVolume{PV: v.pv, PVC: v.pvc, Handle: v.handle, StorageClass: v.class, Node: v.node.name, Mounter: v.mounter}
 }
 
-// attributes are the PV's volume attributes as Ceph CSI writes them: krbd volumes carry no
-// mounter key.
-func (v *volume) attributes() map[string]string {
-	attrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": "csi-vol-" + v.pv}
-	if v.mounter == "rbd-nbd" {
-		attrs["mounter"] = "rbd-nbd"
-	}
-	return attrs
+func (v *volume) spec() driver.VolumeSpec {
+	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.ceph().Attributes()}
 }
 
 // newVolumes describes n volumes of class on node nd, named <fixture>-<tag>-<i>. mounter is the

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,11 +22,9 @@ import (
 
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/fixtures"
 	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
-
-// stageSecret is the node-stage Secret every PV names, as Ceph CSI's PVs name rook-csi-rbd-node.
-const stageSecret = "rook-csi-rbd-node"
 
 // holdFinalizer keeps a deleted VolumeAttachment in the API with its deletionTimestamp set, as the
 // external-attacher's finalizer does while it detaches.
@@ -74,7 +71,7 @@ func newFixture(t *testing.T, name string) *fixture {
 	}
 	f.create(&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: f.driver}, Spec: storagev1.CSIDriverSpec{AttachRequired: &attach}})
 	f.create(&corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.pluginNS, Name: stageSecret},
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.pluginNS, Name: fixtures.StageSecret},
 		StringData: map[string]string{"userID": "csi-rbd-node", "userKey": "AQD0cG9vbGtleQ=="},
 	})
 	t.Cleanup(f.cleanUp)
@@ -109,17 +106,14 @@ func (f *fixture) cleanUp() {
 // storageClass creates a Ceph RBD StorageClass of the fixture's driver; mounter "" is krbd.
 func (f *fixture) storageClass(name, mounter string, annotations map[string]string) string {
 	f.t.Helper()
-	params := map[string]string{
-		"clusterID": "rook-ceph", "pool": "replicapool", "imageFeatures": "layering",
-		"csi.storage.k8s.io/node-stage-secret-name":      stageSecret,
-		"csi.storage.k8s.io/node-stage-secret-namespace": f.pluginNS,
-	}
-	if mounter != "" {
-		params["mounter"] = mounter
-	}
-	f.create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}, Provisioner: f.driver, Parameters: params})
+	f.create(f.ceph().StorageClass(name, mounter, annotations))
 	f.classes = append(f.classes, name)
 	return name
+}
+
+// ceph is the fixture's cluster as the shared fixtures build it.
+func (f *fixture) ceph() fixtures.CephCluster {
+	return fixtures.CephCluster{Client: f.cs, Driver: f.driver, PluginNamespace: f.pluginNS, AppNamespace: f.appNS}
 }
 
 func nodeObject(name string) *corev1.Node {
@@ -134,20 +128,13 @@ type volume struct {
 	node    *plugin
 }
 
-func (v *volume) va() string { return "csi-" + v.pv }
-
-func (v *volume) spec() driver.VolumeSpec {
-	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.attributes()}
+// ceph is the volume as the shared fixtures describe it.
+func (v *volume) ceph() fixtures.CephVolume {
+	return fixtures.CephVolume{PV: v.pv, PVC: v.pvc, Handle: v.handle, StorageClass: v.class, Node: v.node.node, Mounter: v.mounter}
 }
 
-// attributes are the PV's volume attributes as Ceph CSI writes them: krbd volumes carry no
-// mounter key.
-func (v *volume) attributes() map[string]string {
-	attrs := map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": "csi-vol-" + v.pv}
-	if v.mounter == "rbd-nbd" {
-		attrs["mounter"] = "rbd-nbd"
-	}
-	return attrs
+func (v *volume) spec() driver.VolumeSpec {
+	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.ceph().Attributes()}
 }
 
 // newVolumes describes n volumes of class on node p, named <fixture>-<tag>-<i>. mounter is the
@@ -170,108 +157,26 @@ func (f *fixture) newVolumes(p *plugin, class, mounter, tag string, n int) []*vo
 // controller does not need it, and the 1,000-volume test saves the requests.
 func (f *fixture) createObjects(vols []*volume, boundClaims bool) {
 	f.t.Helper()
-	ctx := f.ctx()
-	work := make(chan *volume)
-	errs := make(chan error, len(vols))
-	const workers = 12
-	for range workers {
-		go func() {
-			for v := range work {
-				errs <- f.createVolume(ctx, v, boundClaims)
-			}
-		}()
+	objs := make([]fixtures.CephVolume, len(vols))
+	for i, v := range vols {
+		objs[i] = v.ceph()
 	}
-	for _, v := range vols {
-		work <- v
+	if err := f.ceph().CreateVolumes(f.ctx(), objs, boundClaims, 12); err != nil {
+		f.t.Fatal(err)
 	}
-	close(work)
-	for range vols {
-		if err := <-errs; err != nil {
-			f.t.Fatal(err)
-		}
-	}
-}
-
-func (f *fixture) createVolume(ctx context.Context, v *volume, boundClaim bool) error {
-	size := resource.MustParse("10Gi")
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: v.pv},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:         corev1.ResourceList{corev1.ResourceStorage: size},
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: v.class,
-			ClaimRef:         &corev1.ObjectReference{APIVersion: "v1", Kind: "PersistentVolumeClaim", Namespace: f.appNS, Name: v.pvc},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: f.driver, VolumeHandle: v.handle, FSType: "ext4", VolumeAttributes: v.attributes(),
-				NodeStageSecretRef: &corev1.SecretReference{Name: stageSecret, Namespace: f.pluginNS},
-			}},
-		},
-	}
-	pv, err := f.cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create PV %s: %w", v.pv, err)
-	}
-	pv.Status.Phase = corev1.VolumeBound
-	if _, err := f.cs.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("bind PV %s: %w", v.pv, err)
-	}
-	class := v.class
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.appNS, Name: v.pvc},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: &class,
-			VolumeName:       v.pv,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
-		},
-	}
-	pvc, err = f.cs.CoreV1().PersistentVolumeClaims(f.appNS).Create(ctx, pvc, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create PVC %s: %w", v.pvc, err)
-	}
-	if boundClaim {
-		pvc.Status.Phase = corev1.ClaimBound
-		if _, err := f.cs.CoreV1().PersistentVolumeClaims(f.appNS).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("bind PVC %s: %w", v.pvc, err)
-		}
-	}
-	pvName := v.pv
-	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: v.va()},
-		Spec: storagev1.VolumeAttachmentSpec{Attacher: f.driver, NodeName: v.node.node,
-			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-	}
-	va, err = f.cs.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create VolumeAttachment of %s: %w", v.pv, err)
-	}
-	va.Status.Attached = true
-	if _, err := f.cs.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("attach VolumeAttachment of %s: %w", v.pv, err)
-	}
-	return nil
 }
 
 // detach starts deleting the volume's VolumeAttachment and keeps it in the API with a finalizer,
 // as the external-attacher does while the volume detaches.
 func (f *fixture) detach(v *volume) {
 	f.t.Helper()
-	ctx := f.ctx()
-	patch := fmt.Appendf(nil, `{"metadata":{"finalizers":[%q]}}`, holdFinalizer)
-	if _, err := f.cs.StorageV1().VolumeAttachments().Patch(ctx, v.va(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		f.t.Fatalf("add finalizer to VolumeAttachment %s: %v", v.va(), err)
-	}
 	f.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = f.cs.StorageV1().VolumeAttachments().Patch(ctx, v.va(), types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_ = f.ceph().Release(ctx, v.ceph())
 	})
-	if err := f.cs.StorageV1().VolumeAttachments().Delete(ctx, v.va(), metav1.DeleteOptions{}); err != nil {
-		f.t.Fatalf("delete VolumeAttachment %s: %v", v.va(), err)
-	}
-	va, err := f.cs.StorageV1().VolumeAttachments().Get(ctx, v.va(), metav1.GetOptions{})
-	if err != nil || va.DeletionTimestamp == nil {
-		f.t.Fatalf("VolumeAttachment %s should stay with a deletionTimestamp: %v, %+v", v.va(), err, va)
+	if err := f.ceph().Detach(f.ctx(), v.ceph(), holdFinalizer); err != nil {
+		f.t.Fatal(err)
 	}
 }
 
