@@ -228,25 +228,20 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	for _, r := range []manager.Runnable{
 		manager.RunnableFunc(func(ctx context.Context) error {
 			factory.Start(ctx.Done())
-			<-ctx.Done()
-			factory.Shutdown()
-			return nil
-		}),
-		manager.RunnableFunc(policySource.Start),
-		manager.RunnableFunc(func(ctx context.Context) error {
 			// Filling the caches decodes every object once and keeps a compact record of it: the
 			// decoded objects are garbage the heap holds until its next collection, and their pages
 			// stay with the process until the runtime's scavenger slowly returns them. One
 			// collection once the caches are full returns them at once, so that a replica's
 			// footprint starts at what it keeps rather than at what filling took.
-			err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-				return storageSynced(factory) == nil, nil
-			})
-			if err == nil {
+			factory.WaitForCacheSync(ctx.Done())
+			if storageSynced(factory) == nil {
 				debug.FreeOSMemory()
 			}
+			<-ctx.Done()
+			factory.Shutdown()
 			return nil
 		}),
+		manager.RunnableFunc(policySource.Start),
 	} {
 		if err := mgr.Add(everyReplica{r}); err != nil {
 			return err
