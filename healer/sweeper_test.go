@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -118,14 +117,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	caches := scheduler.Caches{
-		PVs:               cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVIndexers()),
-		VolumeAttachments: cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.VAIndexers()),
-		PVCs:              cache.NewIndexer(cache.MetaNamespaceKeyFunc, scheduler.PVCIndexers()),
-		StorageClasses:    cache.NewStore(cache.MetaNamespaceKeyFunc),
-		CSIDrivers:        cache.NewStore(cache.MetaNamespaceKeyFunc),
-		Nodes:             cache.NewStore(cache.MetaNamespaceKeyFunc),
-	}
+	caches := scheduler.NewLocalCaches()
 	node := &csiaddonsv1alpha1.CSIAddonsNode{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", Annotations: map[string]string{
 			scheduler.HealerRestartAnnotation: "start-2", probe.EndpointAnnotation: "127.0.0.1:9070",
@@ -149,7 +141,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 			Status:     storagev1.VolumeAttachmentStatus{Attached: true},
 		}
 		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "claim-" + name}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: name}}
-		for _, err := range []error{caches.PVs.Add(pv), caches.VolumeAttachments.Add(va), caches.PVCs.Add(pvc)} {
+		for _, err := range []error{caches.Add(pv), caches.Add(va), caches.Add(pvc)} {
 			if err != nil {
 				t.Fatal(err)
 			}

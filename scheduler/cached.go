@@ -371,50 +371,22 @@ func internList(list []string) []string {
 	return out
 }
 
-// The records come from CacheTransform; objects added to a store without it (tests, tools) are
-// turned into records on the way out, so the planner reads one shape.
-
-func pvRecord(obj any) *cachedPV {
-	switch o := obj.(type) {
-	case *cachedPV:
-		return o
-	case *corev1.PersistentVolume:
-		return compactPV(o)
-	case cache.DeletedFinalStateUnknown:
-		return pvRecord(o.Obj)
+// recordOf returns the record of type R that an informer's store or handler holds, unwrapping a
+// deletion tombstone; nil for anything else. Stores are filled through CacheTransform, so they
+// hold records only.
+func recordOf[R any](obj any) *R {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
 	}
-	return nil
-}
-
-func claimRecord(obj any) *cachedClaim {
-	switch o := obj.(type) {
-	case *cachedClaim:
-		return o
-	case *corev1.PersistentVolumeClaim:
-		return compactClaim(o)
-	case cache.DeletedFinalStateUnknown:
-		return claimRecord(o.Obj)
-	}
-	return nil
-}
-
-func attachmentRecord(obj any) *cachedAttachment {
-	switch o := obj.(type) {
-	case *cachedAttachment:
-		return o
-	case *storagev1.VolumeAttachment:
-		return compactAttachment(o)
-	case cache.DeletedFinalStateUnknown:
-		return attachmentRecord(o.Obj)
-	}
-	return nil
+	r, _ := obj.(*R)
+	return r
 }
 
 // PersistentVolumeFrom returns the PersistentVolume an informer handler of the planner's caches
-// received (a record, an API object or a deletion tombstone), with the fields the controller
-// keeps; nil for anything else.
+// received (a record, or a deletion tombstone of one), with the fields the controller keeps; nil
+// for anything else.
 func PersistentVolumeFrom(obj any) *corev1.PersistentVolume {
-	if r := pvRecord(obj); r != nil {
+	if r := recordOf[cachedPV](obj); r != nil {
 		return r.object()
 	}
 	return nil
@@ -424,7 +396,7 @@ func PersistentVolumeFrom(obj any) *corev1.PersistentVolume {
 // received, with the fields the controller keeps; nil for anything else. Its maps may be shared
 // with the caches: read-only.
 func ClaimFrom(obj any) *corev1.PersistentVolumeClaim {
-	if r := claimRecord(obj); r != nil {
+	if r := recordOf[cachedClaim](obj); r != nil {
 		return r.object()
 	}
 	return nil

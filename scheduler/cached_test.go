@@ -70,7 +70,7 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotVA := attachmentRecord(rec).object()
+	gotVA := recordOf[cachedAttachment](rec).object()
 	if gotVA.Name != "csi-1" || gotVA.Spec.Attacher != va.Spec.Attacher || gotVA.Spec.NodeName != "n1" ||
 		*gotVA.Spec.Source.PersistentVolumeName != pvName || !gotVA.Status.Attached || gotVA.Status.DetachError == nil || gotVA.DeletionTimestamp != nil {
 		t.Errorf("VolumeAttachment after the cache: %+v", gotVA)

@@ -33,7 +33,7 @@ const (
 func PVIndexers() cache.Indexers {
 	return cache.Indexers{
 		IndexStorageClass: func(obj any) ([]string, error) {
-			pv := pvRecord(obj)
+			pv := recordOf[cachedPV](obj)
 			if pv == nil || pv.storageClass == "" {
 				return nil, nil
 			}
@@ -46,14 +46,14 @@ func PVIndexers() cache.Indexers {
 func VAIndexers() cache.Indexers {
 	return cache.Indexers{
 		IndexDriverNode: func(obj any) ([]string, error) {
-			va := attachmentRecord(obj)
+			va := recordOf[cachedAttachment](obj)
 			if va == nil {
 				return nil, nil
 			}
 			return []string{driverNodeKey(va.attacher, va.node)}, nil
 		},
 		IndexDriver: func(obj any) ([]string, error) {
-			va := attachmentRecord(obj)
+			va := recordOf[cachedAttachment](obj)
 			if va == nil {
 				return nil, nil
 			}
@@ -256,7 +256,7 @@ func (p *Planner) NodeVolumes(driver, node string) ([]Volume, []Skipped) {
 	var vols []Volume
 	var skipped []Skipped
 	for _, obj := range objs {
-		va := attachmentRecord(obj)
+		va := recordOf[cachedAttachment](obj)
 		if va.pv == "" {
 			continue // an inline volume: no PV to act on
 		}
@@ -301,7 +301,7 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 		// One walk over the driver's VolumeAttachments finds the attachments of every PV of the class.
 		vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
 		for _, obj := range vas {
-			va := attachmentRecord(obj)
+			va := recordOf[cachedAttachment](obj)
 			if va.pv == "" || !p.InClass(va.pv, sc) {
 				continue
 			}
@@ -328,7 +328,7 @@ func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
 	var vols []Volume
 	var skipped []Skipped
 	for _, obj := range vas {
-		va := attachmentRecord(obj)
+		va := recordOf[cachedAttachment](obj)
 		if va.pv != pv {
 			continue
 		}
@@ -363,7 +363,7 @@ func (p *Planner) classDrivers(sc string, attach bool) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, obj := range objs {
-		pv := pvRecord(obj)
+		pv := recordOf[cachedPV](obj)
 		if !pv.csi || seen[pv.driver] {
 			continue
 		}
@@ -392,7 +392,7 @@ func (p *Planner) Recheck(v Volume) (Volume, string) {
 		if !ok {
 			return Volume{}, "VolumeAttachment is gone (detached)"
 		}
-		va = attachmentRecord(obj)
+		va = recordOf[cachedAttachment](obj)
 	}
 	return p.volume(v.PVName, va, v.NodeName)
 }
@@ -402,7 +402,7 @@ func (p *Planner) pv(name string) *cachedPV {
 	if !ok {
 		return nil
 	}
-	return pvRecord(obj)
+	return recordOf[cachedPV](obj)
 }
 
 // volume gathers the records of one volume and applies the built-in guards, which no policy can
@@ -437,7 +437,7 @@ func (p *Planner) volume(pvName string, va *cachedAttachment, node string) (Volu
 	if pv.claimName != "" {
 		if obj, ok, _ := p.c.PVCs.GetByKey(pv.claimNamespace + "/" + pv.claimName); ok {
 			// A claim of the same name created after the PV's was deleted is not this volume's.
-			if c := claimRecord(obj); c.volumeName == pv.name && (pv.claimUID == "" || c.uid == pv.claimUID) {
+			if c := recordOf[cachedClaim](obj); c.volumeName == pv.name && (pv.claimUID == "" || c.uid == pv.claimUID) {
 				v.claim = c
 			}
 		}
