@@ -5,6 +5,8 @@
 // Precedence, lowest first: defaults, the file, the environment, flags. Every key is described
 // once in a table (keys.go) that drives flag registration, environment binding, file checking,
 // printing and the reference in docs/configuration.md, so they cannot disagree.
+//
+// It is a leaf: it imports no other package of volume-healer, so that every binary can use it.
 package config
 
 import "time"

@@ -55,3 +55,6 @@ func (e *FieldError) Error() string {
 
 // Unwrap returns the sentinel error that classifies the problem.
 func (e *FieldError) Unwrap() error { return e.Err }
+
+// ErrInvalidSchedule is returned for a cron specification that does not parse.
+var ErrInvalidSchedule = errors.New("invalid cron schedule")

@@ -10,8 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-
-	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Validate checks every value and the rules between them, and returns all problems joined, one
@@ -195,7 +193,7 @@ const cronForms = `must be a cron spec: five fields such as "0 */6 * * *", or a 
 // checkCron parses spec the way the scheduler will and rejects specs that parse but can never
 // work; the scheduler owns those rules.
 func checkCron(spec string) error {
-	_, err := scheduler.CheckSchedule(spec)
+	_, err := CheckSchedule(spec)
 	return err
 }
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/volume-healer/volume-healer/probe"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 )
 
 // How a sidecar call's error reaches the dispatcher decides whether it is retried, and under
@@ -28,10 +28,10 @@ func TestDispatchError(t *testing.T) {
 			if !errors.Is(got, tc.err) {
 				t.Errorf("%v lost the original error", got)
 			}
-			if errors.Is(got, scheduler.ErrRetryLater) != tc.later || errors.Is(got, scheduler.ErrPermanent) != tc.permanent ||
+			if errors.Is(got, dispatch.ErrRetryLater) != tc.later || errors.Is(got, dispatch.ErrPermanent) != tc.permanent ||
 				errors.Is(got, context.DeadlineExceeded) != tc.timeoutish {
 				t.Errorf("dispatchError(%v) = %v: retry later %v, permanent %v, deadline %v; want %v, %v, %v", tc.err, got,
-					errors.Is(got, scheduler.ErrRetryLater), errors.Is(got, scheduler.ErrPermanent), errors.Is(got, context.DeadlineExceeded),
+					errors.Is(got, dispatch.ErrRetryLater), errors.Is(got, dispatch.ErrPermanent), errors.Is(got, context.DeadlineExceeded),
 					tc.later, tc.permanent, tc.timeoutish)
 			}
 		})

@@ -11,10 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/metricstest"
 )
 
@@ -94,8 +95,8 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 // the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
 func controllerMetrics(reg prometheus.Registerer) error {
 	NewMetrics(reg)
-	scheduler.NewMetrics(reg)
-	scheduler.NewDispatchMetrics(reg)
+	trigger.NewMetrics(reg)
+	dispatch.NewMetrics(reg)
 	if _, err := policy.NewMetrics(reg); err != nil {
 		return err
 	}

@@ -10,17 +10,12 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/probe"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
-// StatusAnnotation on a PVC holds, as JSON, what the healer last found and did with its volume,
-// for operators (kubectl get pvc -o yaml). It is written when something is wrong or was done, and
-// removed when a later probe finds the volume healthy; healthy probes of healthy volumes write
-// nothing, so a periodic sweep does not turn into one API write per volume.
-const StatusAnnotation = "healer.csiaddons.openshift.io/status"
-
-// VolumeStatus is the value of StatusAnnotation.
+// VolumeStatus is the value of annotations.VolumeStatus.
 type VolumeStatus struct {
 	// Result is unhealthy, healed or heal-failed.
 	Result string `json:"result"`
@@ -41,7 +36,7 @@ const (
 	statusFailed    = "heal-failed"
 )
 
-func (s *Sweeper) writeStatus(ctx context.Context, v scheduler.Volume, result string, health []probe.Health, message string) {
+func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result string, health []probe.Health, message string) {
 	pvc := v.Claim()
 	if pvc == nil {
 		return
@@ -50,23 +45,26 @@ func (s *Sweeper) writeStatus(ctx context.Context, v scheduler.Volume, result st
 	if err != nil {
 		return
 	}
-	s.patchStatus(ctx, pvc, string(value))
+	text := string(value)
+	s.patchStatus(ctx, pvc, &text)
 }
 
 // clearStatus removes the annotation of a volume found healthy, if it had one.
-func (s *Sweeper) clearStatus(ctx context.Context, v scheduler.Volume) {
+func (s *Sweeper) clearStatus(ctx context.Context, v planner.Volume) {
 	s.setFailing(v, false)
-	if _, ok := v.ClaimAnnotation(StatusAnnotation); !ok {
+	if _, ok := v.ClaimAnnotation(annotations.VolumeStatus); !ok {
 		return
 	}
 	s.patchStatus(ctx, v.Claim(), nil)
 }
 
-// patchStatus sets (value a string) or removes (value nil) the annotation with a merge patch.
-func (s *Sweeper) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, value any) {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{StatusAnnotation: value}}})
-	if err != nil {
-		return
+// patchStatus sets (value not nil) or removes (value nil) the annotation with a merge patch.
+func (s *Sweeper) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, value *string) {
+	var patch []byte
+	if value == nil {
+		patch = annotations.MergePatch(nil, annotations.VolumeStatus)
+	} else {
+		patch = annotations.MergePatch(map[string]string{annotations.VolumeStatus: *value})
 	}
 	obj := &corev1.PersistentVolumeClaim{}
 	obj.Namespace, obj.Name = pvc.Namespace, pvc.Name

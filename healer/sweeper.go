@@ -1,6 +1,3 @@
-// Package healer runs sweeps: for each volume a sweep selects, it asks the policy what to do,
-// probes and heals through the sidecars under the dispatcher's budgets, and reports the outcome as
-// Events, a status annotation on the PVC and metrics.
 package healer
 
 import (
@@ -23,6 +20,9 @@ import (
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 // Decider is the policy engine as the sweeper uses it.
@@ -41,7 +41,7 @@ type Sidecars interface {
 
 // Dispatcher runs volume tasks under budgets.
 type Dispatcher interface {
-	Submit(tasks ...scheduler.Task)
+	Submit(tasks ...dispatch.Task)
 }
 
 // Targets finds the sidecar of a driver on a node, from the CSIAddonsNode cache.
@@ -53,13 +53,13 @@ type Targets interface {
 
 var (
 	_ Sidecars   = (*probe.Client)(nil)
-	_ Dispatcher = (*scheduler.Dispatcher)(nil)
+	_ Dispatcher = (*dispatch.Dispatcher)(nil)
 )
 
 // Options configure a Sweeper.
 type Options struct {
 	// Planner selects volumes. Required.
-	Planner *scheduler.Planner
+	Planner *planner.Planner
 	// Policy decides per volume. Required.
 	Policy Decider
 	// Sidecars makes the calls. Required.
@@ -183,63 +183,85 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	logger := klog.FromContext(ctx).WithValues("trigger", sw.Trigger, "driver", sw.Driver, "node", sw.Node, "storageClass", sw.StorageClass)
 	ctx = klog.NewContext(ctx, logger)
 	start := s.opts.Clock.Now()
-	m := s.opts.Metrics
-	if m != nil {
-		m.sweepsStarted.WithLabelValues(string(sw.Trigger)).Inc()
-	}
-
-	var source *csiaddonsv1alpha1.CSIAddonsNode
-	if sw.Trigger == scheduler.TriggerRestart {
-		// The node plugin restarted: what it advertised may have changed.
-		s.opts.Sidecars.Refresh(sw.Driver, sw.Node)
-		s.mem.capabilitiesChanged(sw.Driver, sw.Node)
-		if _, n, err := s.opts.Targets.Target(sw.Driver, sw.Node); err == nil {
-			source = n
-			s.event(n, corev1.EventTypeNormal, ReasonRestartSweepStarted, "Node plugin of %s on node %s restarted: sweeping its volumes", sw.Driver, sw.Node)
-		}
-	}
+	source := s.begin(sw)
 
 	vols, skipped := s.plan(ctx, sw)
-	summary := Summary{Volumes: len(vols), Skipped: len(skipped)}
 	for _, sk := range skipped {
 		logger.V(3).Info("Volume left out by the planner", "pv", sk.PV, "node", sk.Node, "reason", sk.Reason)
 	}
+	summary := s.submit(ctx, sw, vols)
+	summary.Skipped += len(skipped)
+	s.finish(ctx, sw, source, summary, start)
+	return summary
+}
 
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var tasks []scheduler.Task
-	count := func(o outcome) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch o {
-		case outcomeSkipped:
-			summary.Skipped++
-		case outcomeHealthy:
-			summary.Probed++
-		case outcomeUnhealthy:
-			summary.Probed++
-			summary.Unhealthy++
-		case outcomeHealed:
-			summary.Probed++
-			summary.Healed++
-		case outcomeFailed:
-			summary.Failed++
-		case outcomeWouldProbe:
-			summary.WouldProbe++
-		case outcomeWouldHeal:
-			summary.WouldHeal++
-		}
+// begin counts the sweep as started and, for a restart sweep, forgets what the restarted node
+// plugin advertised before. It returns the restart sweep's CSIAddonsNode, nil for other sweeps or
+// when the node has no sidecar target.
+func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
+	if m := s.opts.Metrics; m != nil {
+		m.sweepsStarted.WithLabelValues(string(sw.Trigger)).Inc()
 	}
+	if sw.Trigger != scheduler.TriggerRestart {
+		return nil
+	}
+	// The node plugin restarted: what it advertised may have changed.
+	s.opts.Sidecars.Refresh(sw.Driver, sw.Node)
+	s.mem.capabilitiesChanged(sw.Driver, sw.Node)
+	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
+	if err != nil {
+		return nil
+	}
+	s.event(n, corev1.EventTypeNormal, ReasonRestartSweepStarted, "Node plugin of %s on node %s restarted: sweeping its volumes", sw.Driver, sw.Node)
+	return n
+}
+
+// tally adds up the outcomes of a sweep's volumes as their tasks end.
+type tally struct {
+	mu      sync.Mutex
+	summary Summary
+}
+
+func (t *tally) add(o outcome) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch o {
+	case outcomeSkipped:
+		t.summary.Skipped++
+	case outcomeHealthy:
+		t.summary.Probed++
+	case outcomeUnhealthy:
+		t.summary.Probed++
+		t.summary.Unhealthy++
+	case outcomeHealed:
+		t.summary.Probed++
+		t.summary.Healed++
+	case outcomeFailed:
+		t.summary.Failed++
+	case outcomeWouldProbe:
+		t.summary.WouldProbe++
+	case outcomeWouldHeal:
+		t.summary.WouldHeal++
+	}
+}
+
+// submit decides each volume's action, hands the volumes to act on to the dispatcher as one
+// batch, and waits until every task has ended.
+func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume) Summary {
+	t := &tally{summary: Summary{Volumes: len(vols)}}
+	var wg sync.WaitGroup
+	var tasks []dispatch.Task
 	for _, v := range vols {
 		if ctx.Err() != nil {
 			break
 		}
 		task, run, o := s.prepare(ctx, sw, v)
 		if task == nil {
-			count(o)
+			t.add(o)
 			continue
 		}
 		// The dispatcher may run the task more than once (retries); the last run's outcome counts.
+		var mu sync.Mutex
 		var last outcome
 		task.Run = func(ctx context.Context) error {
 			o, err := run(ctx)
@@ -248,17 +270,17 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 			mu.Unlock()
 			return err
 		}
-		task.Done = func(r scheduler.Result) {
+		task.Done = func(r dispatch.Result) {
 			defer wg.Done()
 			if r.Err != nil {
 				s.failed(ctx, v, r.Err)
-				count(outcomeFailed)
+				t.add(outcomeFailed)
 				return
 			}
 			mu.Lock()
 			o := last
 			mu.Unlock()
-			count(o)
+			t.add(o)
 		}
 		tasks = append(tasks, *task)
 	}
@@ -266,8 +288,17 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	wg.Add(len(tasks))
 	s.opts.Dispatcher.Submit(tasks...)
 	wg.Wait()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	summary := t.summary
 	summary.Cancelled = ctx.Err() != nil
+	return summary
+}
 
+// finish reports the sweep's end (metrics, log, Events) and records a finished restart marker or
+// manual request as handled, so that it is not swept again.
+func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, start time.Time) {
+	logger := klog.FromContext(ctx)
 	result := "ok"
 	switch {
 	case summary.Cancelled:
@@ -275,7 +306,7 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	case summary.Failed > 0:
 		result = "failed"
 	}
-	if m != nil {
+	if m := s.opts.Metrics; m != nil {
 		m.sweepsFinished.WithLabelValues(string(sw.Trigger), result).Inc()
 		m.sweepDuration.WithLabelValues(string(sw.Trigger)).Observe(s.opts.Clock.Since(start).Seconds())
 		if !summary.Cancelled {
@@ -283,27 +314,31 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 		}
 	}
 	logger.Info("Sweep finished", "summary", summary.String(), "duration", s.opts.Clock.Since(start))
-
-	if sw.Trigger == scheduler.TriggerManual && sw.Requester != nil && !summary.Cancelled {
+	if summary.Cancelled {
+		return
+	}
+	switch sw.Trigger {
+	case scheduler.TriggerManual:
+		if sw.Requester == nil {
+			return
+		}
 		s.event(sw.Requester, corev1.EventTypeNormal, ReasonManualSweepFinished, "Requested sweep %q finished: %s", sw.Marker, summary)
-		if err := scheduler.RecordManualHandled(ctx, s.opts.Client, sw); err != nil {
+		if err := trigger.RecordManualHandled(ctx, s.opts.Client, sw); err != nil {
 			logger.Error(err, "Manual sweep finished but the request could not be marked handled; it will run again")
 		}
-	}
-	if sw.Trigger == scheduler.TriggerRestart && !summary.Cancelled {
+	case scheduler.TriggerRestart:
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
 		}
-		if err := scheduler.RecordHandled(ctx, s.opts.Client, sw); err != nil {
+		if err := trigger.RecordHandled(ctx, s.opts.Client, sw); err != nil {
 			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
 		}
 	}
-	return summary
 }
 
 // plan selects the sweep's volumes from the caches, asking the sidecars only for drivers whose
 // volumes have no VolumeAttachment.
-func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Volume, []scheduler.Skipped) {
+func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volume, []planner.Skipped) {
 	p := s.opts.Planner
 	switch sw.Trigger {
 	case scheduler.TriggerRestart:
@@ -317,8 +352,8 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Vol
 			if !ok || p.AttachRequired(driver) {
 				return p.PVVolumes(sw.PV)
 			}
-			var vols []scheduler.Volume
-			var skipped []scheduler.Skipped
+			var vols []planner.Volume
+			var skipped []planner.Skipped
 			for _, node := range s.opts.Targets.Nodes(driver) {
 				v, sk := s.staged(ctx, driver, node, func(pv string) bool { return pv == sw.PV })
 				vols, skipped = append(vols, v...), append(skipped, sk...)
@@ -340,7 +375,7 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Vol
 			}
 		}
 		if sw.Node != "" || sw.Driver != "" {
-			vols = filterVolumes(vols, func(v scheduler.Volume) bool {
+			vols = filterVolumes(vols, func(v planner.Volume) bool {
 				return (sw.Node == "" || v.NodeName == sw.Node) && (sw.Driver == "" || v.Driver == sw.Driver)
 			})
 		}
@@ -350,7 +385,7 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]scheduler.Vol
 
 // staged asks the sidecar of driver on node which volumes it has staged, restricted to the PVs
 // that keep accepts when keep is set.
-func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]scheduler.Volume, []scheduler.Skipped) {
+func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped) {
 	target, _, err := s.opts.Targets.Target(driver, node)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
@@ -370,7 +405,7 @@ func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv 
 	return s.opts.Planner.StagedVolumes(driver, node, names)
 }
 
-func filterVolumes(vols []scheduler.Volume, keep func(scheduler.Volume) bool) []scheduler.Volume {
+func filterVolumes(vols []planner.Volume, keep func(planner.Volume) bool) []planner.Volume {
 	out := vols[:0]
 	for _, v := range vols {
 		if keep(v) {
@@ -386,7 +421,7 @@ type volumeRun func(ctx context.Context) (outcome, error)
 
 // prepare makes the first decision for v. It returns no task when nothing is to be called, and
 // then the volume's outcome.
-func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.Volume) (*scheduler.Task, volumeRun, outcome) {
+func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Volume) (*dispatch.Task, volumeRun, outcome) {
 	logger := klog.FromContext(ctx).WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
 	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
 	if err != nil {
@@ -444,7 +479,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 		return nil, nil, outcomeWouldHeal
 	}
 
-	t := &scheduler.Task{
+	t := &dispatch.Task{
 		Volume:   v.PVName,
 		Driver:   v.Driver,
 		Node:     v.NodeName,
@@ -463,7 +498,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v scheduler.V
 
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
 // to confirm. Errors are classified for the dispatcher.
-func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
+func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
@@ -494,7 +529,7 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
-			return outcomeFailed, fmt.Errorf("%w: policy: %w", scheduler.ErrPermanent, err)
+			return outcomeFailed, fmt.Errorf("%w: policy: %w", dispatch.ErrPermanent, err)
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
@@ -538,13 +573,13 @@ func (s *Sweeper) act(ctx context.Context, v scheduler.Volume, target probe.Targ
 }
 
 // recheck returns why the volume must now be left alone, or "".
-func (s *Sweeper) recheck(v scheduler.Volume) string {
+func (s *Sweeper) recheck(v planner.Volume) string {
 	_, reason := s.opts.Planner.Recheck(v)
 	return reason
 }
 
 // probe calls the sidecar and remembers the result.
-func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Target) (*probe.Result, error) {
+func (s *Sweeper) probe(ctx context.Context, v planner.Volume, target probe.Target) (*probe.Result, error) {
 	start := s.opts.Clock.Now()
 	res, err := s.opts.Sidecars.Probe(ctx, target, v.PVName)
 	s.observe("probe", start)
@@ -564,7 +599,7 @@ func (s *Sweeper) probe(ctx context.Context, v scheduler.Volume, target probe.Ta
 }
 
 // failed reports a volume whose task ended in an error after the dispatcher's retries.
-func (s *Sweeper) failed(ctx context.Context, v scheduler.Volume, err error) {
+func (s *Sweeper) failed(ctx context.Context, v planner.Volume, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
@@ -587,12 +622,12 @@ func errorResult(err error) string {
 func dispatchError(err error) error {
 	switch {
 	case errors.Is(err, probe.ErrBusy):
-		return fmt.Errorf("%w: %w", scheduler.ErrRetryLater, err)
+		return fmt.Errorf("%w: %w", dispatch.ErrRetryLater, err)
 	case errors.Is(err, probe.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded):
 		// The call's deadline passed: the dispatcher counts the retry as a timeout.
 		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 	case !probe.Retryable(err):
-		return fmt.Errorf("%w: %w", scheduler.ErrPermanent, err)
+		return fmt.Errorf("%w: %w", dispatch.ErrPermanent, err)
 	default:
 		return err
 	}
@@ -648,7 +683,7 @@ func (s *Sweeper) count(driver string, isProbe bool, result string) {
 	m.heals.WithLabelValues(driver, result).Inc()
 }
 
-func (s *Sweeper) setFailing(v scheduler.Volume, failing bool) {
+func (s *Sweeper) setFailing(v planner.Volume, failing bool) {
 	m := s.opts.Metrics
 	claim := v.ClaimName()
 	if m == nil || claim.Name == "" {
@@ -662,7 +697,7 @@ func (s *Sweeper) setFailing(v scheduler.Volume, failing bool) {
 }
 
 // volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.
-func (s *Sweeper) volumeEvent(v scheduler.Volume, eventType, reason, format string, args ...any) {
+func (s *Sweeper) volumeEvent(v planner.Volume, eventType, reason, format string, args ...any) {
 	var obj runtime.Object
 	if pvc := v.Claim(); pvc != nil {
 		obj = pvc

@@ -19,9 +19,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 // fakeSidecars keeps volume health in memory and counts calls.
@@ -117,10 +121,10 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	caches := scheduler.NewLocalCaches()
+	caches := planner.NewLocalCaches()
 	node := &csiaddonsv1alpha1.CSIAddonsNode{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", Annotations: map[string]string{
-			scheduler.HealerRestartAnnotation: "start-2", probe.EndpointAnnotation: "127.0.0.1:9070",
+			annotations.HealerRestart: "start-2", annotations.Endpoint: "127.0.0.1:9070",
 		}},
 		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "rbd", NodeID: "node-a"}},
 	}
@@ -153,7 +157,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := scheduler.NewDispatcher(scheduler.DispatcherOptions{Global: 4, PerDriver: 4, PerNode: 2, BackoffBase: time.Millisecond, BackoffMax: 4 * time.Millisecond, MaxAttempts: 2})
+	d, err := dispatch.New(dispatch.Options{Global: 4, PerDriver: 4, PerNode: 2, BackoffBase: time.Millisecond, BackoffMax: 4 * time.Millisecond, MaxAttempts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +173,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	}
 	recorder := record.NewFakeRecorder(100)
 	s, err := New(Options{
-		Planner: scheduler.NewPlanner(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
+		Planner: planner.NewPlanner(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
 		Targets: targets, Client: c, Recorder: recorder, DryRun: dryRun,
 	})
 	if err != nil {
@@ -180,7 +184,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 
 func (f *fixture) restart() scheduler.Sweep {
 	return scheduler.Sweep{Trigger: scheduler.TriggerRestart, Driver: "rbd", Node: "node-a",
-		Source: client.ObjectKeyFromObject(f.node), Marker: scheduler.RestartMarker(f.node)}
+		Source: client.ObjectKeyFromObject(f.node), Marker: trigger.RestartMarker(f.node)}
 }
 
 func (f *fixture) events() string {
@@ -236,20 +240,20 @@ volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 1
 	if err := f.client.Get(ctx, client.ObjectKeyFromObject(f.node), &n); err != nil {
 		t.Fatal(err)
 	}
-	if n.Annotations[scheduler.HandledMarkerAnnotation] != "start-2" {
-		t.Errorf("handled marker = %q, want start-2", n.Annotations[scheduler.HandledMarkerAnnotation])
+	if n.Annotations[annotations.HandledMarker] != "start-2" {
+		t.Errorf("handled marker = %q, want start-2", n.Annotations[annotations.HandledMarker])
 	}
 	var pvc corev1.PersistentVolumeClaim
 	if err := f.client.Get(ctx, client.ObjectKey{Namespace: "app", Name: "claim-v2"}, &pvc); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(pvc.Annotations[StatusAnnotation], `"result":"unhealthy"`) {
-		t.Errorf("claim-v2 status = %q, want unhealthy", pvc.Annotations[StatusAnnotation])
+	if !strings.Contains(pvc.Annotations[annotations.VolumeStatus], `"result":"unhealthy"`) {
+		t.Errorf("claim-v2 status = %q, want unhealthy", pvc.Annotations[annotations.VolumeStatus])
 	}
 	if err := f.client.Get(ctx, client.ObjectKey{Namespace: "app", Name: "claim-v4"}, &pvc); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := pvc.Annotations[StatusAnnotation]; ok {
+	if _, ok := pvc.Annotations[annotations.VolumeStatus]; ok {
 		t.Error("a healthy volume got a status annotation: a sweep would write every PVC")
 	}
 }
@@ -298,7 +302,7 @@ func TestCancelledRestartSweepIsNotRecordedAsHandled(t *testing.T) {
 	if err := f.client.Get(context.Background(), client.ObjectKeyFromObject(f.node), &n); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := n.Annotations[scheduler.HandledMarkerAnnotation]; ok {
+	if _, ok := n.Annotations[annotations.HandledMarker]; ok {
 		t.Error("a cancelled restart sweep was recorded as handled: the next leader would not repeat it")
 	}
 }
@@ -312,7 +316,7 @@ func TestRetryReachesTheReplacementSidecar(t *testing.T) {
 	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true
 	f.sidecars.dead = map[string]bool{"127.0.0.1:9070": true}
 	moved := f.node.DeepCopy()
-	moved.Annotations[probe.EndpointAnnotation] = "127.0.0.1:9071"
+	moved.Annotations[annotations.Endpoint] = "127.0.0.1:9071"
 	f.sidecars.onDead = func() { f.targets.Set(moved) }
 
 	sum := f.sweeper.Run(context.Background(), f.restart())

@@ -8,6 +8,7 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/probe"
 )
 
@@ -85,7 +86,7 @@ func (m *TargetMap) Target(driver, node string) (probe.Target, *csiaddonsv1alpha
 	var chosen *csiaddonsv1alpha1.CSIAddonsNode
 	for key := range m.byDriverNode[driver+"/"+node] {
 		n := m.nodes[key]
-		if chosen == nil || (n.Annotations[probe.EndpointAnnotation] != "" && chosen.Annotations[probe.EndpointAnnotation] == "") {
+		if chosen == nil || (n.Annotations[annotations.Endpoint] != "" && chosen.Annotations[annotations.Endpoint] == "") {
 			chosen = n
 		}
 	}

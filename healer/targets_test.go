@@ -8,13 +8,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/probe"
 )
 
 func addonsNode(name, endpointAnnotation, specEndpoint string) *csiaddonsv1alpha1.CSIAddonsNode {
 	n := &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: name}}
 	if endpointAnnotation != "" {
-		n.Annotations = map[string]string{probe.EndpointAnnotation: endpointAnnotation}
+		n.Annotations = map[string]string{annotations.Endpoint: endpointAnnotation}
 	}
 	n.Spec.Driver = csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "rbd", NodeID: "node-a", EndPoint: specEndpoint}
 	return n

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,10 +29,7 @@ const (
 	// DefaultPolicyNamespace is where policy ConfigMaps live unless configured otherwise.
 	DefaultPolicyNamespace = "volume-healer"
 	// DefaultPolicySelector selects policy ConfigMaps unless configured otherwise.
-	DefaultPolicySelector = "healer.csiaddons.openshift.io/policy=rego"
-	// StatusAnnotation is written on every policy ConfigMap: whether its policy serves, and if not,
-	// why (a JSON PolicyStatus).
-	StatusAnnotation = "healer.csiaddons.openshift.io/policy-status"
+	DefaultPolicySelector = annotations.PolicySelector
 	// ReasonPolicyRejected is the reason of the Warning Event emitted on a ConfigMap whose policy
 	// was rejected.
 	ReasonPolicyRejected = "PolicyRejected"
@@ -57,7 +55,7 @@ const (
 	StatusIgnored = "ignored"
 )
 
-// PolicyStatus is the value of StatusAnnotation, as JSON.
+// PolicyStatus is the value of annotations.PolicyStatus, as JSON.
 type PolicyStatus struct {
 	// Status is ok, rejected, blocked or ignored.
 	Status string `json:"status"`
@@ -306,13 +304,10 @@ func (s *ConfigMapSource) writeStatus(ctx context.Context, cm *corev1.ConfigMap,
 	if err != nil {
 		return fmt.Errorf("encoding policy status: %w", err)
 	}
-	if cm.Annotations[StatusAnnotation] == string(value) {
+	if cm.Annotations[annotations.PolicyStatus] == string(value) {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{StatusAnnotation: string(value)}}})
-	if err != nil {
-		return fmt.Errorf("encoding policy status patch: %w", err)
-	}
+	patch := annotations.MergePatch(map[string]string{annotations.PolicyStatus: string(value)})
 	_, err = s.client.CoreV1().ConfigMaps(cm.Namespace).Patch(ctx, cm.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("writing policy status to ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/volume-healer/volume-healer/api/annotations"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -104,7 +105,7 @@ func (h *configMapHarness) status(name string, check func(PolicyStatus) bool) Po
 		if err != nil {
 			return false, err.Error()
 		}
-		raw := cm.Annotations[StatusAnnotation]
+		raw := cm.Annotations[annotations.PolicyStatus]
 		st = PolicyStatus{}
 		if err := json.Unmarshal([]byte(raw), &st); err != nil {
 			return false, fmt.Sprintf("annotation %q: %v", raw, err)

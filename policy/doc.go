@@ -10,4 +10,7 @@
 // unless the policy reads input as a whole or calls a non-deterministic built-in function.
 //
 // docs/policy.md documents the input and output schema, the default policy and error reporting.
+//
+// It decides and never acts: it must not import scheduler, probe or healer (the planner builds
+// its Input; the healer acts on its Decision).
 package policy

@@ -1,6 +1,9 @@
 // Package probe is the controller's client of the healer sidecars: one pooled gRPC connection per
 // sidecar endpoint, TLS, the controller's ServiceAccount token on every call, a timeout on every
 // call, and a cache of each (driver, node)'s capabilities.
+//
+// It knows the wire protocol (api/healer/v1alpha1) and nothing of sweeps or policies: it must not
+// import scheduler, policy or healer.
 package probe
 
 import (
@@ -21,13 +24,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/utils/clock"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
-
-// EndpointAnnotation on a CSIAddonsNode holds host:port of the healer sidecar, written by the
-// sidecar itself. It is separate from spec.driver.endpoint, which belongs to the csi-addons sidecar
-// when both run in one pod.
-const EndpointAnnotation = "healer.csiaddons.openshift.io/endpoint"
 
 // Target is one driver's sidecar on one node.
 type Target struct {
@@ -42,13 +41,13 @@ type Target struct {
 // TargetFor reads the sidecar's address from a CSIAddonsNode: the healer sidecar's annotation, or a
 // host:port spec.driver.endpoint when no annotation is there.
 func TargetFor(n *csiaddonsv1alpha1.CSIAddonsNode) (Target, error) {
-	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: n.Annotations[EndpointAnnotation]}
+	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: n.Annotations[annotations.Endpoint]}
 	if t.Endpoint == "" {
 		t.Endpoint = n.Spec.Driver.EndPoint
 	}
 	if _, port, err := net.SplitHostPort(t.Endpoint); err != nil || port == "" {
 		return Target{}, fmt.Errorf("%w: CSIAddonsNode %s/%s: annotation %s is %q and spec.driver.endpoint is %q; want host:port",
-			ErrNoEndpoint, n.Namespace, n.Name, EndpointAnnotation, n.Annotations[EndpointAnnotation], n.Spec.Driver.EndPoint)
+			ErrNoEndpoint, n.Namespace, n.Name, annotations.Endpoint, n.Annotations[annotations.Endpoint], n.Spec.Driver.EndPoint)
 	}
 	return t, nil
 }

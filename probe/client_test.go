@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
@@ -300,7 +301,7 @@ func TestTargetFor(t *testing.T) {
 	node := func(annotation, endpoint string) *csiaddonsv1alpha1.CSIAddonsNode {
 		n := &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "n"}}
 		if annotation != "" {
-			n.Annotations = map[string]string{EndpointAnnotation: annotation}
+			n.Annotations = map[string]string{annotations.Endpoint: annotation}
 		}
 		n.Spec.Driver = csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "d", NodeID: "node-a", EndPoint: endpoint}
 		return n

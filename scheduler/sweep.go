@@ -1,5 +1,3 @@
-// Package scheduler decides when volumes are looked at: restart-triggered sweeps when a node plugin
-// restarts, periodic sweeps on cron schedules per StorageClass, and manual sweeps.
 package scheduler
 
 import (

@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	vhconfig "github.com/volume-healer/volume-healer/config"
-	"github.com/volume-healer/volume-healer/healer/sidecar"
 )
 
 func main() {

@@ -9,6 +9,7 @@ import (
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/spf13/cobra"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -17,8 +18,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 func newSweepCommand() *cobra.Command {
@@ -43,7 +42,7 @@ func newSweepCommand() *cobra.Command {
 				return err
 			}
 			request := time.Now().UTC().Format(time.RFC3339Nano)
-			if err := scheduler.RequestSweep(ctx, c, obj, request); err != nil {
+			if err := trigger.RequestSweep(ctx, c, obj, request); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "sweep %s requested on %s %s\n", request, kindOf(obj), name(obj))
@@ -133,7 +132,7 @@ func waitForSweep(ctx context.Context, cmd *cobra.Command, c client.Client, obj 
 		if err := c.Get(ctx, key, obj); err != nil {
 			return false, err
 		}
-		return scheduler.SweepHandled(obj, request), nil
+		return trigger.SweepHandled(obj, request), nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for sweep %s on %s %s: %w (is the controller running?)", request, kindOf(obj), name(obj), err)

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 )
 
@@ -31,14 +31,14 @@ func TestSweepRequestsAndWaits(t *testing.T) {
 		for ctx.Err() == nil {
 			var got storagev1.StorageClass
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), &got); err == nil {
-				if req := got.Annotations[scheduler.SweepRequestAnnotation]; req != "" {
+				if req := got.Annotations[annotations.SweepRequest]; req != "" {
 					_ = env.Client.Create(ctx, &corev1.Event{
 						ObjectMeta:     metav1.ObjectMeta{Namespace: "default", Name: "gold.sweep"},
 						InvolvedObject: corev1.ObjectReference{Kind: "StorageClass", Name: "gold"},
 						Reason:         "ManualSweepFinished", Type: corev1.EventTypeNormal,
 						Message: "Requested sweep \"" + req + "\" finished: 3 volumes: 3 probed, 0 healed",
 					})
-					got.Annotations[scheduler.SweepHandledAnnotation] = req
+					got.Annotations[annotations.SweepHandled] = req
 					_ = env.Client.Update(ctx, &got)
 					return
 				}

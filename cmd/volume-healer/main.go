@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller"
 	"github.com/volume-healer/volume-healer/config"
 )
 
@@ -51,7 +52,7 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 				return err
 			}
 			setVerbosity(cfg.Log.Verbosity)
-			return Run(cmd.Context(), cfg)
+			return controller.Run(cmd.Context(), cfg)
 		},
 	}
 	root.PersistentFlags().AddFlagSet(flags)

@@ -10,8 +10,8 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // plugin is one simulated CSI node plugin pod: the reference driver on a UNIX socket and the

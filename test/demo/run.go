@@ -21,9 +21,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/controlplane"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // volume is one demo volume and where it lives.
@@ -136,7 +137,7 @@ func run(ctx context.Context, o options) error {
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "ceph-rbd-nbd"}, &sc); err != nil {
 		return err
 	}
-	sc.Annotations = map[string]string{scheduler.ScheduleAnnotation: "@every 10s"}
+	sc.Annotations = map[string]string{annotations.Schedule: "@every 10s"}
 	if err := env.Client.Update(ctx, &sc); err != nil {
 		return err
 	}
@@ -356,7 +357,7 @@ func allHandled(ctx context.Context, c client.Client) (bool, error) {
 	}
 	for i := range list.Items {
 		n := &list.Items[i]
-		if n.Annotations[scheduler.HandledMarkerAnnotation] != scheduler.RestartMarker(n) {
+		if n.Annotations[annotations.HandledMarker] != trigger.RestartMarker(n) {
 			return false, nil
 		}
 	}

@@ -35,10 +35,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/healer/sidecar"
-	"github.com/volume-healer/volume-healer/policy"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // The cluster of the test follows deploy/: the controller's namespace and ServiceAccount from
@@ -185,15 +185,15 @@ func TestFailingHealFiresAlert(t *testing.T) {
 	if err := c.env.Client.Get(ctx, client.ObjectKey{Namespace: appNamespace, Name: claimName}, &pvc); err != nil {
 		t.Fatal(err)
 	}
-	if pvc.Annotations[healer.StatusAnnotation] == "" {
-		t.Errorf("the claim has no %s annotation", healer.StatusAnnotation)
+	if pvc.Annotations[annotations.VolumeStatus] == "" {
+		t.Errorf("the claim has no %s annotation", annotations.VolumeStatus)
 	}
 	// The base's policy ConfigMap was accepted.
 	var cm corev1.ConfigMap
 	if err := c.env.Client.Get(ctx, client.ObjectKey{Namespace: controllerNamespace, Name: "volume-healer-policy"}, &cm); err != nil {
 		t.Fatal(err)
 	}
-	if status := cm.Annotations[policy.StatusAnnotation]; !strings.Contains(status, `"status":"ok"`) {
+	if status := cm.Annotations[annotations.PolicyStatus]; !strings.Contains(status, `"status":"ok"`) {
 		t.Errorf("the base's policy ConfigMap has the status %q, want ok", status)
 	}
 

@@ -11,11 +11,13 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/healer/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/metricstest"
 )
 
@@ -30,8 +32,8 @@ func seriesNames(t *testing.T) map[string]string {
 	for _, build := range []func(prometheus.Registerer) error{
 		func(reg prometheus.Registerer) error {
 			healer.NewMetrics(reg)
-			scheduler.NewMetrics(reg)
-			scheduler.NewDispatchMetrics(reg)
+			trigger.NewMetrics(reg)
+			dispatch.NewMetrics(reg)
 			_, err := policy.NewMetrics(reg)
 			return err
 		},
@@ -67,12 +69,12 @@ func seriesNames(t *testing.T) map[string]string {
 // sweeper returns a Sweeper as the controller registers it, with parts that are never called.
 func sweeper(t *testing.T) *healer.Sweeper {
 	t.Helper()
-	dispatcher, err := scheduler.NewDispatcher(scheduler.DispatcherOptions{})
+	dispatcher, err := dispatch.New(dispatch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := healer.New(healer.Options{
-		Planner:    scheduler.NewPlanner(scheduler.Caches{}),
+		Planner:    planner.NewPlanner(planner.Caches{}),
 		Policy:     idlePolicy{},
 		Sidecars:   probe.New(probe.Options{}),
 		Dispatcher: dispatcher,

@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/volume-healer/volume-healer/scheduler"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // TestAPIServerRestartMidSweep stops kube-apiserver while a restart sweep runs and keeps it down
@@ -96,7 +96,7 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 	late := firstVols[0]
 	late.breakVolume(t, driver.ReadOnly, 0)
 	request := "after-apiserver-restart"
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{scheduler.SweepRequestAnnotation: request}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotations.SweepRequest: request}}})
 	if _, err := f.cs.CoreV1().PersistentVolumeClaims(f.appNS).Patch(f.ctx(), late.pvc, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		handled := pvc.Annotations[scheduler.SweepHandledAnnotation]
+		handled := pvc.Annotations[annotations.SweepHandled]
 		return handled == request, fmt.Sprintf("handled %q", handled)
 	})
 	c.mustRun()

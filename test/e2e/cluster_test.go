@@ -20,9 +20,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/fixtures"
 )
 
@@ -196,8 +197,8 @@ func (f *fixture) sweepsFinished(nodes []*node, timeout time.Duration) {
 				continue
 			}
 			seen++
-			marker := scheduler.RestartMarker(&obj)
-			if handled := obj.Annotations[scheduler.HandledMarkerAnnotation]; handled != marker {
+			marker := trigger.RestartMarker(&obj)
+			if handled := obj.Annotations[annotations.HandledMarker]; handled != marker {
 				pending = append(pending, fmt.Sprintf("%s (marker %q, handled %q)", obj.Name, marker, handled))
 			}
 		}
@@ -249,12 +250,12 @@ func (f *fixture) policyStatus(name string) (st policy.PolicyStatus, ok bool, er
 	if err != nil {
 		return st, false, err
 	}
-	raw, ok := cm.Annotations[policy.StatusAnnotation]
+	raw, ok := cm.Annotations[annotations.PolicyStatus]
 	if !ok {
 		return st, false, nil
 	}
 	if err := json.Unmarshal([]byte(raw), &st); err != nil {
-		return st, false, fmt.Errorf("ConfigMap %s: annotation %s is not a policy status: %w: %s", name, policy.StatusAnnotation, err, raw)
+		return st, false, fmt.Errorf("ConfigMap %s: annotation %s is not a policy status: %w: %s", name, annotations.PolicyStatus, err, raw)
 	}
 	return st, true, nil
 }

@@ -33,7 +33,7 @@ type binaries struct {
 	controller string
 	// sidecar is cmd/healer-sidecar.
 	sidecar string
-	// driver is test/refdriver.
+	// driver is cmd/refdriver.
 	driver string
 }
 
@@ -165,7 +165,7 @@ func (s *suite) build() error {
 	}
 	steps := [][]string{
 		{"build", "-race", "-o", s.bin.controller, "./cmd/volume-healer"},
-		{"build", "-o", filepath.Dir(s.bin.sidecar) + "/", "./cmd/healer-sidecar", "./test/refdriver"},
+		{"build", "-o", filepath.Dir(s.bin.sidecar) + "/", "./cmd/healer-sidecar", "./cmd/refdriver"},
 	}
 	for _, args := range steps {
 		cmd := exec.Command("go", args...)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/fixtures"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // processGrace is how long a sidecar or driver may take to stop after SIGTERM.
@@ -213,7 +213,7 @@ func (n *node) awaitRegistered(timeout time.Duration) error {
 		if err != nil {
 			return false, err.Error()
 		}
-		marker := obj.Annotations[sidecar.RestartAnnotation]
+		marker := obj.Annotations[annotations.HealerRestart]
 		return strings.HasSuffix(marker, suffix), "marker " + marker
 	})
 	if err == nil && !proc.running() {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/scheduler"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // TestOverlappingRestartAndPeriodicSweeps runs periodic sweeps every second over three nodes while
@@ -16,7 +16,7 @@ import (
 // sweep reaches it first), and the detaching volume is never called.
 func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	f := newFixture(t, "overlap")
-	sc := f.storageClass("overlap-rbd-nbd", "rbd-nbd", map[string]string{scheduler.ScheduleAnnotation: "@every 1s"})
+	sc := f.storageClass("overlap-rbd-nbd", "rbd-nbd", map[string]string{annotations.Schedule: "@every 1s"})
 	b := budgets{global: 3, perDriver: 3, perNode: 2}
 	var nodes []*node
 	vols := map[*node][]*volume{}

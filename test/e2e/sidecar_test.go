@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // goroutineSlack is how many goroutines more than before the faults the controller may keep once

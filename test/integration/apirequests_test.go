@@ -20,9 +20,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/scheduler"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 // sweepResources are the resources a sweep is about. The apiserver's own loops touch others
@@ -72,7 +73,7 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 			v.setCondition(t, driver.Gone, 0)
 		}
 	})
-	marker := scheduler.RestartMarker(f.addonsNode(p))
+	marker := trigger.RestartMarker(f.addonsNode(p))
 	// Let the new sidecar's informers finish starting: their LISTs belong to the plugin's start.
 	time.Sleep(time.Second)
 	if probes := p.drv().Counters().Calls["ProbeVolume"]; probes != 0 {
@@ -220,7 +221,7 @@ func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
 	follow(nodes, func(obj any) {
 		if n, ok := obj.(*csiaddonsv1alpha1.CSIAddonsNode); ok && n.Name == name {
 			sw.mu.Lock()
-			sw.handled = n.Annotations[scheduler.HandledMarkerAnnotation]
+			sw.handled = n.Annotations[annotations.HandledMarker]
 			sw.mu.Unlock()
 		}
 	})

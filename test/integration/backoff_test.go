@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // TestFailingHealBacksOffAndIsReported restarts a node plugin with a volume whose mount hangs
@@ -70,7 +71,7 @@ func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 	st, ok := f.pvcStatus(stuck)
 	switch {
 	case !ok:
-		t.Errorf("PVC %s has no %s annotation", stuck.pvc, healer.StatusAnnotation)
+		t.Errorf("PVC %s has no %s annotation", stuck.pvc, annotations.VolumeStatus)
 	case st.Result != "heal-failed":
 		t.Errorf("PVC %s: status result %q, want heal-failed (status %+v)", stuck.pvc, st.Result, st)
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // TestLeaderFailoverFinishesTheRestartSweepOnce runs two controller replicas with leader election

@@ -20,10 +20,11 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/fixtures"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // holdFinalizer keeps a deleted VolumeAttachment in the API with its deletionTimestamp set, as the
@@ -217,13 +218,13 @@ func (f *fixture) pvcStatus(v *volume) (healer.VolumeStatus, bool) {
 	if err != nil {
 		f.t.Fatalf("get PVC %s: %v", v.pvc, err)
 	}
-	raw, ok := pvc.Annotations[healer.StatusAnnotation]
+	raw, ok := pvc.Annotations[annotations.VolumeStatus]
 	if !ok {
 		return healer.VolumeStatus{}, false
 	}
 	var st healer.VolumeStatus
 	if err := json.Unmarshal([]byte(raw), &st); err != nil {
-		f.t.Fatalf("PVC %s: annotation %s is not a volume status: %v: %s", v.pvc, healer.StatusAnnotation, err, raw)
+		f.t.Fatalf("PVC %s: annotation %s is not a volume status: %v: %s", v.pvc, annotations.VolumeStatus, err, raw)
 	}
 	return st, true
 }
@@ -245,8 +246,8 @@ func (f *fixture) sweepFinished(p *plugin, timeout time.Duration) string {
 	var marker string
 	eventually(f.t, timeout, "the restart sweep of "+p.node+" to finish", func() (bool, string) {
 		n := f.addonsNode(p)
-		marker = scheduler.RestartMarker(n)
-		handled := n.Annotations[scheduler.HandledMarkerAnnotation]
+		marker = trigger.RestartMarker(n)
+		handled := n.Annotations[annotations.HandledMarker]
 		return handled == marker, fmt.Sprintf("marker %q, handled %q", marker, handled)
 	})
 	return marker

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/scheduler"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // TestCronScheduleSweepsOnlyItsStorageClass gives one StorageClass a schedule through its
@@ -29,7 +29,7 @@ func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 	inClass[0].setCondition(t, driver.ReadOnly, 0)
 	outside[0].setCondition(t, driver.ReadOnly, 0)
 	annotatedAt := time.Now()
-	f.annotateClass(scheduled, scheduler.ScheduleAnnotation, "@every 5s")
+	f.annotateClass(scheduled, annotations.Schedule, "@every 5s")
 
 	eventually(t, 40*time.Second, "two periodic sweeps of "+scheduled, func() (bool, string) {
 		for _, v := range inClass {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/scheduler"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
 )
 
 // TestRestartHealsExactlyTheBrokenHealableVolumes restarts a node plugin whose restart killed the
@@ -79,7 +79,7 @@ func TestRestartHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
 			t.Errorf("volume %s had %d calls at once", id, n)
 		}
 	}
-	if got := f.addonsNode(p).Annotations[scheduler.HandledMarkerAnnotation]; got != marker {
+	if got := f.addonsNode(p).Annotations[annotations.HandledMarker]; got != marker {
 		t.Errorf("handled marker %q, want the restart's marker %q", got, marker)
 	}
 }

@@ -16,8 +16,8 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
 // cacheHeap is the live heap of the controller's storage informers, built in this process the
@@ -31,7 +31,7 @@ type cacheHeap struct {
 	ProfileTop     []string `json:"profileTop,omitempty"`
 }
 
-// stripManagedFields is the transform the controller used before scheduler.CacheTransform:
+// stripManagedFields is the transform the controller used before planner.CacheTransform:
 // API objects without their managed fields. It is measured beside the shipped one.
 func stripManagedFields(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
@@ -63,7 +63,7 @@ func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform t
 		}
 		return c.fillAndMeasure(ctx, factory, &before, out, profile)
 	}
-	if _, err := scheduler.InformerCaches(factory); err != nil {
+	if _, err := planner.InformerCaches(factory); err != nil {
 		return out, err
 	}
 	return c.fillAndMeasure(ctx, factory, &before, out, profile)
@@ -139,7 +139,7 @@ func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.Trans
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	caches := scheduler.NewLocalCaches()
+	caches := planner.NewLocalCaches()
 	pvs, vas, pvcs, nodes := caches.PVs, caches.VolumeAttachments, caches.PVCs, caches.Nodes
 	const perNode = 100
 	for n := 0; n*perNode < volumes; n++ {

@@ -17,8 +17,10 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 
-	"github.com/volume-healer/volume-healer/healer/sidecar"
-	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 // Layout sizes a run. ShortLayout and FullLayout are the two the test uses.
@@ -271,7 +273,7 @@ func (h *harness) measureCluster(ctx context.Context) error {
 		transform func(any) (any, error)
 		sidecar   bool
 	}{
-		{"controller, compact records (scheduler.CacheTransform, as shipped)", scheduler.CacheTransform, false},
+		{"controller, compact records (planner.CacheTransform, as shipped)", planner.CacheTransform, false},
 		{"controller, API objects with managed fields stripped (the transform before)", stripManagedFields, false},
 		{"one sidecar, every PersistentVolume of the cluster (as shipped)", sidecar.LeanPersistentVolume, true},
 	} {
@@ -291,7 +293,7 @@ func (h *harness) measureCluster(ctx context.Context) error {
 		name      string
 		transform func(any) (any, error)
 	}{
-		{"controller, compact records (as shipped), decoded in-process", scheduler.CacheTransform},
+		{"controller, compact records (as shipped), decoded in-process", planner.CacheTransform},
 		{"controller, API objects with managed fields stripped (the transform before), decoded in-process", stripManagedFields},
 	} {
 		ch, err := h.c.measureDecodedCacheHeap(t.name, t.transform, l.DecodedCacheVolumes)
@@ -415,7 +417,7 @@ func (h *harness) waitHandled(ctx context.Context, timeout time.Duration) error 
 		pending := 0
 		for i := range list.Items {
 			n := &list.Items[i]
-			if n.Annotations[scheduler.HandledMarkerAnnotation] != scheduler.RestartMarker(n) {
+			if n.Annotations[annotations.HandledMarker] != trigger.RestartMarker(n) {
 				pending++
 			}
 		}

@@ -18,8 +18,8 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/healer/sidecar"
-	"github.com/volume-healer/volume-healer/test/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 )
 
 // callStats is the drivers' view of the probe and heal calls of every simulated node together:

@@ -23,11 +23,14 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/healer/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
 // errNoCalls answers every sidecar call the planning measurement must not make.
@@ -72,11 +75,11 @@ func (c *cachedCapabilities) Refresh(string, string) {}
 // the real dispatcher would start calling.
 type finishingDispatcher struct{ tasks atomic.Int64 }
 
-func (d *finishingDispatcher) Submit(tasks ...scheduler.Task) {
+func (d *finishingDispatcher) Submit(tasks ...dispatch.Task) {
 	d.tasks.Add(int64(len(tasks)))
 	for _, t := range tasks {
 		if t.Done != nil {
-			t.Done(scheduler.Result{})
+			t.Done(dispatch.Result{})
 		}
 	}
 }
@@ -107,7 +110,7 @@ type sweepCPU struct {
 
 // planningFixture is a controller's view of a cluster, in informer stores, without an apiserver.
 type planningFixture struct {
-	caches  scheduler.Caches
+	caches  planner.Caches
 	targets *healer.TargetMap
 	classes []string
 	volumes int
@@ -118,11 +121,11 @@ type planningFixture struct {
 // spread perNode to a node.
 func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, error) {
 	f := &planningFixture{
-		caches:  scheduler.NewLocalCaches(),
+		caches:  planner.NewLocalCaches(),
 		targets: healer.NewTargetMap(),
 		volumes: volumes,
 	}
-	// The stores hold what the controller's informers hold: the records of scheduler.CacheTransform.
+	// The stores hold what the controller's informers hold: the records of planner.CacheTransform.
 	add := func(_ cache.Store, obj kruntime.Object) error { return f.caches.Add(obj) }
 	if err := add(f.caches.CSIDrivers, s.driver.DeepCopy()); err != nil {
 		return nil, err
@@ -142,7 +145,7 @@ func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, erro
 		f.targets.Set(&csiaddonsv1alpha1.CSIAddonsNode{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace: pluginNamespace, Name: sidecar.DefaultCSIAddonsNodeName(name, driverName),
-				Annotations: map[string]string{probe.EndpointAnnotation: fmt.Sprintf("10.%d.%d.%d:9070", n>>16&255, n>>8&255, n&255)},
+				Annotations: map[string]string{annotations.Endpoint: fmt.Sprintf("10.%d.%d.%d:9070", n>>16&255, n>>8&255, n&255)},
 			},
 			Spec:   csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: driverName, NodeID: name, EndPoint: fmt.Sprintf("10.%d.%d.%d:9070", n>>16&255, n>>8&255, n&255)}},
 			Status: csiaddonsv1alpha1.CSIAddonsNodeStatus{Capabilities: []string{"service.NODE_SERVICE", "reclaimspace.NODE"}},
@@ -181,7 +184,7 @@ func (f *planningFixture) measure(ctx context.Context, memo bool, profile string
 	}
 	dispatcher := &finishingDispatcher{}
 	sweeper, err := healer.New(healer.Options{
-		Planner:    scheduler.NewPlanner(f.caches),
+		Planner:    planner.NewPlanner(f.caches),
 		Policy:     engine,
 		Sidecars:   &cachedCapabilities{cache: map[string]*probe.Capabilities{}},
 		Dispatcher: dispatcher,

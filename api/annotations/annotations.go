@@ -1,0 +1,93 @@
+// Package annotations is the contract that volume-healer keeps on Kubernetes objects: every
+// annotation and label key that the controller, the sidecar, healerctl and operators read or
+// write, and the one merge patch that writes annotations. Keys shared by two binaries are defined
+// here and nowhere else.
+//
+// It imports nothing of the project and nothing of Kubernetes, so that every binary, and a driver
+// that wants to read the same keys, can import it for free.
+package annotations
+
+import "encoding/json"
+
+// On a CSIAddonsNode: the restart marker and the sidecar's address.
+//
+// The restart marker of a node plugin is made of CSIAddonsPod, CSIAddonsRestart and
+// HealerRestart, in that order; the controller sweeps the driver's volumes on the node when it
+// changes, and records the marker it swept in HandledMarker.
+const (
+	// CSIAddonsRestart is set by the csi-addons sidecar on every start.
+	CSIAddonsRestart = "sidecar.csiaddons.openshift.io/lastUpdatedAt"
+	// CSIAddonsPod is set by the csi-addons sidecar to the UID of the pod it runs in. An object
+	// carrying it belongs to the csi-addons sidecar.
+	CSIAddonsPod = "sidecar.csiaddons.openshift.io/createdByPodUID"
+	// HealerRestart is set by the healer sidecar on every start: "<RFC 3339 time with
+	// nanoseconds>/<pod UID>".
+	HealerRestart = "healer.csiaddons.openshift.io/restarted-at"
+	// Endpoint is the "host:port" where the healer sidecar serves NodeHealer, written by the
+	// sidecar. spec.driver.endpoint belongs to the csi-addons sidecar when one runs in the pod, so
+	// the healer sidecar's endpoint lives here.
+	Endpoint = "healer.csiaddons.openshift.io/endpoint"
+	// HandledMarker records the restart marker whose sweep has finished, so that a controller
+	// restart or a new leader neither loses a pending restart sweep nor repeats one. Written by
+	// the controller.
+	HandledMarker = "healer.csiaddons.openshift.io/handled-marker"
+)
+
+// On a PVC, a StorageClass or a CSIAddonsNode: manual sweeps. An operator (or `healerctl sweep`)
+// sets SweepRequest to a new value; when the sweep has finished the controller copies the value to
+// SweepHandled, so that a request is swept once across controller restarts and leader changes.
+const (
+	// SweepRequest requests a manual sweep; its value identifies the request.
+	SweepRequest = "healer.csiaddons.openshift.io/sweep"
+	// SweepHandled holds the value of the last request whose sweep has finished.
+	SweepHandled = "healer.csiaddons.openshift.io/sweep-handled"
+)
+
+// On a StorageClass.
+const (
+	// Schedule sets the cron schedule of the class's periodic sweeps. It wins over the
+	// configuration's per-StorageClass schedule and over the default schedule; the value
+	// ScheduleOff turns periodic sweeps off for the class.
+	Schedule = "healer.csiaddons.openshift.io/schedule"
+	// ScheduleOff is the Schedule value that turns periodic sweeps off.
+	ScheduleOff = "off"
+)
+
+// On a PVC.
+const (
+	// VolumeStatus holds, as JSON, what the healer last found and did with the claim's volume. It
+	// is written when something is wrong or was done, and removed when a later probe finds the
+	// volume healthy.
+	VolumeStatus = "healer.csiaddons.openshift.io/status"
+)
+
+// On a policy ConfigMap.
+const (
+	// PolicyLabel with the value PolicyLabelValue selects the ConfigMaps that hold policies,
+	// unless the configuration selects them otherwise.
+	PolicyLabel = "healer.csiaddons.openshift.io/policy"
+	// PolicyLabelValue is the value of PolicyLabel on a policy ConfigMap.
+	PolicyLabelValue = "rego"
+	// PolicySelector is the label selector made of PolicyLabel and PolicyLabelValue.
+	PolicySelector = PolicyLabel + "=" + PolicyLabelValue
+	// PolicyStatus is written by the controller on every policy ConfigMap: whether its policy
+	// serves, and if not, why (JSON).
+	PolicyStatus = "healer.csiaddons.openshift.io/policy-status"
+)
+
+// MergePatch returns the body of a JSON merge patch (types.MergePatchType) that sets the
+// annotations in set and removes those named in remove, and touches nothing else of the object:
+// it needs no resourceVersion and cannot undo what another writer (a csi-addons sidecar, an
+// operator) set on other keys.
+func MergePatch(set map[string]string, remove ...string) []byte {
+	values := make(map[string]any, len(set)+len(remove))
+	for key, v := range set {
+		values[key] = v
+	}
+	for _, key := range remove {
+		values[key] = nil
+	}
+	// A map of strings and nils always encodes.
+	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": values}})
+	return body
+}

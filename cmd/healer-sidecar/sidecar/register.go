@@ -1,0 +1,171 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// DefaultCSIAddonsNodeName is the name of the CSIAddonsNode the sidecar creates when it finds
+// none for its driver and node: "<node>-<driver>", with every character that a Kubernetes name
+// cannot hold (dots included) replaced by "-", lower case, and shortened with a hash suffix
+// beyond 253 characters.
+func DefaultCSIAddonsNodeName(node, driver string) string {
+	base := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, node+"-"+driver)
+	base = strings.Trim(base, "-")
+	const maxLen = 253
+	if len(base) <= maxLen {
+		return base
+	}
+	sum := sha256.Sum256([]byte(node + "\x00" + driver))
+	suffix := hex.EncodeToString(sum[:5])
+	return strings.TrimRight(base[:maxLen-len(suffix)-1], "-") + "-" + suffix
+}
+
+// restartMarker is the value of annotations.HealerRestart for a start at now.
+func restartMarker(now time.Time, podUID string) string {
+	m := now.UTC().Format(time.RFC3339Nano)
+	if podUID != "" {
+		m += "/" + podUID
+	}
+	return m
+}
+
+// registrar creates or updates the sidecar's CSIAddonsNode once per start.
+type registrar struct {
+	client     client.Client
+	namespace  string
+	name       string // CSIAddonsNodeName; empty: look up, then the default
+	nodeName   string
+	podUID     string
+	endpoint   string
+	clock      clock.WithTicker
+	backoff    time.Duration
+	maxBackoff time.Duration
+}
+
+// run registers, retrying with exponential backoff until it works or ctx is done. The marker is
+// chosen once, so that all retries write the same value.
+func (r *registrar) run(ctx context.Context, driverName string) (string, error) {
+	log := klog.FromContext(ctx)
+	marker := restartMarker(r.clock.Now(), r.podUID)
+	wait := r.backoff
+	for {
+		name, err := r.register(ctx, driverName, marker)
+		if err == nil {
+			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
+			return name, nil
+		}
+		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", wait)
+		t := r.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", ctx.Err()
+		case <-t.C():
+		}
+		wait = min(2*wait, r.maxBackoff)
+	}
+}
+
+// register makes one attempt: it merge-patches the restart marker and endpoint onto the
+// existing CSIAddonsNode, or creates the object.
+func (r *registrar) register(ctx context.Context, driverName, marker string) (string, error) {
+	name := r.name
+	if name == "" {
+		found, err := r.lookup(ctx, driverName)
+		if err != nil {
+			return "", err
+		}
+		name = found
+	}
+	if name == "" {
+		name = DefaultCSIAddonsNodeName(r.nodeName, driverName)
+	}
+	set := map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: r.endpoint}
+
+	var existing csiaddonsv1alpha1.CSIAddonsNode
+	err := r.client.Get(ctx, types.NamespacedName{Namespace: r.namespace, Name: name}, &existing)
+	switch {
+	case apierrors.IsNotFound(err):
+		created := &csiaddonsv1alpha1.CSIAddonsNode{
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: name, Annotations: set},
+			Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
+				Name: driverName, NodeID: r.nodeName, EndPoint: r.endpoint,
+			}},
+		}
+		if err := r.client.Create(ctx, created); err != nil {
+			// AlreadyExists: a csi-addons sidecar created it meanwhile; the next attempt patches.
+			return "", fmt.Errorf("create CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+		}
+		return name, nil
+	case err != nil:
+		return "", fmt.Errorf("get CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+	}
+	if d := existing.Spec.Driver; d.Name != driverName || d.NodeID != r.nodeName {
+		return "", fmt.Errorf("%w: %s/%s names driver %q on node %q, this sidecar serves driver %q on node %q; fix --csiaddonsnode-name",
+			ErrCSIAddonsNodeConflict, r.namespace, name, d.Name, d.NodeID, driverName, r.nodeName)
+	}
+	// A merge patch of two annotations: it cannot conflict with, or undo, what the csi-addons
+	// sidecar writes, and needs no resourceVersion.
+	patch := annotations.MergePatch(set)
+	if err := r.client.Patch(ctx, &existing, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return "", fmt.Errorf("patch CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+	}
+	return name, nil
+}
+
+// lookup returns the name of the CSIAddonsNode in the namespace whose spec.driver names this
+// driver and node, or "" when there is none. With several, the csi-addons sidecar's wins, then
+// the oldest.
+func (r *registrar) lookup(ctx context.Context, driverName string) (string, error) {
+	var list csiaddonsv1alpha1.CSIAddonsNodeList
+	if err := r.client.List(ctx, &list, client.InNamespace(r.namespace)); err != nil {
+		return "", fmt.Errorf("list CSIAddonsNodes in %s: %w", r.namespace, err)
+	}
+	var matches []csiaddonsv1alpha1.CSIAddonsNode
+	for _, n := range list.Items {
+		if n.Spec.Driver.Name == driverName && n.Spec.Driver.NodeID == r.nodeName && n.DeletionTimestamp == nil {
+			matches = append(matches, n)
+		}
+	}
+	if len(matches) == 0 {
+		return "", nil
+	}
+	slices.SortFunc(matches, func(a, b csiaddonsv1alpha1.CSIAddonsNode) int {
+		_, aOwned := a.Annotations[annotations.CSIAddonsPod]
+		_, bOwned := b.Annotations[annotations.CSIAddonsPod]
+		switch {
+		case aOwned && !bOwned:
+			return -1
+		case bOwned && !aOwned:
+			return 1
+		}
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return matches[0].Name, nil
+}

@@ -1,0 +1,222 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+func TestDefaultCSIAddonsNodeName(t *testing.T) {
+	long := strings.Repeat("n", 200)
+	tests := map[string]struct {
+		node, driver string
+		want         string
+	}{
+		"dots become dashes":      {node: "worker-1", driver: "rbd.csi.ceph.com", want: "worker-1-rbd-csi-ceph-com"},
+		"upper case is lowered":   {node: "Worker_1", driver: "Example.COM", want: "worker-1-example-com"},
+		"long names get a suffix": {node: long, driver: long + ".example.com"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := DefaultCSIAddonsNodeName(tc.node, tc.driver)
+			if tc.want != "" && got != tc.want {
+				t.Errorf("name = %q, want %q", got, tc.want)
+			}
+			if len(got) > 253 || strings.ContainsAny(got, "._") || strings.HasSuffix(got, "-") {
+				t.Errorf("name %q (%d characters) is not a valid object name", got, len(got))
+			}
+			if other := DefaultCSIAddonsNodeName(tc.node, tc.driver+"x"); other == got {
+				t.Errorf("two drivers on one node got the same name %q", got)
+			}
+		})
+	}
+}
+
+func TestRestartMarker(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.FixedZone("CET", 3600))
+	if got, want := restartMarker(now, "0b1c"), "2026-03-01T11:00:00.123456789Z/0b1c"; got != want {
+		t.Errorf("marker = %q, want %q", got, want)
+	}
+	if got, want := restartMarker(now, ""), "2026-03-01T11:00:00.123456789Z"; got != want {
+		t.Errorf("marker without a pod UID = %q, want %q", got, want)
+	}
+}
+
+func newRegistrar(t *testing.T, c client.Client, name string) *registrar {
+	t.Helper()
+	return &registrar{
+		client: c, namespace: "csi", name: name, nodeName: "node-a", podUID: "pod-2",
+		endpoint: "10.0.0.7:9070", clock: clock.RealClock{}, backoff: time.Millisecond, maxBackoff: 5 * time.Millisecond,
+	}
+}
+
+func csiAddonsNode(name, driver, node string, annotations map[string]string) *csiaddonsv1alpha1.CSIAddonsNode {
+	return &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: name, Annotations: annotations},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
+			Name: driver, NodeID: node, EndPoint: "pod://plugin.csi:9070",
+		}},
+	}
+}
+
+func fakeClient(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := csiaddonsv1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	b := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...)
+	if funcs != nil {
+		b = b.WithInterceptorFuncs(*funcs)
+	}
+	return b.Build()
+}
+
+func TestRegister(t *testing.T) {
+	csiAddonsAnnotations := map[string]string{
+		annotations.CSIAddonsPod:                       "pod-1",
+		"sidecar.csiaddons.openshift.io/lastUpdatedAt": "2026-01-01T00:00:00Z",
+	}
+	tests := map[string]struct {
+		objs     []client.Object
+		name     string // --csiaddonsnode-name
+		wantName string
+		wantErr  error
+	}{
+		"no CSIAddonsNode: created under the default name": {
+			wantName: "node-a-rbd-csi-ceph-com",
+		},
+		"the csi-addons sidecar's object is found by its spec": {
+			objs: []client.Object{
+				csiAddonsNode("node-a-csi-daemonset-csi-rbdplugin", "rbd.csi.ceph.com", "node-a", csiAddonsAnnotations),
+				csiAddonsNode("node-a-cephfs", "cephfs.csi.ceph.com", "node-a", nil),
+				csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", nil),
+			},
+			wantName: "node-a-csi-daemonset-csi-rbdplugin",
+		},
+		"of two matches the csi-addons sidecar's wins": {
+			objs: []client.Object{
+				csiAddonsNode("a-ours", "rbd.csi.ceph.com", "node-a", nil),
+				csiAddonsNode("z-theirs", "rbd.csi.ceph.com", "node-a", csiAddonsAnnotations),
+			},
+			wantName: "z-theirs",
+		},
+		"a name given is used as is": {
+			name:     "custom",
+			wantName: "custom",
+		},
+		"a name given that belongs to another driver is left alone": {
+			objs:    []client.Object{csiAddonsNode("custom", "cephfs.csi.ceph.com", "node-a", csiAddonsAnnotations)},
+			name:    "custom",
+			wantErr: ErrCSIAddonsNodeConflict,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := fakeClient(t, nil, tc.objs...)
+			r := newRegistrar(t, c, tc.name)
+			got, err := r.register(context.Background(), "rbd.csi.ceph.com", "marker-2")
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Fatalf("register: %v, want %v", err, tc.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if got != tc.wantName {
+				t.Errorf("registered %q, want %q", got, tc.wantName)
+			}
+			var n csiaddonsv1alpha1.CSIAddonsNode
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: got}, &n); err != nil {
+				t.Fatal(err)
+			}
+			if n.Annotations[annotations.HealerRestart] != "marker-2" || n.Annotations[annotations.Endpoint] != "10.0.0.7:9070" {
+				t.Errorf("annotations = %v, want the marker and the endpoint", n.Annotations)
+			}
+			if n.Spec.Driver.Name != "rbd.csi.ceph.com" || n.Spec.Driver.NodeID != "node-a" {
+				t.Errorf("spec.driver = %+v", n.Spec.Driver)
+			}
+			for _, o := range tc.objs {
+				if o.GetName() != got {
+					continue
+				}
+				if n.Spec.Driver.EndPoint != "pod://plugin.csi:9070" {
+					t.Errorf("the existing object's endpoint changed to %q", n.Spec.Driver.EndPoint)
+				}
+				for k, v := range o.GetAnnotations() {
+					if n.Annotations[k] != v {
+						t.Errorf("annotation %s = %q, want %q kept", k, n.Annotations[k], v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestRegisterRetries keeps trying while the API server fails, and keeps one marker across
+// the attempts.
+func TestRegisterRetries(t *testing.T) {
+	var fails atomic.Int32
+	fails.Store(3)
+	funcs := &interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if fails.Add(-1) >= 0 {
+			return apierrors.NewServiceUnavailable("etcd is down")
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}}
+	c := fakeClient(t, funcs)
+	r := newRegistrar(t, c, "custom")
+	r.clock = testingclock.NewFakeClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	fc := r.clock.(*testingclock.FakeClock)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.run(context.Background(), "rbd.csi.ceph.com")
+		done <- err
+	}()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n csiaddonsv1alpha1.CSIAddonsNode
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: "custom"}, &n); err != nil {
+				t.Fatal(err)
+			}
+			if want := "2026-03-01T00:00:00Z/pod-2"; n.Annotations[annotations.HealerRestart] != want {
+				t.Errorf("marker = %q, want %q (chosen at the first attempt)", n.Annotations[annotations.HealerRestart], want)
+			}
+			return
+		case <-time.After(time.Millisecond):
+			if fc.HasWaiters() {
+				fc.Step(10 * time.Millisecond)
+			}
+		}
+	}
+}
+
+func TestRegisterStopsWithContext(t *testing.T) {
+	funcs := &interceptor.Funcs{List: func(context.Context, client.WithWatch, client.ObjectList, ...client.ListOption) error {
+		return apierrors.NewForbidden(schema.GroupResource{Group: "csiaddons.openshift.io", Resource: "csiaddonsnodes"}, "", errors.New("no RBAC"))
+	}}
+	r := newRegistrar(t, fakeClient(t, funcs), "")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := r.run(ctx, "rbd.csi.ceph.com"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("run: %v, want the context's error", err)
+	}
+}

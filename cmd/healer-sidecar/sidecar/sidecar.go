@@ -1,0 +1,358 @@
+// Package sidecar is the volume-healer sidecar: it runs in a CSI node plugin pod, serves the
+// NodeHealer service to the volume-healer controller over TCP with TLS, and relays each call to
+// the driver's Healer service on the driver's CSI-Addons UNIX socket.
+//
+// For each call it authenticates the caller (a TokenReview of the ServiceAccount token in the
+// "authorization" metadata, cached briefly), resolves the PersistentVolume from informer caches
+// (volume handle, kubelet staging path, volume context, volume capability, node-stage secret)
+// and calls the driver with a bounded timeout. On every start it writes a fresh restart marker
+// on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
+//
+// The package holds no global state: a test or a scale harness can run many sidecars in one
+// process, each with its own Options.
+//
+// It is the node side of the pipeline and is linked into the sidecar binary only: it must not
+// import the controller's packages (scheduler, policy, probe, healer), so that the sidecar does
+// not carry the policy engine.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+)
+
+// Sidecar is one running sidecar. Create it with New, run it with Start.
+type Sidecar struct {
+	opts    Options
+	metrics *Metrics
+	driver  *driverClient
+	volumes *volumes
+	auth    *authenticator
+	reg     *registrar
+
+	grpc       *grpc.Server
+	lis        net.Listener
+	http       *http.Server
+	metricsLis net.Listener
+
+	// log is Start's logger, for the calls, whose contexts do not derive from Start's.
+	log klog.Logger
+
+	registeredOnce sync.Once
+	registered     chan struct{}
+	// driverRestarted holds one pending "the driver restarted" for register.
+	driverRestarted chan struct{}
+}
+
+// New builds a sidecar and opens its listeners, so that Addr and MetricsAddr are known before
+// Start. Start must be called (with a context that ends) to serve and to release them.
+func New(opts Options) (*Sidecar, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Sidecar{opts: opts, log: klog.Background().WithValues("node", opts.NodeName), metrics: NewMetrics(opts.Registry), registered: make(chan struct{}), driverRestarted: make(chan struct{}, 1)}
+
+	kube, err := kubernetes.NewForConfig(opts.KubeConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	// A fixed mapping for the one kind this client handles spares a discovery round trip at
+	// every start.
+	mapper := meta.NewDefaultRESTMapper([]schema.GroupVersion{csiaddonsv1alpha1.GroupVersion})
+	mapper.Add(csiaddonsv1alpha1.GroupVersion.WithKind("CSIAddonsNode"), meta.RESTScopeNamespace)
+	crClient, err := client.New(opts.KubeConfig, client.Options{Scheme: scheme, Mapper: mapper})
+	if err != nil {
+		return nil, fmt.Errorf("CSIAddonsNode client: %w", err)
+	}
+	if s.volumes, err = newVolumes(kube, &s.opts); err != nil {
+		return nil, err
+	}
+	s.auth = newAuthenticator(kube.AuthenticationV1().TokenReviews(), &s.opts, s.metrics, opts.Clock)
+
+	var creds credentials.TransportCredentials
+	if !opts.Insecure {
+		kp, err := newKeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(kp.tlsConfig())
+	}
+	if s.driver, err = newDriverClient(&s.opts, s.metrics); err != nil {
+		return nil, err
+	}
+	s.driver.onLoad = func(info *driverInfo) { s.volumes.setDriver(info.name) }
+	s.driver.onReconnect = func(*driverInfo) {
+		select {
+		case s.driverRestarted <- struct{}{}:
+		default: // one pending restart covers several
+		}
+	}
+
+	serverOpts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(opts.MaxMessageSize),
+		grpc.MaxSendMsgSize(opts.MaxMessageSize),
+		grpc.ChainUnaryInterceptor(s.observe, s.auth.interceptor),
+	}
+	if creds != nil {
+		serverOpts = append(serverOpts, grpc.Creds(creds))
+	}
+	s.grpc = grpc.NewServer(serverOpts...)
+	healerv1alpha1.RegisterNodeHealerServer(s.grpc, &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes})
+
+	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {
+		_ = s.driver.close()
+		return nil, fmt.Errorf("listen on %s: %w", opts.ListenAddress, err)
+	}
+	endpoint, err := advertiseAddress(&s.opts, s.lis.Addr())
+	if err != nil {
+		s.closeListeners()
+		return nil, err
+	}
+	s.reg = &registrar{
+		client:     crClient,
+		namespace:  opts.Namespace,
+		name:       opts.CSIAddonsNodeName,
+		nodeName:   opts.NodeName,
+		podUID:     opts.PodUID,
+		endpoint:   endpoint,
+		clock:      opts.Clock,
+		backoff:    opts.RegisterBackoff,
+		maxBackoff: opts.RegisterMaxBackoff,
+	}
+	if opts.MetricsAddress != "0" {
+		if s.metricsLis, err = net.Listen("tcp", opts.MetricsAddress); err != nil {
+			s.closeListeners()
+			return nil, fmt.Errorf("listen on %s for metrics: %w", opts.MetricsAddress, err)
+		}
+		s.http = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+	}
+	return s, nil
+}
+
+func (s *Sidecar) closeListeners() {
+	_ = s.driver.close()
+	if s.lis != nil {
+		_ = s.lis.Close()
+	}
+	if s.metricsLis != nil {
+		_ = s.metricsLis.Close()
+	}
+}
+
+// Addr is the address NodeHealer is served on.
+func (s *Sidecar) Addr() net.Addr { return s.lis.Addr() }
+
+// MetricsAddr is the address of the metrics server, or nil when it is off.
+func (s *Sidecar) MetricsAddr() net.Addr {
+	if s.metricsLis == nil {
+		return nil
+	}
+	return s.metricsLis.Addr()
+}
+
+// Endpoint is the "host:port" the sidecar advertises on its CSIAddonsNode.
+func (s *Sidecar) Endpoint() string { return s.reg.endpoint }
+
+// Registered is closed once the CSIAddonsNode carries this start's restart marker.
+func (s *Sidecar) Registered() <-chan struct{} { return s.registered }
+
+// Ready reports whether calls can be answered: the PersistentVolume cache has synced and the
+// driver has told its name and capabilities.
+func (s *Sidecar) Ready() bool {
+	return s.volumes.synced() && s.driver.cached() != nil
+}
+
+// Start serves until ctx is done, then stops accepting calls, lets the calls in flight finish
+// within Options.ShutdownTimeout, and returns. It returns nil after a stop through ctx, and an
+// error when serving fails.
+func (s *Sidecar) Start(ctx context.Context) error {
+	log := klog.FromContext(ctx).WithValues("node", s.opts.NodeName)
+	ctx = klog.NewContext(ctx, log)
+	s.log = log
+	if s.opts.Insecure {
+		log.Error(nil, "WARNING: serving NodeHealer WITHOUT TLS (--insecure). ServiceAccount tokens cross the network "+
+			"in clear text and anyone on the path can replay them. Use this for tests and demos only.", "address", s.lis.Addr().String())
+	}
+	log.Info("Starting the healer sidecar", "address", s.lis.Addr().String(), "endpoint", s.reg.endpoint,
+		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()))
+
+	g, gctx := errgroup.WithContext(ctx)
+	s.volumes.start(gctx)
+	g.Go(func() error {
+		s.driver.watch(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serve NodeHealer on %s: %w", s.lis.Addr(), err)
+		}
+		return nil
+	})
+	if s.http != nil {
+		g.Go(func() error {
+			if err := s.http.Serve(s.metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serve metrics on %s: %w", s.metricsLis.Addr(), err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		s.register(gctx)
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		s.shutdown(gctx)
+		return nil
+	})
+	err := g.Wait()
+	s.volumes.stop()
+	if cerr := s.driver.close(); cerr != nil && err == nil {
+		log.V(2).Info("Closing the driver connection", "error", cerr.Error())
+	}
+	log.Info("Healer sidecar stopped")
+	return err
+}
+
+// register writes the restart marker once the sidecar can answer: the PV cache has synced and
+// the driver has told its name. Marking the restart earlier would send the controller's sweep
+// to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
+// under the running sidecar (the driver container alone crashed), since that kills userspace
+// mounters just as a restart of the whole pod does.
+func (s *Sidecar) register(ctx context.Context) {
+	log := klog.FromContext(ctx)
+	if !waitFor(ctx, s.opts.Clock, s.volumes.synced) {
+		return
+	}
+	var info *driverInfo
+	wait := s.opts.RegisterBackoff
+	for {
+		var err error
+		if info, err = s.driver.current(ctx); err == nil {
+			break
+		}
+		log.Info("Waiting for the driver before registering the CSIAddonsNode", "endpoint", s.opts.DriverEndpoint, "error", err.Error(), "retryIn", wait)
+		t := s.opts.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		wait = min(2*wait, s.opts.RegisterMaxBackoff)
+	}
+	// A reconnect seen before the first registration is part of this start.
+	select {
+	case <-s.driverRestarted:
+	default:
+	}
+	if _, err := s.reg.run(ctx, info.name); err != nil {
+		return
+	}
+	s.registeredOnce.Do(func() { close(s.registered) })
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.driverRestarted:
+		}
+		info := s.driver.cached()
+		log.Info("The driver restarted; writing a new restart marker", "driver", info.name)
+		if _, err := s.reg.run(ctx, info.name); err != nil {
+			return
+		}
+	}
+}
+
+// waitFor polls cond until it holds or ctx is done.
+func waitFor(ctx context.Context, clk clock.Clock, cond func() bool) bool {
+	for !cond() {
+		t := clk.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
+	}
+	return true
+}
+
+// shutdown stops accepting calls and gives those in flight ShutdownTimeout to finish.
+func (s *Sidecar) shutdown(ctx context.Context) {
+	log := klog.FromContext(ctx)
+	log.Info("Stopping: no new calls; waiting for calls in flight", "timeout", s.opts.ShutdownTimeout)
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	t := s.opts.Clock.NewTimer(s.opts.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C():
+		log.Info("Calls still in flight after the shutdown timeout; cutting them off", "timeout", s.opts.ShutdownTimeout)
+		s.grpc.Stop()
+		<-stopped
+	}
+	if s.http != nil {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if err := s.http.Shutdown(hctx); err != nil {
+			_ = s.http.Close()
+		}
+	}
+}
+
+// httpHandler serves the metrics and two probes for the pod: /healthz while the process serves,
+// /readyz once calls can be answered.
+func (s *Sidecar) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{Registry: s.opts.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case !s.volumes.synced():
+			http.Error(w, "PersistentVolume cache not synced", http.StatusServiceUnavailable)
+		case s.driver.cached() == nil:
+			http.Error(w, "driver identity and capabilities not loaded from "+s.opts.DriverEndpoint, http.StatusServiceUnavailable)
+		default:
+			_, _ = w.Write([]byte("ok\n"))
+		}
+	})
+	return mux
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return "off"
+	}
+	return a.String()
+}

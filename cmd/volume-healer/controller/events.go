@@ -1,0 +1,115 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	storagev1 "k8s.io/api/storage/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/probe"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
+// sidecar targets and to the restart and periodic triggers.
+func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap,
+	sweeper *healer.Sweeper, sidecars *probe.Client, t triggers) error {
+	observeNode := func(obj any) {
+		n := csiAddonsNodeFrom(obj)
+		if n == nil {
+			return
+		}
+		// A sidecar that moved gets a new connection; the old one is closed.
+		if stale := targets.Set(n); stale != "" {
+			sidecars.Forget(stale)
+		}
+		t.restarts.Observe(ctx, n)
+		t.manual.Observe(ctx, n)
+	}
+	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
+	if err != nil {
+		return fmt.Errorf("CSIAddonsNode informer: %w", err)
+	}
+	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    observeNode,
+		UpdateFunc: func(_, obj any) { observeNode(obj) },
+		DeleteFunc: func(obj any) {
+			if n := csiAddonsNodeFrom(obj); n != nil {
+				key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
+				if endpoint := targets.Delete(key); endpoint != "" {
+					sidecars.Forget(endpoint)
+				}
+				t.restarts.Forget(key)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	_, err = factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { setClass(ctx, t, obj) },
+		UpdateFunc: func(_, obj any) { setClass(ctx, t, obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if sc, ok := obj.(*storagev1.StorageClass); ok {
+				t.periodic.RemoveStorageClass(sc.Name)
+				sweeper.ForgetStorageClass(sc.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// A deleted PV's history goes with it.
+	_, err = factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if pv := planner.PersistentVolumeFrom(obj); pv != nil {
+				sweeper.Forget(pv)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// PVCs carry manual sweep requests for their volume.
+	observeClaim := func(obj any) {
+		if pvc := planner.ClaimFrom(obj); pvc != nil {
+			t.manual.Observe(ctx, pvc)
+		}
+	}
+	_, err = factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    observeClaim,
+		UpdateFunc: func(_, obj any) { observeClaim(obj) },
+	})
+	return err
+}
+
+// triggers are what turns object changes into sweeps.
+type triggers struct {
+	restarts *trigger.Restarts
+	periodic *trigger.Periodic
+	manual   *trigger.Manual
+}
+
+func csiAddonsNodeFrom(obj any) *csiaddonsv1alpha1.CSIAddonsNode {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	n, _ := obj.(*csiaddonsv1alpha1.CSIAddonsNode)
+	return n
+}
+
+func setClass(ctx context.Context, t triggers, obj any) {
+	if sc, ok := obj.(*storagev1.StorageClass); ok {
+		t.periodic.SetStorageClass(ctx, sc)
+		t.manual.Observe(ctx, sc)
+	}
+}

@@ -1,0 +1,291 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/scheduler/dispatch"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
+)
+
+// shutdownTimeout bounds how long the controller's parts get to stop after a signal.
+const shutdownTimeout = 30 * time.Second
+
+// Run starts the controller and blocks until ctx ends or a part fails.
+func Run(ctx context.Context, cfg *config.Config) error {
+	logger := klog.FromContext(ctx)
+	ctrl.SetLogger(logger)
+	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
+		logger.Error(err, "Running without a Go memory limit")
+	} else {
+		logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+	}
+
+	restCfg, err := restConfig(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	schedMetrics := trigger.NewMetrics(reg)
+
+	grace := shutdownTimeout
+	mgr, err := ctrl.NewManager(restCfg, manager.Options{
+		Scheme: scheme,
+		Logger: logger,
+		// Metrics are served from the controller's own registry (metricsServer below).
+		Metrics:                       metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:        cfg.Health.BindAddress,
+		LeaderElection:                cfg.LeaderElection.Enabled,
+		LeaderElectionNamespace:       cfg.LeaderElection.Namespace,
+		LeaderElectionID:              cfg.LeaderElection.LeaseName,
+		LeaseDuration:                 &cfg.LeaderElection.LeaseDuration,
+		RenewDeadline:                 &cfg.LeaderElection.RenewDeadline,
+		RetryPeriod:                   &cfg.LeaderElection.RetryPeriod,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       &grace,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return errors.New("informer caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if cfg.Metrics.BindAddress != "0" {
+		if err := mgr.Add(&metricsServer{addr: cfg.Metrics.BindAddress, registry: reg}); err != nil {
+			return err
+		}
+	}
+
+	recorder := mgr.GetEventRecorderFor("volume-healer") //nolint:staticcheck // the record API is what the scheduler takes
+	clientset, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+
+	// Policy: the built-in default until the ConfigMaps are read, then whatever they say.
+	policyMetrics, err := policy.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	engine, err := policy.NewEngine(ctx, policy.Options{
+		Compile: policy.CompileOptions{EvalTimeout: cfg.Policy.EvaluationTimeout},
+		Metrics: policyMetrics,
+	})
+	if err != nil {
+		return err
+	}
+	policySource, err := policy.NewConfigMapSource(clientset, engine, policy.ConfigMapOptions{
+		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: recorder,
+	})
+	if err != nil {
+		return err
+	}
+
+	// Storage objects: shared informers with the planner's indexes, holding compact records of
+	// PVs, PVCs and VolumeAttachments (see planner.CacheTransform).
+	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(planner.CacheTransform))
+	caches, err := planner.InformerCaches(factory)
+	if err != nil {
+		return err
+	}
+
+	sidecars, err := sidecarClient(cfg)
+	if err != nil {
+		return err
+	}
+	dispatcher, err := dispatch.New(dispatch.Options{
+		Global:      cfg.Budgets.Global,
+		PerDriver:   cfg.Budgets.PerDriver,
+		PerNode:     cfg.Budgets.PerNode,
+		BackoffBase: cfg.Backoff.Base,
+		BackoffMax:  cfg.Backoff.Max,
+		// A task is a probe, a heal and a confirming probe.
+		DefaultTimeout: 2*cfg.Timeouts.Probe + cfg.Timeouts.Heal,
+		Metrics:        dispatch.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+	targets := healer.NewTargetMap()
+	healerMetrics := healer.NewMetrics(reg)
+	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
+		healerMetrics.SetLeader(false)
+		select {
+		case <-mgr.Elected():
+			healerMetrics.SetLeader(true)
+		case <-ctx.Done():
+		}
+		return nil
+	})}); err != nil {
+		return err
+	}
+	sweeper, err := healer.New(healer.Options{
+		Planner:    planner.NewPlanner(caches),
+		Policy:     engine,
+		Sidecars:   sidecars,
+		Dispatcher: dispatcher,
+		Targets:    targets,
+		Client:     mgr.GetClient(),
+		Recorder:   recorder,
+		Metrics:    healerMetrics,
+		DryRun:     cfg.DryRun,
+	})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(sweeper)
+	sweeps := &sweepRunner{sweeper: sweeper, ready: func(ctx context.Context) error {
+		// A sweep planned from caches still filling would find no volumes and, for a restart,
+		// record the marker as handled: the restart would be lost. The policy ConfigMaps must be
+		// read too, or the first sweeps would run on the built-in policy.
+		return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return storageSynced(factory) == nil && policySource.HasSynced(), nil
+		})
+	}}
+
+	restarts, err := trigger.NewRestarts(trigger.RestartOptions{
+		Debounce: cfg.Restart.Debounce,
+		Metrics:  schedMetrics,
+		Sweeps:   sweeps.submit,
+	})
+	if err != nil {
+		return err
+	}
+	periodic, err := trigger.NewPeriodic(trigger.PeriodicOptions{
+		Default:        cfg.Schedule.Default,
+		StorageClasses: cfg.Schedule.StorageClasses,
+		Stagger:        cfg.Schedule.Stagger,
+		Recorder:       recorder,
+		Metrics:        schedMetrics,
+		Sweeps:         sweeps.submit,
+	})
+	if err != nil {
+		return err
+	}
+	manual, err := trigger.NewManual(trigger.ManualOptions{Metrics: schedMetrics, Sweeps: sweeps.submit})
+	if err != nil {
+		return err
+	}
+	if err := watchTriggers(ctx, mgr, factory, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
+		return storageSynced(factory)
+	}); err != nil {
+		return err
+	}
+	// The informers and the policy source run on every replica, so a new leader starts warm; the
+	// dispatcher, the triggers and the sweeps run on the leader only.
+	for _, r := range []manager.Runnable{
+		manager.RunnableFunc(func(ctx context.Context) error {
+			factory.Start(ctx.Done())
+			// Filling the caches decodes every object once and keeps a compact record of it: the
+			// decoded objects are garbage the heap holds until its next collection, and their pages
+			// stay with the process until the runtime's scavenger slowly returns them. One
+			// collection once the caches are full returns them at once, so that a replica's
+			// footprint starts at what it keeps rather than at what filling took.
+			factory.WaitForCacheSync(ctx.Done())
+			if storageSynced(factory) == nil {
+				debug.FreeOSMemory()
+			}
+			<-ctx.Done()
+			factory.Shutdown()
+			return nil
+		}),
+		manager.RunnableFunc(policySource.Start),
+	} {
+		if err := mgr.Add(everyReplica{r}); err != nil {
+			return err
+		}
+	}
+	for _, r := range []manager.Runnable{dispatcher, sweeps, restarts, periodic} {
+		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+
+	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun)
+	return mgr.Start(ctx)
+}
+
+// storageSynced reports whether the storage informers have started and filled their caches.
+func storageSynced(factory informers.SharedInformerFactory) error {
+	// A closed channel makes the wait a look: synced now or not.
+	now := make(chan struct{})
+	close(now)
+	synced := factory.WaitForCacheSync(now)
+	if len(synced) == 0 {
+		return errors.New("storage informers not started")
+	}
+	for typ, ok := range synced {
+		if !ok {
+			return fmt.Errorf("%v informer not synced", typ)
+		}
+	}
+	return nil
+}
+
+// everyReplica marks a runnable that runs whether or not this replica leads.
+type everyReplica struct{ manager.Runnable }
+
+// NeedLeaderElection reports that the runnable runs on standby replicas too.
+func (everyReplica) NeedLeaderElection() bool { return false }
+
+// restConfig loads the kubeconfig at path, or $KUBECONFIG, or the in-cluster configuration.
+func restConfig(path string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %q: %w", path, err)
+	}
+	cfg.UserAgent = "volume-healer"
+	// Sweeps write an Event and a PVC annotation per healed volume; client-go's default of 5
+	// requests per second would make those writes, not the budgets, bound a rollout's heal rate.
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg, nil
+}

@@ -1,0 +1,153 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/test/controlplane"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestRunAgainstRealAPIServer starts the controller against a real control plane and checks what an
+// operator sees: it takes the Lease, answers health checks, and a new CSIAddonsNode shows up as a
+// restart trigger in its metrics.
+func TestRunAgainstRealAPIServer(t *testing.T) {
+	env := controlplane.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, ns := range []string{"volume-healer", "csi"} {
+		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	cfg, err := config.Load(nil, func(k string) (string, bool) {
+		v, ok := map[string]string{
+			"VOLUME_HEALER_KUBECONFIG":                     env.Kubeconfig,
+			"VOLUME_HEALER_METRICS_BIND_ADDRESS":           metricsAddr,
+			"VOLUME_HEALER_HEALTH_BIND_ADDRESS":            healthAddr,
+			"VOLUME_HEALER_SIDECAR_TLS_ENABLED":            "false",
+			"VOLUME_HEALER_RESTART_DEBOUNCE":               "100ms",
+			"VOLUME_HEALER_LEADER_ELECTION_LEASE_DURATION": "4s",
+			"VOLUME_HEALER_LEADER_ELECTION_RENEW_DEADLINE": "3s",
+			"VOLUME_HEALER_LEADER_ELECTION_RETRY_PERIOD":   "500ms",
+		}[k]
+		return v, ok
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Run(runCtx, cfg) }()
+	defer func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(shutdownTimeout + 5*time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	}()
+
+	poll := func(what string, cond func(context.Context) (bool, error)) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+
+	poll("the Lease is taken", func(ctx context.Context) (bool, error) {
+		var lease coordinationv1.Lease
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "volume-healer", Name: "volume-healer"}, &lease)
+		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", nil
+	})
+	poll("/readyz answers ok", func(context.Context) (bool, error) {
+		code, _ := get("http://" + healthAddr + "/readyz")
+		return code == http.StatusOK, nil
+	})
+
+	if err := env.Client.Create(ctx, &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", Annotations: map[string]string{
+			annotations.CSIAddonsRestart: "2026-11-29T10:00:00Z",
+		}},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
+			Name: "rbd.csi.ceph.com", NodeID: "node-a", EndPoint: "pod://plugin.csi:9070",
+		}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	poll("the metrics say this replica leads", func(context.Context) (bool, error) {
+		_, body := get("http://" + metricsAddr + "/metrics")
+		return strings.Contains(body, "\nvolume_healer_leader 1\n"), nil
+	})
+	want := fmt.Sprintf("volume_healer_scheduler_triggers_total{trigger=%q} 1", "restart")
+	poll("the restart shows in the metrics", func(context.Context) (bool, error) {
+		_, body := get("http://" + metricsAddr + "/metrics")
+		return strings.Contains(body, want), nil
+	})
+
+	// An operator asks for a sweep of a StorageClass: the controller sweeps it once, marks the
+	// request handled and says so in an Event on the StorageClass.
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"}, Provisioner: "rbd.csi.ceph.com"}
+	if err := env.Client.Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	if err := trigger.RequestSweep(ctx, env.Client, sc, "req-1"); err != nil {
+		t.Fatal(err)
+	}
+	poll("the manual sweep is handled", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return err == nil && trigger.SweepHandled(sc, "req-1"), nil
+	})
+	poll("the ManualSweepFinished Event", func(ctx context.Context) (bool, error) {
+		var events corev1.EventList
+		if err := env.Client.List(ctx, &events); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "ManualSweepFinished" && e.InvolvedObject.Name == "gold" && strings.Contains(e.Message, "req-1") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}

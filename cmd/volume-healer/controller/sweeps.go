@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"context"
+	"sync"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/scheduler"
+	"k8s.io/klog/v2"
+)
+
+// sweepRunner runs each requested sweep in its own goroutine, on the leader, and waits for them
+// when leadership or the process ends. Overlapping sweeps are safe: the dispatcher never runs two
+// calls on one volume.
+type sweepRunner struct {
+	sweeper *healer.Sweeper
+	// ready blocks until sweeps can be planned correctly.
+	ready   func(context.Context) error
+	mu      sync.Mutex
+	ctx     context.Context
+	pending []scheduler.Sweep
+	wg      sync.WaitGroup
+}
+
+// submit starts sw, or keeps it until Start is ready when the runner has not started yet.
+func (r *sweepRunner) submit(sw scheduler.Sweep) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx == nil {
+		r.pending = append(r.pending, sw)
+		return
+	}
+	if r.ctx.Err() != nil {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.sweeper.Run(r.ctx, sw)
+	}()
+}
+
+// Start runs sweeps until ctx ends, then waits for the running ones to stop.
+func (r *sweepRunner) Start(ctx context.Context) error {
+	if err := r.ready(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	klog.FromContext(ctx).Info("Caches synced and policy loaded: sweeps start")
+	r.mu.Lock()
+	r.ctx = ctx
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	for _, sw := range pending {
+		r.submit(sw)
+	}
+	<-ctx.Done()
+	r.wg.Wait()
+	return nil
+}

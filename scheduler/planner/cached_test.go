@@ -1,0 +1,145 @@
+package planner
+
+import (
+	"fmt"
+	"testing"
+
+	"unsafe"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The API objects built from the records must carry every field the policy input and the
+// guards read, unchanged.
+func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
+	now := metav1.Now()
+	pvName := "pvc-1"
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName, ResourceVersion: "7", DeletionTimestamp: &now,
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "x"}}, Annotations: map[string]string{"big": "dropped"}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: "rbd.csi.ceph.com", VolumeHandle: "0001-0009-rook-ceph-0000000000000002-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34",
+				FSType: "ext4", VolumeAttributes: map[string]string{"pool": "replicapool", "mounter": "rbd-nbd", "imageName": "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"},
+			}},
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			ClaimRef:         &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "shop", Name: "db", UID: "u1"},
+			StorageClassName: "gold", MountOptions: []string{"discard"},
+		},
+		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound},
+	}
+	rec, err := CacheTransform(pv.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := PersistentVolumeFrom(rec)
+	want := pv.DeepCopy()
+	want.ManagedFields, want.Annotations, want.Spec.Capacity, want.Spec.CSI.FSType = nil, nil, nil, ""
+	want.DeletionTimestamp = got.DeletionTimestamp // only whether it is set is kept
+	if got.DeletionTimestamp == nil || !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("PV after the cache:\n got %+v\nwant %+v", got, want)
+	}
+
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db", UID: "u1", ResourceVersion: "3",
+			Labels: map[string]string{"app": "db"}, Annotations: map[string]string{annotations.SweepRequest: "r1"}},
+		Spec:   corev1.PersistentVolumeClaimSpec{VolumeName: pvName, StorageClassName: ptr("gold")},
+		Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound},
+	}
+	rec, err = CacheTransform(pvc.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotClaim := ClaimFrom(rec)
+	if gotClaim.Namespace != "shop" || gotClaim.Name != "db" || gotClaim.UID != "u1" || gotClaim.ResourceVersion != "3" ||
+		gotClaim.Spec.VolumeName != pvName || !equality.Semantic.DeepEqual(gotClaim.Labels, pvc.Labels) ||
+		!equality.Semantic.DeepEqual(gotClaim.Annotations, pvc.Annotations) || gotClaim.Kind != "PersistentVolumeClaim" {
+		t.Errorf("PVC after the cache: %+v", gotClaim)
+	}
+
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "csi-1", ResourceVersion: "9"},
+		Spec:       storagev1.VolumeAttachmentSpec{Attacher: "rbd.csi.ceph.com", NodeName: "n1", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status:     storagev1.VolumeAttachmentStatus{Attached: true, DetachError: &storagev1.VolumeError{Message: "busy"}},
+	}
+	rec, err = CacheTransform(va.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotVA := recordOf[cachedAttachment](rec).object()
+	if gotVA.Name != "csi-1" || gotVA.Spec.Attacher != va.Spec.Attacher || gotVA.Spec.NodeName != "n1" ||
+		*gotVA.Spec.Source.PersistentVolumeName != pvName || !gotVA.Status.Attached || gotVA.Status.DetachError == nil || gotVA.DeletionTimestamp != nil {
+		t.Errorf("VolumeAttachment after the cache: %+v", gotVA)
+	}
+
+	node, err := CacheTransform(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"zone": "a"}},
+		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"big"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := node.(*corev1.Node); n.Name != "n1" || n.Labels["zone"] != "a" || len(n.Status.Images) != 0 {
+		t.Errorf("Node after the cache: %+v", n)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Interned strings are shared between records: the point of interning.
+func TestCacheTransformSharesRepeatedStrings(t *testing.T) {
+	mk := func(name string) *cachedPV {
+		return compactPV(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PersistentVolumeSpec{StorageClassName: string([]byte("gold")),
+				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+					Driver: string([]byte("rbd.csi.ceph.com")), VolumeAttributes: map[string]string{string([]byte("pool")): string([]byte("replicapool"))}}}}})
+	}
+	a, b := mk("a"), mk("b")
+	same := func(x, y string) bool { return len(x) > 0 && unsafeData(x) == unsafeData(y) }
+	if !same(a.storageClass, b.storageClass) || !same(a.driver, b.driver) || !same(a.attributes.shared.pairs[0].key, b.attributes.shared.pairs[0].key) || !same(a.attributes.shared.pairs[0].value, b.attributes.shared.pairs[0].value) {
+		t.Error("repeated strings are not shared between records")
+	}
+}
+
+func unsafeData(s string) *byte { return unsafe.StringData(s) }
+
+func TestStringMap(t *testing.T) {
+	long := "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"
+	a := newStringMap(map[string]string{"pool": "replicapool", "clusterID": "rook-ceph", "imageName": long})
+	b := newStringMap(map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": long + "x"})
+	if a.shared == nil || len(a.shared.pairs) != 2 || len(a.own) != 1 || a.shared != b.shared {
+		t.Errorf("equal short pairs are not one shared slice: %+v, %+v", a, b)
+	}
+	if v, ok := a.get("imageName"); !ok || v != long {
+		t.Errorf("get(imageName) = %q, %v", v, ok)
+	}
+	if v, ok := a.get("pool"); !ok || v != "replicapool" {
+		t.Errorf("get(pool) = %q, %v", v, ok)
+	}
+	if _, ok := a.get("missing"); ok {
+		t.Error("get(missing) found a value")
+	}
+	if m := a.toMap(); len(m) != 3 || m["clusterID"] != "rook-ceph" || m["imageName"] != long {
+		t.Errorf("toMap = %v", m)
+	}
+	if m := newStringMap(nil).toMap(); m != nil {
+		t.Errorf("empty map = %v, want nil", m)
+	}
+}
+
+// Values that are short yet differ per volume must not grow the shared table without end.
+func TestSharedPairsAreBounded(t *testing.T) {
+	for i := range 2 * maxSharedSets {
+		newStringMap(map[string]string{"id": fmt.Sprintf("v-%d", i)})
+	}
+	sharedPairs.mu.Lock()
+	n := len(sharedPairs.sets)
+	sharedPairs.mu.Unlock()
+	if n > maxSharedSets {
+		t.Errorf("shared table holds %d sets, bound %d", n, maxSharedSets)
+	}
+}

@@ -1,0 +1,187 @@
+package trigger
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/scheduler"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// markerAnnotations make up the restart marker, in this order.
+var markerAnnotations = []string{annotations.CSIAddonsPod, annotations.CSIAddonsRestart, annotations.HealerRestart}
+
+// RestartMarker returns the value that identifies the current start of the node plugin behind a
+// CSIAddonsNode. A CSIAddonsNode with none of the marker annotations is identified by its UID, so
+// that its creation is a restart too.
+func RestartMarker(n *csiaddonsv1alpha1.CSIAddonsNode) string {
+	var parts []string
+	for _, a := range markerAnnotations {
+		if v := n.Annotations[a]; v != "" {
+			parts = append(parts, v)
+		}
+	}
+	if len(parts) == 0 {
+		return "uid:" + string(n.UID)
+	}
+	return strings.Join(parts, "|")
+}
+
+// RestartOptions configure Restarts.
+type RestartOptions struct {
+	// Debounce folds marker changes that arrive within this window into one sweep. Default: 0.
+	Debounce time.Duration
+	// Clock tells time. Default: the real clock.
+	Clock clock.WithTicker
+	// Metrics counts triggers. Default: none.
+	Metrics *Metrics
+	// Sweeps receives a restart Sweep when a marker change has settled. Required.
+	Sweeps func(scheduler.Sweep)
+}
+
+// Restarts turns CSIAddonsNode changes into restart sweeps: one sweep per restart of a driver's
+// node plugin on a node, after the marker has been still for the debounce window.
+type Restarts struct {
+	opts    RestartOptions
+	mu      sync.Mutex
+	pending map[types.NamespacedName]*pendingRestart
+	wake    chan struct{}
+}
+
+// pendingRestart is a restart seen but not yet swept.
+type pendingRestart struct {
+	sweep scheduler.Sweep
+	due   time.Time
+}
+
+// NewRestarts returns a Restarts with nothing pending.
+func NewRestarts(opts RestartOptions) (*Restarts, error) {
+	if opts.Sweeps == nil {
+		return nil, fmt.Errorf("scheduler: RestartOptions.Sweeps is required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, wake: make(chan struct{}, 1)}, nil
+}
+
+// Observe takes a created or changed CSIAddonsNode into account. A marker that differs from the
+// handled one becomes a pending sweep; a newer marker within the debounce window replaces it and
+// restarts the wait.
+func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNode) {
+	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
+	marker := RestartMarker(n)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.DeletionTimestamp != nil || marker == n.Annotations[annotations.HandledMarker] || n.Spec.Driver.Name == "" {
+		delete(r.pending, key)
+		return
+	}
+	if p, ok := r.pending[key]; ok && p.sweep.Marker == marker {
+		return
+	}
+	now := r.opts.Clock.Now()
+	r.pending[key] = &pendingRestart{
+		sweep: scheduler.Sweep{
+			Trigger: scheduler.TriggerRestart,
+			Driver:  n.Spec.Driver.Name,
+			Node:    n.Spec.Driver.NodeID,
+			Source:  key,
+			Marker:  marker,
+		},
+		due: now.Add(r.opts.Debounce),
+	}
+	klog.FromContext(ctx).V(2).Info("Node plugin restart seen", "csiAddonsNode", key, "driver", n.Spec.Driver.Name, "node", n.Spec.Driver.NodeID, "marker", marker)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Forget drops a pending restart of a deleted CSIAddonsNode.
+func (r *Restarts) Forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pending, key)
+}
+
+// Pending returns the number of restarts waiting for their debounce window to pass.
+func (r *Restarts) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pending)
+}
+
+// Start hands settled restarts to Sweeps until ctx ends.
+func (r *Restarts) Start(ctx context.Context) error {
+	for {
+		now := r.opts.Clock.Now()
+		ready, next := r.settled(now)
+		for _, s := range ready {
+			r.opts.Metrics.triggered(scheduler.TriggerRestart)
+			r.opts.Sweeps(s)
+		}
+		var timer clock.Timer
+		var fire <-chan time.Time
+		if !next.IsZero() {
+			timer = r.opts.Clock.NewTimer(next.Sub(now))
+			fire = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return nil
+		case <-r.wake:
+		case <-fire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// settled removes and returns the restarts whose debounce window has passed, and the earliest due
+// time of those still waiting.
+func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ready []scheduler.Sweep
+	var next time.Time
+	for key, p := range r.pending {
+		if p.due.After(now) {
+			if next.IsZero() || p.due.Before(next) {
+				next = p.due
+			}
+			continue
+		}
+		s := p.sweep
+		s.Fired = now
+		ready = append(ready, s)
+		delete(r.pending, key)
+	}
+	sort.Slice(ready, func(i, j int) bool { return ready[i].Source.String() < ready[j].Source.String() })
+	return ready, next
+}
+
+// RecordHandled writes the marker of a finished restart sweep onto its CSIAddonsNode with a merge
+// patch that touches only that annotation, so a csi-addons sidecar owning the object keeps its own.
+func RecordHandled(ctx context.Context, c client.Client, s scheduler.Sweep) error {
+	patch := annotations.MergePatch(map[string]string{annotations.HandledMarker: s.Marker})
+	n := &csiaddonsv1alpha1.CSIAddonsNode{}
+	n.Namespace, n.Name = s.Source.Namespace, s.Source.Name
+	if err := c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("record handled restart marker on CSIAddonsNode %s: %w", s.Source, err)
+	}
+	return nil
+}

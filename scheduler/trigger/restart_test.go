@@ -1,0 +1,121 @@
+package trigger
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/scheduler"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func csiAddonsNode(annotations map[string]string) *csiaddonsv1alpha1.CSIAddonsNode {
+	return &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", UID: "0b1c", Annotations: annotations},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
+			Name: "rbd.csi.ceph.com", NodeID: "node-a", EndPoint: "pod://plugin.csi:9070",
+		}},
+	}
+}
+
+func TestRestartMarker(t *testing.T) {
+	tests := map[string]struct {
+		annotations map[string]string
+		want        string
+	}{
+		"csi-addons sidecar": {
+			annotations: map[string]string{annotations.CSIAddonsPod: "pod-1", annotations.CSIAddonsRestart: "2026-11-29T10:00:00Z"},
+			want:        "pod-1|2026-11-29T10:00:00Z",
+		},
+		"healer sidecar alone":        {annotations: map[string]string{annotations.HealerRestart: "r7"}, want: "r7"},
+		"no marker: the object's UID": {want: "uid:0b1c"},
+		"handled marker is not part of the marker": {
+			annotations: map[string]string{annotations.HealerRestart: "r7", annotations.HandledMarker: "r6"}, want: "r7",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := RestartMarker(csiAddonsNode(tc.annotations)); got != tc.want {
+				t.Fatalf("marker = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func runRestarts(t *testing.T, debounce time.Duration) (*Restarts, *clocktesting.FakeClock, <-chan scheduler.Sweep) {
+	t.Helper()
+	fc := clocktesting.NewFakeClock(epoch)
+	sweeps := make(chan scheduler.Sweep, 16)
+	r, err := NewRestarts(RestartOptions{Debounce: debounce, Clock: fc, Sweeps: func(s scheduler.Sweep) { sweeps <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	return r, fc, sweeps
+}
+
+func TestRestartsDebounceToOneSweep(t *testing.T) {
+	r, fc, sweeps := runRestarts(t, 2*time.Second)
+	ctx := context.Background()
+	// A crash-looping plugin: three starts in quick succession.
+	for i, marker := range []string{"r1", "r2", "r3"} {
+		r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: marker}))
+		if i < 2 {
+			step(t, fc, time.Second)
+		}
+	}
+	expectNoSweep(t, sweeps)
+	step(t, fc, 2*time.Second)
+	s := expectSweep(t, sweeps)
+	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r3" ||
+		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" {
+		t.Fatalf("sweep = %+v, want one restart sweep of rbd.csi.ceph.com on node-a for marker r3", s)
+	}
+	expectNoSweep(t, sweeps)
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d after the sweep, want 0", r.Pending())
+	}
+}
+
+func TestRestartsSkipHandledAndDeleted(t *testing.T) {
+	r, _, sweeps := runRestarts(t, 0)
+	ctx := context.Background()
+
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r1", annotations.HandledMarker: "r1"}))
+	if r.Pending() != 0 {
+		t.Fatal("a marker already handled became a pending sweep")
+	}
+
+	// The same marker seen again (a resync) while pending does not restart the wait or double up.
+	n := csiAddonsNode(map[string]string{annotations.HealerRestart: "r2", annotations.HandledMarker: "r1"})
+	r.Observe(ctx, n)
+	r.Observe(ctx, n)
+	if s := expectSweep(t, sweeps); s.Marker != "r2" {
+		t.Fatalf("sweep marker = %q, want r2", s.Marker)
+	}
+	expectNoSweep(t, sweeps)
+
+	// A CSIAddonsNode being deleted drops its pending restart.
+	rd, fc2, sweeps2 := runRestarts(t, time.Second)
+	gone := csiAddonsNode(map[string]string{annotations.HealerRestart: "r9"})
+	rd.Observe(ctx, gone)
+	now := metav1.Now()
+	gone.DeletionTimestamp = &now
+	rd.Observe(ctx, gone)
+	if rd.Pending() != 0 {
+		t.Fatalf("pending = %d after the CSIAddonsNode went away, want 0", rd.Pending())
+	}
+	fc2.Step(2 * time.Second)
+	expectNoSweep(t, sweeps2)
+}
