@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -101,8 +102,12 @@ type ConfigMapSource struct {
 	selector labels.Selector
 	synced   atomic.Bool
 
+	// Set by Watch.
+	informer cache.SharedIndexInformer
+	lister   corelisters.ConfigMapLister
+	queue    workqueue.TypedRateLimitingInterface[string]
+
 	// Touched by the single worker only.
-	lister      corelisters.ConfigMapLister
 	attemptedID string // the set last handed to the engine
 	attemptErr  error  // its outcome
 }
@@ -117,39 +122,46 @@ func NewConfigMapSource(client kubernetes.Interface, engine *Engine, opts Config
 	return &ConfigMapSource{client: client, engine: engine, opts: opts, selector: sel}, nil
 }
 
-// HasSynced reports whether the source has applied the ConfigMaps found at start; until then the
-// engine serves the built-in default.
-func (s *ConfigMapSource) HasSynced() bool { return s.synced.Load() }
-
-// Start watches the policy ConfigMaps and applies every change until ctx is done.
-func (s *ConfigMapSource) Start(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithName("policy")
-	ctx = klog.NewContext(ctx, logger)
-
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, s.opts.ResyncPeriod,
-		informers.WithNamespace(s.opts.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.opts.LabelSelector }))
-	informer := factory.Core().V1().ConfigMaps()
-	s.lister = informer.Lister()
-
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{})
-	enqueue := func(any) { queue.Add(queueKey) }
-	if _, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+// Watch registers the source's ConfigMap informer (the policy namespace and label selector only)
+// on factory, the process's one shared informer factory, which the caller starts. Start needs it.
+func (s *ConfigMapSource) Watch(factory informers.SharedInformerFactory) error {
+	s.informer = factory.InformerFor(&corev1.ConfigMap{}, func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredConfigMapInformer(client, s.opts.Namespace, s.opts.ResyncPeriod, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.LabelSelector = s.opts.LabelSelector })
+	})
+	s.lister = corelisters.NewConfigMapLister(s.informer.GetIndexer())
+	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-configmaps"})
+	enqueue := func(any) { s.queue.Add(queueKey) }
+	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 		DeleteFunc: enqueue,
 	}); err != nil {
 		return fmt.Errorf("watching policy ConfigMaps: %w", err)
 	}
+	return nil
+}
 
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+// HasSynced reports whether the source has applied the ConfigMaps found at start; until then the
+// engine serves the built-in default.
+func (s *ConfigMapSource) HasSynced() bool { return s.synced.Load() }
+
+// Start applies the policy ConfigMaps, and every change to them, until ctx is done. The informer
+// that Watch registered must be started by its factory (before or after Start).
+func (s *ConfigMapSource) Start(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("policy")
+	ctx = klog.NewContext(ctx, logger)
+
+	if s.informer == nil {
+		return errors.New("policy: ConfigMapSource started before Watch registered its informer")
+	}
+	queue := s.queue
 	go func() {
 		<-ctx.Done()
 		queue.ShutDown()
 	}()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
 		return nil // ctx is done
 	}
 	logger.V(2).Info("Watching policy ConfigMaps", "namespace", s.opts.Namespace, "selector", s.opts.LabelSelector)

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
@@ -54,6 +55,12 @@ func startConfigMapSource(t *testing.T, client kubernetes.Interface, recorder re
 	if err != nil {
 		t.Fatal(err)
 	}
+	factory := informers.NewSharedInformerFactory(client, 0)
+	if err := src.Watch(factory); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	t.Cleanup(factory.Shutdown)
 	done := make(chan error, 1)
 	go func() { done <- src.Start(ctx) }()
 	t.Cleanup(func() {

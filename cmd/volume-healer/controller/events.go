@@ -2,7 +2,14 @@ package controller
 
 import (
 	"context"
-	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers/internalinterfaces"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
@@ -14,12 +21,11 @@ import (
 	"github.com/volume-healer/volume-healer/probe"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
 // sidecar targets and to the restart and periodic triggers.
-func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.SharedInformerFactory, targets *healer.TargetMap,
+func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory, nodes toolscache.SharedIndexInformer, targets *healer.TargetMap,
 	sweeper *healer.Sweeper, sidecars *probe.Client, t triggers) error {
 	observeNode := func(obj any) {
 		n := csiAddonsNodeFrom(obj)
@@ -32,10 +38,6 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 		}
 		t.restarts.Observe(ctx, n)
 		t.manual.Observe(ctx, n)
-	}
-	nodes, err := mgr.GetCache().GetInformer(ctx, &csiaddonsv1alpha1.CSIAddonsNode{})
-	if err != nil {
-		return fmt.Errorf("CSIAddonsNode informer: %w", err)
 	}
 	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    observeNode,
@@ -52,7 +54,7 @@ func watchTriggers(ctx context.Context, mgr manager.Manager, factory informers.S
 	}); err != nil {
 		return err
 	}
-	_, err = factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	_, err := factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { setClass(ctx, t, obj) },
 		UpdateFunc: func(_, obj any) { setClass(ctx, t, obj) },
 		DeleteFunc: func(obj any) {
@@ -111,5 +113,24 @@ func setClass(ctx context.Context, t triggers, obj any) {
 	if sc, ok := obj.(*storagev1.StorageClass); ok {
 		t.periodic.SetStorageClass(ctx, sc)
 		t.manual.Observe(ctx, sc)
+	}
+}
+
+// csiAddonsNodeInformer makes the shared factory's CSIAddonsNode informer: CSIAddonsNode is a
+// custom resource, which client-go's typed clientset does not know, so it lists and watches through
+// a controller-runtime client.
+func csiAddonsNodeInformer(c client.WithWatch) internalinterfaces.NewInformerFunc {
+	return func(_ kubernetes.Interface, resync time.Duration) toolscache.SharedIndexInformer {
+		lw := &toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+				list := &csiaddonsv1alpha1.CSIAddonsNodeList{}
+				err := c.List(ctx, list, &client.ListOptions{Raw: &opts})
+				return list, err
+			},
+			WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+				return c.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, &client.ListOptions{Raw: &opts})
+			},
+		}
+		return toolscache.NewSharedIndexInformer(lw, &csiaddonsv1alpha1.CSIAddonsNode{}, resync, toolscache.Indexers{})
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -84,14 +86,6 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
-		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
-			return errors.New("informer caches not synced")
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
 	if cfg.Metrics.BindAddress != "0" {
 		if err := mgr.Add(&metricsServer{addr: cfg.Metrics.BindAddress, registry: reg}); err != nil {
 			return err
@@ -100,6 +94,12 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 	recorder := mgr.GetEventRecorderFor("volume-healer") //nolint:staticcheck // the record API is what the scheduler takes
 	clientset, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	// The controller reads the API through the one shared informer factory below; this client
+	// only writes (patches, and the CSIAddonsNode informer's list and watch), it has no cache.
+	apiClient, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
@@ -123,11 +123,16 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 
-	// Storage objects: shared informers with the planner's indexes, holding compact records of
-	// PVs, PVCs and VolumeAttachments (see planner.CacheTransform).
+	// Every object the controller reads comes from one shared informer factory: the storage
+	// objects with the planner's indexes, held as compact records of PVs, PVCs and
+	// VolumeAttachments (see planner.CacheTransform); the CSIAddonsNodes; the policy ConfigMaps.
 	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(planner.CacheTransform))
 	caches, err := planner.InformerCaches(factory)
 	if err != nil {
+		return err
+	}
+	nodes := factory.InformerFor(&csiaddonsv1alpha1.CSIAddonsNode{}, csiAddonsNodeInformer(apiClient))
+	if err := policySource.Watch(factory); err != nil {
 		return err
 	}
 
@@ -167,7 +172,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Sidecars:   sidecars,
 		Dispatcher: dispatcher,
 		Targets:    targets,
-		Client:     mgr.GetClient(),
+		Client:     apiClient,
 		Recorder:   recorder,
 		Metrics:    healerMetrics,
 		DryRun:     cfg.DryRun,
@@ -181,7 +186,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		// record the marker as handled: the restart would be lost. The policy ConfigMaps must be
 		// read too, or the first sweeps would run on the built-in policy.
 		return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return storageSynced(factory) == nil && policySource.HasSynced(), nil
+			return informersSynced(factory) == nil && policySource.HasSynced(), nil
 		})
 	}}
 
@@ -208,11 +213,11 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, mgr, factory, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
+	if err := watchTriggers(ctx, factory, nodes, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("storage-informers", func(*http.Request) error {
-		return storageSynced(factory)
+	if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
+		return informersSynced(factory)
 	}); err != nil {
 		return err
 	}
@@ -227,7 +232,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// collection once the caches are full returns them at once, so that a replica's
 			// footprint starts at what it keeps rather than at what filling took.
 			factory.WaitForCacheSync(ctx.Done())
-			if storageSynced(factory) == nil {
+			if informersSynced(factory) == nil {
 				debug.FreeOSMemory()
 			}
 			<-ctx.Done()
@@ -250,14 +255,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	return mgr.Start(ctx)
 }
 
-// storageSynced reports whether the storage informers have started and filled their caches.
-func storageSynced(factory informers.SharedInformerFactory) error {
+// informersSynced reports whether the shared informers have started and filled their caches.
+func informersSynced(factory informers.SharedInformerFactory) error {
 	// A closed channel makes the wait a look: synced now or not.
 	now := make(chan struct{})
 	close(now)
 	synced := factory.WaitForCacheSync(now)
 	if len(synced) == 0 {
-		return errors.New("storage informers not started")
+		return errors.New("informers not started")
 	}
 	for typ, ok := range synced {
 		if !ok {
