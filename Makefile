@@ -24,7 +24,7 @@ control-plane: ## Build kube-apiserver and install etcd for tests (cached in .ca
 	@hack/control-plane.sh
 
 .PHONY: tools
-tools: ## Build promtool, helm and kustomize for the deployment tests (cached in .cache/bin).
+tools: ## Build promtool, helm, kustomize (deployment tests) and staticcheck (cached in .cache/bin).
 	@hack/tools.sh
 
 .PHONY: test
@@ -36,9 +36,10 @@ test-short: ## Run only the fast tests (no control plane, no builds of external 
 	$(GO) test -short $(PKGS)
 
 .PHONY: lint
-lint: ## Check formatting (gofmt) and run go vet.
+lint: ## Check formatting (gofmt), run go vet and staticcheck (built once into .cache/bin).
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@staticcheck="$$(hack/tools.sh staticcheck)"; echo "staticcheck $(PKGS)"; "$$staticcheck" $(PKGS)
 
 .PHONY: generate
 generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alpha1/healer.proto.

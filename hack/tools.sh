@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes the deployment tools available for the tests of deploy/ and for people.
+# Makes the deployment tools available for the tests of deploy/ and for people, and the linter
+# for make lint.
 #
 #   hack/tools.sh                      build every tool that is missing, print one path per line
 #   hack/tools.sh promtool helm        the same for the tools named, in that order
@@ -10,6 +11,7 @@
 #   promtool    github.com/prometheus/prometheus/cmd/promtool   PROMETHEUS_VERSION  check and unit-test the alert rules
 #   helm        helm.sh/helm/v3/cmd/helm                        HELM_VERSION        render the chart (helm template, helm lint)
 #   kustomize   sigs.k8s.io/kustomize/kustomize/v5              KUSTOMIZE_VERSION   render the kustomize base and overlays
+#   staticcheck honnef.co/go/tools/cmd/staticcheck              STATICCHECK_VERSION lint the Go code (make lint)
 #
 # kubectl is not needed: the tests send the rendered manifests to the API server from Go. Where a
 # kubectl is installed, `kubectl kustomize` renders the same output as kustomize.
@@ -21,6 +23,8 @@ set -euo pipefail
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-v5.8.2}"
+# Needs Go 1.26 or newer (its go.mod says go 1.26.0), as this project's go.mod does.
+STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${root}/.cache/bin"
@@ -34,6 +38,7 @@ pkg_of() {
     promtool) echo "github.com/prometheus/prometheus/cmd/promtool" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
     kustomize) echo "sigs.k8s.io/kustomize/kustomize/v5" ;;
+    staticcheck) echo "honnef.co/go/tools/cmd/staticcheck" ;;
     *) return 1 ;;
   esac
 }
@@ -42,6 +47,7 @@ version_of() {
     promtool) echo "${PROMETHEUS_VERSION}" ;;
     helm) echo "${HELM_VERSION}" ;;
     kustomize) echo "${KUSTOMIZE_VERSION}" ;;
+    staticcheck) echo "${STATICCHECK_VERSION}" ;;
   esac
 }
 ldflags_of() {
@@ -62,6 +68,8 @@ ldflags_of() {
         "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" \
         "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor}" ;;
     kustomize) echo "-X sigs.k8s.io/kustomize/api/provenance.version=${v}" ;;
+    # staticcheck carries its version in its source.
+    staticcheck) ;;
   esac
 }
 
@@ -90,10 +98,10 @@ build() {
 }
 
 tools=("$@")
-[ "${#tools[@]}" -gt 0 ] || tools=(promtool helm kustomize)
+[ "${#tools[@]}" -gt 0 ] || tools=(promtool helm kustomize staticcheck)
 for tool in "${tools[@]}"; do
   if ! pkg_of "${tool}" >/dev/null; then
-    log "unknown tool ${tool}; known: promtool helm kustomize"
+    log "unknown tool ${tool}; known: promtool helm kustomize staticcheck"
     exit 2
   fi
 done

@@ -216,10 +216,6 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
-}
-
 func TestProbeTimeout(t *testing.T) {
 	target, _ := serve(t, &fakeSidecar{hang: time.Minute})
 	c := New(Options{ProbeTimeout: 100 * time.Millisecond})

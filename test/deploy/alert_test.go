@@ -482,7 +482,7 @@ func freeAddr(t *testing.T) string {
 
 func get(t *testing.T, url string) []byte {
 	t.Helper()
-	resp, err := http.Get(url) //nolint:noctx // a local test server
+	resp, err := http.Get(url) // a local test server: no context needed
 	if err != nil {
 		return nil
 	}

@@ -474,7 +474,7 @@ func (r *runner) checkProbeBrokenVolume(ctx context.Context) {
 		r.record(CheckProbeBrokenVolume, Skip, "no control given: a volume cannot be broken on purpose")
 		return
 	}
-	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) // restoreVolume reports a failing control
 	var seen []string
 	for _, b := range brokenProbes {
 		if !r.setFault(ctx, CheckProbeBrokenVolume, b.fault, 0) {
@@ -519,7 +519,7 @@ func (r *runner) checkHealBrokenVolume(ctx context.Context) {
 		r.record(CheckHealBrokenVolume, Skip, "%s", why)
 		return
 	}
-	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) // restoreVolume reports a failing control
 	var healed []string
 	for _, f := range []Fault{Gone, ReadOnly} {
 		if !r.setFault(ctx, CheckHealBrokenVolume, f, 0) {
@@ -559,7 +559,7 @@ func (r *runner) checkHealDataLoss(ctx context.Context) {
 		r.record(CheckHealDataLoss, Skip, "%s", why)
 		return
 	}
-	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) // restoreVolume reports a failing control
 	if !r.setFault(ctx, CheckHealDataLoss, Lost, 0) {
 		return
 	}
@@ -590,7 +590,7 @@ func (r *runner) checkNotStagedVolume(ctx context.Context) {
 		r.record(CheckNotStagedVolume, Fail, "%sunstage volume %q: %v", controlFailedDetailPrefix, r.volume, err)
 		return
 	}
-	defer r.control.SetStaged(ctx, r.volume, true) //nolint:errcheck // restoreVolume reports a failing control
+	defer r.control.SetStaged(ctx, r.volume, true) // restoreVolume reports a failing control
 
 	_, err := r.probe(ctx, r.volume, "")
 	if status.Code(err) != codes.FailedPrecondition {
@@ -632,7 +632,7 @@ func (r *runner) checkConcurrentCallsAborted(ctx context.Context) {
 	if !r.setFault(ctx, CheckConcurrentCallsAborted, Hung, r.opts.HangFor) {
 		return
 	}
-	defer r.control.SetFault(ctx, r.volume, Healthy, 0) //nolint:errcheck // restoreVolume reports a failing control
+	defer r.control.SetFault(ctx, r.volume, Healthy, 0) // restoreVolume reports a failing control
 
 	type answer struct {
 		resp *healerv1alpha1.ProbeVolumeResponse

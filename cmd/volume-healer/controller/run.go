@@ -9,6 +9,10 @@ import (
 	"runtime/debug"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
@@ -92,11 +96,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		}
 	}
 
-	recorder := mgr.GetEventRecorderFor("volume-healer") //nolint:staticcheck // the record API is what the scheduler takes
 	clientset, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return err
 	}
+	// The policy source, the sweeper and the periodic trigger record core/v1 Events through a
+	// record.EventRecorder. The manager's GetEventRecorderFor is deprecated, so the controller runs
+	// the broadcaster behind it itself, and stops it after the manager, as the manager did.
+	broadcaster := record.NewBroadcaster(record.WithContext(context.WithoutCancel(ctx)))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")})
+	broadcaster.StartStructuredLogging(1)
+	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"})
 	// The controller reads the API through the one shared informer factory below; this client
 	// only writes (patches, and the CSIAddonsNode informer's list and watch), it has no cache.
 	apiClient, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
