@@ -12,15 +12,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
-	vhconfig "github.com/volume-healer/volume-healer/config"
 )
 
 func main() {
@@ -31,7 +26,7 @@ func main() {
 		return
 	}
 	if err == nil {
-		err = run(ctx, cfg)
+		err = sidecar.Run(ctx, cfg.opts, cfg.kubeconfig)
 	}
 	klog.Flush()
 	if err != nil {
@@ -99,42 +94,4 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 		}
 	}
 	return cfg, nil
-}
-
-// run builds the sidecar and serves until ctx ends.
-func run(ctx context.Context, cfg *config) error {
-	if limit, err := vhconfig.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
-		klog.FromContext(ctx).Error(err, "Running without a Go memory limit")
-	} else {
-		klog.FromContext(ctx).Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
-	}
-	restCfg, err := restConfig(cfg.kubeconfig)
-	if err != nil {
-		return err
-	}
-	restCfg.UserAgent = "volume-healer-sidecar"
-	cfg.opts.KubeConfig = restCfg
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.opts.Registry = reg
-	s, err := sidecar.New(cfg.opts)
-	if err != nil {
-		return err
-	}
-	return s.Start(ctx)
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-		}
-		return c, nil
-	}
-	c, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster configuration (outside a pod, pass --kubeconfig): %w", err)
-	}
-	return c, nil
 }
