@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	"github.com/volume-healer/volume-healer/api/annotations"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -18,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
 )
 
 const testNamespace = "volume-healer"

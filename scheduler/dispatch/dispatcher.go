@@ -8,9 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/volume-healer/volume-healer/scheduler"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Task is one volume's work in one sweep: the probe and heal chain the policy asked for.

@@ -13,8 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/volume-healer/volume-healer/scheduler"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // epoch is the fake clock's start in the tests.

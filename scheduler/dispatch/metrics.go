@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/volume-healer/volume-healer/scheduler"
 )
 

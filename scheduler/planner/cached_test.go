@@ -3,15 +3,15 @@ package planner
 import (
 	"fmt"
 	"testing"
-
 	"unsafe"
 
-	"github.com/volume-healer/volume-healer/api/annotations"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
 )
 
 // The API objects built from the records must carry every field the policy input and the

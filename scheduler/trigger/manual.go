@@ -6,13 +6,14 @@ import (
 	"sync"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
-	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/scheduler"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Manual sweeps are requested by setting annotations.SweepRequest on a PersistentVolumeClaim (its

@@ -9,14 +9,15 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
-	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/config"
-	"github.com/volume-healer/volume-healer/scheduler"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // Schedule sources, as they appear in metrics, logs and Events.

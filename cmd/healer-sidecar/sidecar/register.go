@@ -10,13 +10,14 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
-	"github.com/volume-healer/volume-healer/api/annotations"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
 )
 
 // DefaultCSIAddonsNodeName is the name of the CSIAddonsNode the sidecar creates when it finds

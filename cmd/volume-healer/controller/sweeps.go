@@ -4,9 +4,10 @@ import (
 	"context"
 	"sync"
 
+	"k8s.io/klog/v2"
+
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/scheduler"
-	"k8s.io/klog/v2"
 )
 
 // sweepRunner runs each requested sweep in its own goroutine, on the leader, and waits for them
