@@ -5,6 +5,7 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -25,7 +26,7 @@ import (
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
 // sidecar targets and to the restart and periodic triggers.
 func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory, nodes toolscache.SharedIndexInformer, targets *healer.TargetMap,
-	sweeper *healer.Sweeper, sidecars *probe.Client, t triggers) error {
+	history forgetter, sidecars connections, t triggers) error {
 	observeNode := func(obj any) {
 		n := csiAddonsNodeFrom(obj)
 		if n == nil {
@@ -62,7 +63,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			}
 			if sc, ok := obj.(*storagev1.StorageClass); ok {
 				t.periodic.RemoveStorageClass(sc.Name)
-				sweeper.ForgetStorageClass(sc.Name)
+				history.ForgetStorageClass(sc.Name)
 			}
 		},
 	})
@@ -73,7 +74,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 	_, err = factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if pv := planner.PersistentVolumeFrom(obj); pv != nil {
-				sweeper.Forget(pv)
+				history.Forget(pv)
 			}
 		},
 	})
@@ -92,6 +93,22 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 	})
 	return err
 }
+
+// forgetter drops what the sweeper remembers of a deleted PV or StorageClass (*healer.Sweeper).
+type forgetter interface {
+	Forget(pv *corev1.PersistentVolume)
+	ForgetStorageClass(name string)
+}
+
+// connections closes the connection to a sidecar that moved or went away (*probe.Client).
+type connections interface {
+	Forget(endpoint string)
+}
+
+var (
+	_ forgetter   = (*healer.Sweeper)(nil)
+	_ connections = (*probe.Client)(nil)
+)
 
 // triggers are what turns object changes into sweeps.
 type triggers struct {
@@ -130,6 +147,8 @@ func csiAddonsNodeInformer(c client.WithWatch) internalinterfaces.NewInformerFun
 				return c.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, &client.ListOptions{Raw: &opts})
 			},
 		}
-		return toolscache.NewSharedIndexInformer(lw, &csiaddonsv1alpha1.CSIAddonsNode{}, resync, toolscache.Indexers{})
+		// A client that says it cannot stream lists (a fake in tests) gets plain LIST and WATCH.
+		return toolscache.NewSharedIndexInformer(toolscache.ToListWatcherWithWatchListSemantics(lw, c),
+			&csiaddonsv1alpha1.CSIAddonsNode{}, resync, toolscache.Indexers{})
 	}
 }

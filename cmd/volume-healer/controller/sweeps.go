@@ -14,7 +14,9 @@ import (
 // when leadership or the process ends. Overlapping sweeps are safe: the dispatcher never runs two
 // calls on one volume.
 type sweepRunner struct {
-	sweeper *healer.Sweeper
+	sweeper interface {
+		Run(context.Context, scheduler.Sweep) healer.Summary
+	}
 	// ready blocks until sweeps can be planned correctly.
 	ready   func(context.Context) error
 	mu      sync.Mutex

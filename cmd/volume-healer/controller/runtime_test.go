@@ -1,0 +1,413 @@
+package controller
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
+)
+
+// recordingForgetter remembers what the event routing asked the sweeper and the client to forget.
+type recordingForgetter struct {
+	mu        sync.Mutex
+	pvs       []string
+	classes   []string
+	endpoints []string
+}
+
+func (r *recordingForgetter) Forget(pv *corev1.PersistentVolume) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pvs = append(r.pvs, pv.Name)
+}
+
+func (r *recordingForgetter) ForgetStorageClass(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.classes = append(r.classes, name)
+}
+
+// forgetConnection stands in for the sidecar client's Forget.
+type forgetConnection struct{ r *recordingForgetter }
+
+func (f forgetConnection) Forget(endpoint string) {
+	f.r.mu.Lock()
+	defer f.r.mu.Unlock()
+	f.r.endpoints = append(f.r.endpoints, endpoint)
+}
+
+func (r *recordingForgetter) seen(f func() bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return f()
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		t.Fatalf("%s: did not happen within 10s", what)
+	}
+}
+
+// TestEventRoutingFeedsTheTriggers drives the shared informers the way the controller sets them
+// up and checks what an operator would see follow from each change: a new CSIAddonsNode with a
+// sidecar endpoint becomes a sidecar target and, once its marker settles, a restart sweep; a moved
+// endpoint closes the old connection; a StorageClass's schedule annotation becomes its schedule
+// and its deletion removes it; a deleted PV is forgotten.
+func TestEventRoutingFeedsTheTriggers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	crClient := noWatchList{crfake.NewClientBuilder().WithScheme(scheme).Build()}
+	clientset := k8sfake.NewClientset()
+	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(planner.CacheTransform))
+	if _, err := planner.InformerCaches(factory); err != nil {
+		t.Fatal(err)
+	}
+	nodes := factory.InformerFor(&csiaddonsv1alpha1.CSIAddonsNode{}, csiAddonsNodeInformer(crClient))
+
+	var mu sync.Mutex
+	var sweeps []scheduler.Sweep
+	record := func(s scheduler.Sweep) {
+		mu.Lock()
+		defer mu.Unlock()
+		sweeps = append(sweeps, s)
+	}
+	restarts, err := trigger.NewRestarts(trigger.RestartOptions{Debounce: 10 * time.Millisecond, Sweeps: record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	periodic, err := trigger.NewPeriodic(trigger.PeriodicOptions{Default: "@every 24h", Sweeps: record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manual, err := trigger.NewManual(trigger.ManualOptions{Sweeps: record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := healer.NewTargetMap()
+	forgot := &recordingForgetter{}
+	if err := watchTriggers(ctx, factory, nodes, targets, forgot, forgetConnection{forgot}, triggers{restarts, periodic, manual}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = restarts.Start(ctx) }()
+	factory.Start(ctx.Done())
+	defer func() {
+		cancel()
+		factory.Shutdown()
+	}()
+	factory.WaitForCacheSync(ctx.Done())
+	if err := informersSynced(factory); err != nil {
+		t.Fatalf("informers after WaitForCacheSync: %v", err)
+	}
+
+	node := &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-1-rbd", Annotations: map[string]string{
+			annotations.Endpoint:      "127.0.0.1:9071",
+			annotations.HealerRestart: "2026-12-01T10:00:00Z/pod-1",
+		}},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
+			Name: "rbd.csi.ceph.com", NodeID: "node-1", EndPoint: "pod://plugin:9070",
+		}},
+	}
+	if err := crClient.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the CSIAddonsNode becomes the sidecar target of its driver and node", func() bool {
+		target, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
+		return err == nil && target.Endpoint == "127.0.0.1:9071"
+	})
+	eventually(t, "a restart sweep of the driver on the node", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sweeps {
+			if s.Trigger == scheduler.TriggerRestart && s.Driver == "rbd.csi.ceph.com" && s.Node == "node-1" {
+				return true
+			}
+		}
+		return false
+	})
+
+	node.Annotations[annotations.Endpoint] = "127.0.0.1:9072"
+	if err := crClient.Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the old endpoint's connection is closed when the sidecar moves", func() bool {
+		return forgot.seen(func() bool { return len(forgot.endpoints) == 1 && forgot.endpoints[0] == "127.0.0.1:9071" })
+	})
+
+	sc := &storagev1.StorageClass{
+		ObjectMeta:  metav1.ObjectMeta{Name: "fast", Annotations: map[string]string{annotations.Schedule: "@every 1h"}},
+		Provisioner: "rbd.csi.ceph.com",
+	}
+	if _, err := clientset.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the StorageClass annotation becomes its schedule", func() bool {
+		return periodic.Schedules()["fast"] == "@every 1h"
+	})
+	if err := clientset.StorageV1().StorageClasses().Delete(ctx, "fast", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a deleted StorageClass loses its schedule and its history", func() bool {
+		_, scheduled := periodic.Schedules()["fast"]
+		return !scheduled && forgot.seen(func() bool { return len(forgot.classes) == 1 && forgot.classes[0] == "fast" })
+	})
+
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-1"}}
+	if _, err := clientset.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := clientset.CoreV1().PersistentVolumes().Delete(ctx, "pv-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a deleted PV's history is forgotten", func() bool {
+		return forgot.seen(func() bool { return len(forgot.pvs) == 1 && forgot.pvs[0] == "pv-1" })
+	})
+
+	if err := crClient.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a deleted CSIAddonsNode is no longer a target and its connection is closed", func() bool {
+		_, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
+		return err != nil && forgot.seen(func() bool { return len(forgot.endpoints) == 2 && forgot.endpoints[1] == "127.0.0.1:9072" })
+	})
+}
+
+// noWatchList is the fake client as client-go's reflector must see it: its watches never send the
+// bookmark that ends a streamed list, so the informer must list and watch the classic way.
+type noWatchList struct{ client.WithWatch }
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+// fakeSweeper records the sweeps it runs and blocks each until release is closed.
+type fakeSweeper struct {
+	mu      sync.Mutex
+	ran     []scheduler.Sweep
+	release chan struct{}
+}
+
+func (f *fakeSweeper) Run(_ context.Context, sw scheduler.Sweep) healer.Summary {
+	f.mu.Lock()
+	f.ran = append(f.ran, sw)
+	f.mu.Unlock()
+	<-f.release
+	return healer.Summary{}
+}
+
+func (f *fakeSweeper) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.ran)
+}
+
+// TestSweepRunnerWaitsForReadinessAndForItsSweeps: a sweep requested before the caches are
+// ready is held, not planned from empty caches (which would record a restart as handled with no
+// volume looked at), and runs once they are; when the runner stops it waits for running sweeps.
+func TestSweepRunnerWaitsForReadinessAndForItsSweeps(t *testing.T) {
+	ready := make(chan struct{})
+	sweeper := &fakeSweeper{release: make(chan struct{})}
+	r := &sweepRunner{sweeper: sweeper, ready: func(ctx context.Context) error {
+		select {
+		case <-ready:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	r.submit(scheduler.Sweep{Trigger: scheduler.TriggerRestart, Driver: "d", Node: "n"})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Start(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	if n := sweeper.count(); n != 0 {
+		t.Fatalf("%d sweeps ran before the caches were ready", n)
+	}
+	close(ready)
+	eventually(t, "the held sweep runs once ready", func() bool { return sweeper.count() == 1 })
+	r.submit(scheduler.Sweep{Trigger: scheduler.TriggerSchedule, StorageClass: "fast"})
+	eventually(t, "a later sweep runs at once", func() bool { return sweeper.count() == 2 })
+
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Start returned (%v) while two sweeps were still running", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(sweeper.release)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Start did not return after its sweeps ended")
+	}
+	r.submit(scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "pv-1"})
+	time.Sleep(20 * time.Millisecond)
+	if n := sweeper.count(); n != 2 {
+		t.Fatalf("a sweep submitted after the runner stopped ran: %d sweeps", n)
+	}
+}
+
+// TestMetricsServerServesItsRegistry: /metrics shows the controller's own registry, and the
+// server stops when its context ends; a listener that cannot bind is an error naming the address.
+func TestMetricsServerServesItsRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "volume_healer_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Add(3)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	m := &metricsServer{addr: addr, registry: reg}
+	if m.NeedLeaderElection() {
+		t.Error("the metrics server must run on standby replicas too")
+	}
+	go func() { done <- m.Start(ctx) }()
+
+	var body string
+	eventually(t, "/metrics answers", func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == http.StatusOK
+	})
+	if !strings.Contains(body, "volume_healer_test_total 3") {
+		t.Errorf("/metrics does not show the registry's counter:\n%s", body)
+	}
+
+	busy := &metricsServer{addr: addr, registry: reg}
+	if err := busy.Start(context.Background()); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Errorf("a second server on %s: error %v, want one naming the address", addr, err)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Start after cancel: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the metrics server did not stop")
+	}
+}
+
+// TestSidecarClientTLSSettings: the sidecar TLS files are read at start, and a wrong one is an
+// error that names the setting and the file.
+func TestSidecarClientTLSSettings(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	certPEM, keyPEM := selfSigned(t)
+	ca := write("ca.crt", certPEM)
+	cert := write("tls.crt", certPEM)
+	key := write("tls.key", keyPEM)
+	notPEM := write("garbage.crt", "not a certificate")
+
+	tests := map[string]struct {
+		tls     config.SidecarTLS
+		wantErr string
+	}{
+		"TLS off":                  {tls: config.SidecarTLS{Enabled: false, CAFile: filepath.Join(dir, "missing")}},
+		"CA and client cert":       {tls: config.SidecarTLS{Enabled: true, CAFile: ca, CertFile: cert, KeyFile: key}},
+		"system roots":             {tls: config.SidecarTLS{Enabled: true}},
+		"missing CA file":          {tls: config.SidecarTLS{Enabled: true, CAFile: filepath.Join(dir, "missing")}, wantErr: "sidecar.tls.caFile"},
+		"CA file without PEM":      {tls: config.SidecarTLS{Enabled: true, CAFile: notPEM}, wantErr: "garbage.crt: no PEM certificate"},
+		"client key does not load": {tls: config.SidecarTLS{Enabled: true, CertFile: cert, KeyFile: notPEM}, wantErr: "sidecar.tls.certFile and keyFile"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			cfg := &config.Config{}
+			cfg.Sidecar.TLS = tc.tls
+			c, err := sidecarClient(cfg)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("sidecarClient: %v", err)
+				}
+				c.Close()
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("sidecarClient error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// selfSigned returns a PEM certificate and its PEM key.
+func selfSigned(t *testing.T) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"healer-sidecar"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+}
+
