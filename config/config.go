@@ -6,10 +6,15 @@
 // once in a table (keys.go) that drives flag registration, environment binding, file checking,
 // printing and the reference in docs/configuration.md, so they cannot disagree.
 //
-// It is a leaf: it imports no other package of volume-healer, so that every binary can use it.
+// It is a leaf: of volume-healer it imports only api/annotations (the policy label), so that every
+// binary can use it.
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+)
 
 // Config is the controller's effective configuration. The zero value is not useful; start from
 // Default or Load.
@@ -199,7 +204,7 @@ func Default() Config {
 		Health:  Health{BindAddress: ":8081"},
 		Policy: Policy{
 			Namespace:         "volume-healer",
-			LabelSelector:     "healer.csiaddons.openshift.io/policy=rego",
+			LabelSelector:     annotations.PolicySelector,
 			EvaluationTimeout: time.Second,
 		},
 		Schedule: Schedule{

@@ -32,7 +32,7 @@ import (
 const holdFinalizer = "e2e.volume-healer.test/hold"
 
 // policyLabel selects the policy ConfigMaps (the controller's default selector).
-const policyLabel, policyLabelValue = "healer.csiaddons.openshift.io/policy", "rego"
+const policyLabel, policyLabelValue = annotations.PolicyLabel, annotations.PolicyLabelValue
 
 // fixture is one test's corner of the cluster: a CSI driver of its own, a namespace for the node
 // plugins (CSIAddonsNodes, the stage Secret), one for the applications (PVCs) and one for the
