@@ -69,9 +69,9 @@ const BinDir = ".cache/test-bin"
 //
 // Every suite of a run builds into the same folder, one at a time (a file lock serializes the
 // test binaries that go test runs in parallel), so that each program is compiled and linked once
-// per run: the go command finds the later builds up to date in its build cache, and they take
-// well under a second. Each binary is moved into place with a rename, so that a process another
-// suite started from the file before keeps running and one started after finds a whole file.
+// per run: the go command finds the binary that the first build left up to date, and the later
+// builds take well under a second. A binary that must change is renamed into place, so that a
+// process started from the old file keeps running and one started after finds a whole file.
 func Build(o BuildOptions) (Binaries, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -105,18 +105,18 @@ func Build(o BuildOptions) (Binaries, error) {
 }
 
 // build builds the main packages pkgs in flavor into dir/flavor and returns the path of the
-// first one's binary.
+// first one's binary. The go command finds a binary there up to date and leaves it as it is;
+// otherwise it links a new one in its work folder, which GOTMPDIR puts on the same file system,
+// and renames it into place.
 func build(root, dir string, flavor Flavor, pkgs ...string) (string, error) {
 	out := filepath.Join(dir, string(flavor))
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return "", err
+	work := filepath.Join(dir, "tmp")
+	for _, d := range []string{out, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
 	}
-	tmp, err := os.MkdirTemp(dir, "build-")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = os.RemoveAll(tmp) }()
-	args := []string{"build", "-o", tmp + string(filepath.Separator)}
+	args := []string{"build", "-o", out + string(filepath.Separator)}
 	switch flavor {
 	case Plain:
 	case Race:
@@ -132,14 +132,9 @@ func build(root, dir string, flavor Flavor, pkgs ...string) (string, error) {
 	}
 	cmd := exec.Command("go", append(args, pkgs...)...)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOTMPDIR="+work)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go %v: %w\n%s", args, err, b)
-	}
-	for _, pkg := range pkgs {
-		name := path.Base(pkg)
-		if err := os.Rename(filepath.Join(tmp, name), filepath.Join(out, name)); err != nil {
-			return "", err
-		}
 	}
 	return filepath.Join(out, path.Base(pkgs[0])), nil
 }
