@@ -4,6 +4,9 @@
 // The binaries come from hack/control-plane.sh, which builds kube-apiserver from the Go module proxy
 // and installs etcd from Debian's package on first use and caches both under .cache/ (git ignored).
 // KUBEBUILDER_ASSETS, when set, names a folder that already holds them and skips the script.
+//
+// The suites reach it through test/harness, which adds the controller's identity and everything
+// else a suite needs on top of it.
 package controlplane
 
 import (

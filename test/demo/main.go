@@ -2,7 +2,8 @@
 // a few simulated nodes each with the reference driver behind a real healer sidecar, and the
 // controller as its own process. It breaks volumes, restarts one node plugin, and shows the
 // restart sweep probe and heal them, then a periodic sweep. It exits 0 only when every healable
-// broken volume was healed.
+// broken volume was healed. The cluster, the node plugins and the controller process come from
+// test/harness; this program owns the story and what it prints.
 //
 //	go run ./test/demo [--nodes 3] [--volumes 40] [--controller bin/volume-healer] [--hold]
 package main

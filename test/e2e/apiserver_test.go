@@ -11,6 +11,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestAPIServerRestartMidSweep stops kube-apiserver while a restart sweep runs and keeps it down
@@ -22,39 +23,39 @@ import (
 // throughout, and every invariant holds over all of it.
 func TestAPIServerRestartMidSweep(t *testing.T) {
 	f := newFixture(t, "apiserver")
-	sc := f.storageClass("apiserver-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("apiserver-rbd-nbd", "rbd-nbd", nil)
 	// One call at a time per node makes the sweep long enough to stop the apiserver in its middle.
 	b := budgets{global: 2, perDriver: 2, perNode: 1}
 	first, second := f.newNode("apiserver-node-1"), f.newNode("apiserver-node-2")
 	firstVols := f.newVolumes(first, sc, "rbd-nbd", "n1", 10)
 	secondVols := f.newVolumes(second, sc, "rbd-nbd", "n2", 6)
-	f.createObjects(append(append([]*volume{}, firstVols...), secondVols...))
+	f.CreateVolumes(append(append([]*volume{}, firstVols...), secondVols...), true)
 	detaching := secondVols[5]
-	f.detach(detaching)
+	f.Detach(detaching)
 	first.start()
 	second.start()
 	c := f.startController("apiserver", b.settings())
 	f.sweepsFinished([]*node{first, second}, time.Minute)
 
 	for _, v := range firstVols {
-		v.breakVolume(t, driver.Hung, 500*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 500*time.Millisecond)
 	}
 	restartedAt := time.Now()
 	first.restart()
-	eventually(t, time.Minute, "the restart sweep of "+first.name+" to heal two volumes", func() (bool, string) {
+	harness.Eventually(t, time.Minute, "the restart sweep of "+first.name+" to heal two volumes", func() (bool, string) {
 		n := countCalls(t, first, "HealVolume", restartedAt)
 		return n >= 2, fmt.Sprintf("%d heals", n)
 	})
 
 	stoppedAt := time.Now()
-	if err := f.s.env.StopAPIServer(); err != nil {
+	if err := f.s.StopAPIServer(); err != nil {
 		t.Fatalf("stop kube-apiserver: %v", err)
 	}
 	apiDown := true
 	t.Cleanup(func() {
 		// A test that failed while the apiserver was down must not leave it down for the next.
 		if apiDown {
-			if err := f.s.env.StartAPIServer(); err != nil {
+			if err := f.s.StartAPIServer(); err != nil {
 				t.Errorf("start kube-apiserver again: %v", err)
 			}
 		}
@@ -68,50 +69,50 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 	}
 	second.startDriver()
 	for _, v := range secondVols[:4] {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
-	detaching.breakVolume(t, driver.Gone, 0)
+	detaching.SetCondition(t, driver.Gone, 0)
 	second.startSidecar(false)
 	// The first sweep goes on without the apiserver (the sidecars answer from their caches) until
 	// every volume is healed.
-	eventually(t, 2*time.Minute, "every volume of "+first.name+" to be healed with the apiserver down", func() (bool, string) {
+	harness.Eventually(t, 2*time.Minute, "every volume of "+first.name+" to be healed with the apiserver down", func() (bool, string) {
 		healthy := 0
 		for _, v := range firstVols {
-			if v.condition(t) == driver.Healthy {
+			if v.Condition(t) == driver.Healthy {
 				healthy++
 			}
 		}
 		return healthy == len(firstVols), fmt.Sprintf("%d of %d healthy", healthy, len(firstVols))
 	})
-	if err := f.s.env.StartAPIServer(); err != nil {
+	if err := f.s.StartAPIServer(); err != nil {
 		t.Fatalf("start kube-apiserver again: %v", err)
 	}
 	apiDown = false
 	t.Logf("kube-apiserver was down for %s", time.Since(stoppedAt).Round(100*time.Millisecond))
-	if err := f.s.env.Ready(f.ctx()); err != nil {
+	if err := f.s.Ready(f.Ctx()); err != nil {
 		t.Fatal(err)
 	}
 
 	// A volume breaks after the restart, and an operator asks for a sweep of its PVC.
 	late := firstVols[0]
-	late.breakVolume(t, driver.ReadOnly, 0)
+	late.SetCondition(t, driver.ReadOnly, 0)
 	request := "after-apiserver-restart"
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotations.SweepRequest: request}}})
-	if _, err := f.cs.CoreV1().PersistentVolumeClaims(f.appNS).Patch(f.ctx(), late.pvc, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := f.Clientset.CoreV1().PersistentVolumeClaims(f.AppNS).Patch(f.Ctx(), late.PVC, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
 	second.waitRegistered(2 * time.Minute)
 	f.sweepsFinished([]*node{first, second}, 2*time.Minute)
-	eventually(t, 2*time.Minute, "the manual sweep of PVC "+late.pvc+" to be handled", func() (bool, string) {
-		pvc, err := f.cs.CoreV1().PersistentVolumeClaims(f.appNS).Get(f.ctx(), late.pvc, metav1.GetOptions{})
+	harness.Eventually(t, 2*time.Minute, "the manual sweep of PVC "+late.PVC+" to be handled", func() (bool, string) {
+		pvc, err := f.Clientset.CoreV1().PersistentVolumeClaims(f.AppNS).Get(f.Ctx(), late.PVC, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		handled := pvc.Annotations[annotations.SweepHandled]
 		return handled == request, fmt.Sprintf("handled %q", handled)
 	})
-	c.mustRun()
+	c.MustRun()
 	f.verify([]*node{first, second}, b, outcome{
 		healed:    append(append([]*volume{}, firstVols...), secondVols[:4]...),
 		untouched: []*volume{detaching},

@@ -10,6 +10,8 @@
 //
 //	KUBEBUILDER_ASSETS="$(hack/control-plane.sh)" go test -race -count=1 -v ./test/e2e/
 //
+// test/harness provides the suite, the fixture and the processes; this package owns its tests, the
+// node plugin made of two processes, the policy ConfigMaps and the invariants every test checks.
 // Under -short every test skips itself. docs/testing.md describes each test. The package contains
 // no code outside its tests.
 package e2e

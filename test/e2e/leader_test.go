@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestLeaderKilledMidSweep runs two controller replicas with leader election and kills the leader
@@ -15,16 +16,16 @@ import (
 // across the takeover, and the detaching volume is never called.
 func TestLeaderKilledMidSweep(t *testing.T) {
 	f := newFixture(t, "leader")
-	sc := f.storageClass("leader-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("leader-rbd-nbd", "rbd-nbd", nil)
 	b := budgets{global: 3, perDriver: 3, perNode: 2}
 	nodes := []*node{f.newNode("leader-node-1"), f.newNode("leader-node-2")}
 	var vols []*volume
 	for i, n := range nodes {
 		vols = append(vols, f.newVolumes(n, sc, "rbd-nbd", fmt.Sprintf("n%d", i+1), 8)...)
 	}
-	f.createObjects(vols)
+	f.CreateVolumes(vols, true)
 	detaching := vols[len(vols)-1]
-	f.detach(detaching)
+	f.Detach(detaching)
 	for _, n := range nodes {
 		n.start()
 	}
@@ -37,21 +38,21 @@ func TestLeaderKilledMidSweep(t *testing.T) {
 		"LEADER_ELECTION_RETRY_PERIOD":   "500ms",
 	})
 	leader := f.startController("leader-a", settings)
-	eventually(t, time.Minute, "the first replica to lead", func() (bool, string) {
-		v := leader.metric("volume_healer_leader", nil)
+	harness.Eventually(t, time.Minute, "the first replica to lead", func() (bool, string) {
+		v := leader.Metric("volume_healer_leader", nil)
 		return v == 1, fmt.Sprintf("volume_healer_leader = %v", v)
 	})
 	f.sweepsFinished(nodes, time.Minute)
 	standby := f.startController("leader-b", settings)
-	if v := standby.metric("volume_healer_leader", nil); v != 0 {
+	if v := standby.Metric("volume_healer_leader", nil); v != 0 {
 		t.Fatalf("the second replica leads (volume_healer_leader = %v) while the first lives", v)
 	}
 
 	healed := vols[:len(vols)-1]
 	for _, v := range healed {
-		v.breakVolume(t, driver.Hung, 400*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 400*time.Millisecond)
 	}
-	detaching.breakVolume(t, driver.Gone, 0)
+	detaching.SetCondition(t, driver.Gone, 0)
 	restartedAt := time.Now()
 	for _, n := range nodes {
 		n.restart()
@@ -63,11 +64,11 @@ func TestLeaderKilledMidSweep(t *testing.T) {
 		}
 		return count
 	}
-	eventually(t, time.Minute, "the leader's restart sweeps to be under way", func() (bool, string) {
+	harness.Eventually(t, time.Minute, "the leader's restart sweeps to be under way", func() (bool, string) {
 		count := heals()
 		return count >= 3, fmt.Sprintf("%d heals", count)
 	})
-	if err := leader.proc.kill(); err != nil {
+	if err := leader.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	if count := heals(); count >= len(healed) {
@@ -76,15 +77,15 @@ func TestLeaderKilledMidSweep(t *testing.T) {
 		t.Logf("leader killed after %d of %d heals", count, len(healed))
 	}
 
-	eventually(t, time.Minute, "the standby to take the Lease over", func() (bool, string) {
-		standby.mustRun()
-		v := standby.metric("volume_healer_leader", nil)
+	harness.Eventually(t, time.Minute, "the standby to take the Lease over", func() (bool, string) {
+		standby.MustRun()
+		v := standby.Metric("volume_healer_leader", nil)
 		return v == 1, fmt.Sprintf("volume_healer_leader = %v", v)
 	})
 	f.sweepsFinished(nodes, 2*time.Minute)
-	standby.mustRun()
+	standby.MustRun()
 	f.verify(nodes, b, outcome{healed: healed, untouched: []*volume{detaching}})
-	if n := standby.metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n < 1 {
+	if n := standby.Metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n < 1 {
 		t.Errorf("the standby started %v restart sweeps; it must finish those the killed leader left", n)
 	}
 }

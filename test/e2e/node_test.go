@@ -8,12 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
+
+	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
-	"github.com/volume-healer/volume-healer/test/fixtures"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // processGrace is how long a sidecar or driver may take to stop after SIGTERM.
@@ -34,8 +35,8 @@ type node struct {
 	volumes []*volume
 
 	mu      sync.Mutex
-	driver  *process
-	sidecar *process
+	driver  *harness.Process
+	sidecar *harness.Process
 	starts  int
 	podUID  string
 	// pastCalls and pastCounters hold what the drivers of earlier starts served, read just before
@@ -47,7 +48,7 @@ type node struct {
 // newNode creates the Node object and a node whose plugin has not started yet.
 func (f *fixture) newNode(name string) *node {
 	f.t.Helper()
-	f.create(nodeObject(name))
+	f.CreateNode(name)
 	// UNIX socket paths must stay under 108 bytes, which test folders can exceed.
 	sockDir, err := os.MkdirTemp("", "vh")
 	if err != nil {
@@ -61,7 +62,7 @@ func (f *fixture) newNode(name string) *node {
 		f: f, name: name,
 		stateDir: filepath.Join(f.t.TempDir(), name),
 		sockDir:  sockDir,
-		logDir:   f.s.logDir(f.t),
+		logDir:   f.s.LogDir(f.t),
 		control:  control,
 	}
 	f.t.Cleanup(func() {
@@ -103,48 +104,48 @@ func (n *node) startDriver() {
 func (n *node) launchDriver() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.driver != nil && n.driver.running() {
+	if n.driver != nil && n.driver.Running() {
 		return fmt.Errorf("the driver of %s started twice", n.name)
 	}
 	args := []string{
 		"--endpoint", n.endpoint(),
 		"--control", "unix://" + filepath.Join(n.sockDir, "control.sock"),
 		"--state-dir", n.stateDir,
-		"--driver-name", n.f.driver,
+		"--driver-name", n.f.Driver,
 		"--node-id", n.name,
 		"--volumes", "0",
 		"--v", "2",
 	}
-	proc, err := n.f.s.procs.start("driver on "+n.name, n.f.s.bin.driver, args, nil, filepath.Join(n.logDir, n.name+"-driver.log"))
+	proc, err := n.f.s.Procs.Start("driver on "+n.name, n.f.s.Bin.Driver, args, nil, filepath.Join(n.logDir, n.name+"-driver.log"))
 	if err != nil {
 		return err
 	}
 	n.driver = proc
 	var have []driver.Volume
-	err = waitFor(n.f.ctx(), time.Minute, "the driver on "+n.name+" to answer on its control socket", func() (bool, string) {
-		if !proc.running() {
+	err = harness.WaitFor(n.f.Ctx(), time.Minute, "the driver on "+n.name+" to answer on its control socket", func() (bool, string) {
+		if !proc.Running() {
 			return true, "exited" // reported below
 		}
 		var err error
-		have, err = n.control.Volumes(n.f.ctx())
+		have, err = n.control.Volumes(n.f.Ctx())
 		return err == nil, fmt.Sprint(err)
 	})
 	if err != nil {
 		return err
 	}
-	if !proc.running() {
-		return fmt.Errorf("the driver on %s exited (%s):\n%s", n.name, proc.exitStatus(), proc.logTail(20))
+	if !proc.Running() {
+		return fmt.Errorf("the driver on %s exited (%s):\n%s", n.name, proc.ExitStatus(), proc.LogTail(20))
 	}
 	known := map[string]bool{}
 	for _, v := range have {
 		known[v.ID] = true
 	}
 	for _, v := range n.volumes {
-		if known[v.handle] {
+		if known[v.Handle] {
 			continue // on disk from an earlier start
 		}
-		if _, err := n.control.AddVolume(n.f.ctx(), v.spec()); err != nil {
-			return fmt.Errorf("add %s to the driver on %s: %w", v.pv, n.name, err)
+		if _, err := n.control.AddVolume(n.f.Ctx(), v.Spec()); err != nil {
+			return fmt.Errorf("add %s to the driver on %s: %w", v.PV, n.name, err)
 		}
 	}
 	return nil
@@ -161,17 +162,17 @@ func (n *node) startSidecar(wait bool) {
 
 func (n *node) launchSidecar(wait bool) error {
 	n.mu.Lock()
-	if n.sidecar != nil && n.sidecar.running() {
+	if n.sidecar != nil && n.sidecar.Running() {
 		n.mu.Unlock()
 		return fmt.Errorf("the sidecar of %s started twice", n.name)
 	}
 	n.starts++
 	n.podUID = fmt.Sprintf("%s-start-%d", n.name, n.starts)
 	args := []string{
-		"--kubeconfig", n.f.s.env.Kubeconfig,
+		"--kubeconfig", n.f.s.Kubeconfig,
 		"--driver-endpoint", n.endpoint(),
 		"--node-name", n.name,
-		"--namespace", n.f.pluginNS,
+		"--namespace", n.f.PluginNS,
 		"--pod-uid", n.podUID,
 		// A new port on each start, as a recreated pod gets a new IP: the controller must follow
 		// the endpoint on the CSIAddonsNode.
@@ -182,7 +183,7 @@ func (n *node) launchSidecar(wait bool) error {
 		"--v", "2",
 	}
 	logPath := filepath.Join(n.logDir, fmt.Sprintf("%s-sidecar-%d.log", n.name, n.starts))
-	proc, err := n.f.s.procs.start("sidecar on "+n.name, n.f.s.bin.sidecar, args, nil, logPath)
+	proc, err := n.f.s.Procs.Start("sidecar on "+n.name, n.f.s.Bin.Sidecar, args, nil, logPath)
 	if err == nil {
 		n.sidecar = proc
 	}
@@ -205,19 +206,19 @@ func (n *node) awaitRegistered(timeout time.Duration) error {
 	n.mu.Lock()
 	proc, suffix := n.sidecar, "/"+n.podUID
 	n.mu.Unlock()
-	err := waitFor(n.f.ctx(), timeout, "the sidecar on "+n.name+" to register its restart", func() (bool, string) {
-		if !proc.running() {
+	err := harness.WaitFor(n.f.Ctx(), timeout, "the sidecar on "+n.name+" to register its restart", func() (bool, string) {
+		if !proc.Running() {
 			return true, "exited" // reported below
 		}
-		obj, err := n.f.addonsNode(n)
-		if err != nil {
+		var obj csiaddonsv1alpha1.CSIAddonsNode
+		if err := n.f.Client.Get(n.f.Ctx(), n.f.AddonsNodeKey(n.name), &obj); err != nil {
 			return false, err.Error()
 		}
 		marker := obj.Annotations[annotations.HealerRestart]
 		return strings.HasSuffix(marker, suffix), "marker " + marker
 	})
-	if err == nil && !proc.running() {
-		err = fmt.Errorf("the sidecar on %s exited (%s):\n%s", n.name, proc.exitStatus(), proc.logTail(20))
+	if err == nil && !proc.Running() {
+		err = fmt.Errorf("the sidecar on %s exited (%s):\n%s", n.name, proc.ExitStatus(), proc.LogTail(20))
 	}
 	return err
 }
@@ -235,14 +236,14 @@ func (n *node) stopSidecar() error {
 	if n.sidecar == nil {
 		return nil
 	}
-	return n.sidecar.stop(processGrace)
+	return n.sidecar.Stop(processGrace)
 }
 
 // stopDriver records what the driver served and stops it with SIGTERM.
 func (n *node) stopDriver() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.driver == nil || !n.driver.running() {
+	if n.driver == nil || !n.driver.Running() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -257,7 +258,7 @@ func (n *node) stopDriver() error {
 	}
 	n.pastCalls = append(n.pastCalls, calls...)
 	n.pastCounters = append(n.pastCounters, counters)
-	return n.driver.stop(processGrace)
+	return n.driver.Stop(processGrace)
 }
 
 // restart stops the node plugin and starts it again, as a crash or an upgrade of its pod does.
@@ -270,7 +271,7 @@ func (n *node) restart() {
 }
 
 // sidecarProc is the current sidecar process.
-func (n *node) sidecarProc() *process {
+func (n *node) sidecarProc() *harness.Process {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.sidecar
@@ -283,7 +284,7 @@ func (n *node) record() ([]driver.Call, []driver.Counters, error) {
 	defer n.mu.Unlock()
 	calls := append([]driver.Call(nil), n.pastCalls...)
 	counters := append([]driver.Counters(nil), n.pastCounters...)
-	if n.driver == nil || !n.driver.running() {
+	if n.driver == nil || !n.driver.Running() {
 		return calls, counters, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -302,66 +303,17 @@ func (n *node) record() ([]driver.Call, []driver.Counters, error) {
 // inFlight returns the calls the running driver serves now.
 func (n *node) inFlight() int64 {
 	n.f.t.Helper()
-	c, err := n.control.Counters(n.f.ctx())
+	c, err := n.control.Counters(n.f.Ctx())
 	if err != nil {
 		n.f.t.Fatalf("read the counters of the driver on %s: %v", n.name, err)
 	}
 	return c.InFlight
 }
 
-// volume is one test volume: its API objects and the reference driver's record of it.
-type volume struct {
-	pv, pvc, handle, class string
-	// mounter is what the driver stages the volume with: "rbd-nbd" can be healed, "krbd" cannot.
-	mounter string
-	node    *node
-	// brokenAt is when the volume was last broken, with broken its condition then; detachedAt is
-	// when its VolumeAttachment began deleting.
-	brokenAt   time.Time
-	broken     driver.Condition
-	detachedAt time.Time
-}
-
-// ceph is the volume as the shared fixtures describe it.
-func (v *volume) ceph() fixtures.CephVolume {
-	return fixtures.CephVolume{PV: v.pv, PVC: v.pvc, Handle: v.handle, StorageClass: v.class, Node: v.node.name, Mounter: v.mounter}
-}
-
-func (v *volume) spec() driver.VolumeSpec {
-	return driver.VolumeSpec{ID: v.handle, Mounter: v.mounter, VolumeContext: v.ceph().Attributes()}
-}
-
-// newVolumes describes n volumes of class on node nd, named <fixture>-<tag>-<i>. mounter is the
-// driver's: "rbd-nbd" or "krbd".
+// newVolumes describes n volumes of class on node nd, named <fixture>-<tag>-<i>, which its driver
+// gets when it starts. mounter is the driver's: "rbd-nbd" or "krbd".
 func (f *fixture) newVolumes(nd *node, class, mounter, tag string, n int) []*volume {
-	out := make([]*volume, 0, n)
-	for i := range n {
-		id := fmt.Sprintf("%s-%s-%03d", f.name, tag, i)
-		out = append(out, &volume{
-			pv: "pvc-" + id, pvc: "data-" + id, class: class, mounter: mounter, node: nd,
-			handle: "0001-0009-rook-ceph-0000000000000002-" + id,
-		})
-	}
-	nd.volumes = append(nd.volumes, out...)
-	return out
-}
-
-// breakVolume puts the volume into a broken condition in its running driver; hang applies to
-// driver.Hung.
-func (v *volume) breakVolume(t *testing.T, c driver.Condition, hang time.Duration) {
-	t.Helper()
-	if _, err := v.node.control.SetCondition(t.Context(), v.handle, c, hang); err != nil {
-		t.Fatalf("set %s %s: %v", v.pv, c, err)
-	}
-	v.brokenAt, v.broken = time.Now(), c
-}
-
-// condition returns the driver's condition of the volume.
-func (v *volume) condition(t *testing.T) driver.Condition {
-	t.Helper()
-	got, err := v.node.control.Volume(t.Context(), v.handle)
-	if err != nil {
-		t.Fatalf("volume %s: %v", v.pv, err)
-	}
-	return got.Condition
+	vols := f.NewVolumes(nd.name, nd.control, class, mounter, tag, n)
+	nd.volumes = append(nd.volumes, vols...)
+	return vols
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestOverlappingRestartAndPeriodicSweeps runs periodic sweeps every second over three nodes while
@@ -16,7 +17,7 @@ import (
 // sweep reaches it first), and the detaching volume is never called.
 func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	f := newFixture(t, "overlap")
-	sc := f.storageClass("overlap-rbd-nbd", "rbd-nbd", map[string]string{annotations.Schedule: "@every 1s"})
+	sc := f.StorageClass("overlap-rbd-nbd", "rbd-nbd", map[string]string{annotations.Schedule: "@every 1s"})
 	b := budgets{global: 3, perDriver: 3, perNode: 2}
 	var nodes []*node
 	vols := map[*node][]*volume{}
@@ -29,29 +30,29 @@ func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	for _, n := range nodes {
 		all = append(all, vols[n]...)
 	}
-	f.createObjects(all)
+	f.CreateVolumes(all, true)
 	detaching := vols[nodes[2]][5]
-	f.detach(detaching)
+	f.Detach(detaching)
 	for _, n := range nodes {
 		n.start()
 	}
 	c := f.startController("overlap", b.settings())
 	f.sweepsFinished(nodes, time.Minute)
-	eventually(t, 30*time.Second, "periodic sweeps to run", func() (bool, string) {
-		n := c.metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"})
+	harness.Eventually(t, 30*time.Second, "periodic sweeps to run", func() (bool, string) {
+		n := c.Metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"})
 		return n >= 2, fmt.Sprintf("%v periodic sweeps started", n)
 	})
 
-	periodicBefore := c.metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"})
+	periodicBefore := c.Metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"})
 	var healed []*volume
 	for _, n := range nodes[:2] {
 		// The restart kills the mounters of some volumes and leaves others hanging, so that calls
 		// take long enough to overlap.
 		for i, v := range vols[n][:5] {
 			if i%2 == 0 {
-				v.breakVolume(t, driver.Hung, 500*time.Millisecond)
+				v.SetCondition(t, driver.Hung, 500*time.Millisecond)
 			} else {
-				v.breakVolume(t, driver.Gone, 0)
+				v.SetCondition(t, driver.Gone, 0)
 			}
 		}
 		healed = append(healed, vols[n][:5]...)
@@ -59,26 +60,26 @@ func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	}
 	// A volume of the third node breaks without a restart: only a periodic sweep finds it.
 	lone := vols[nodes[2]][0]
-	lone.breakVolume(t, driver.ReadOnly, 0)
+	lone.SetCondition(t, driver.ReadOnly, 0)
 	healed = append(healed, lone)
 	// detaching is broken too, and must stay so.
-	detaching.breakVolume(t, driver.Gone, 0)
+	detaching.SetCondition(t, driver.Gone, 0)
 
 	f.sweepsFinished(nodes[:2], 2*time.Minute)
-	periodicDuring := c.metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"}) - periodicBefore
+	periodicDuring := c.Metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"}) - periodicBefore
 	if periodicDuring < 1 {
 		t.Errorf("no periodic sweep started while the restart sweeps ran; the sweeps did not overlap")
 	}
-	eventually(t, time.Minute, "every broken healable volume to be healthy", func() (bool, string) {
+	harness.Eventually(t, time.Minute, "every broken healable volume to be healthy", func() (bool, string) {
 		var broken []string
 		for _, v := range healed {
-			if v.condition(t) != driver.Healthy {
-				broken = append(broken, v.pv)
+			if v.Condition(t) != driver.Healthy {
+				broken = append(broken, v.PV)
 			}
 		}
 		return len(broken) == 0, fmt.Sprintf("still broken: %v", broken)
 	})
-	c.mustRun()
+	c.MustRun()
 	p := f.verify(nodes, b, outcome{healed: healed, untouched: []*volume{detaching}})
 	if p.all < 2 {
 		t.Errorf("at most %d call was in flight at any time: the sweeps never overlapped", p.all)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // reportOnlyPolicy probes as the built-in policy does and never heals.
@@ -35,38 +36,38 @@ decision := data.volumehealer.builtin.decision
 // them. Neither revision touches the detaching volume.
 func TestPolicyChangedMidRun(t *testing.T) {
 	f := newFixture(t, "policychange")
-	sc := f.storageClass("policychange-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("policychange-rbd-nbd", "rbd-nbd", nil)
 	b := budgets{global: 4, perDriver: 4, perNode: 2}
 	n := f.newNode("policychange-node-1")
 	vols := f.newVolumes(n, sc, "rbd-nbd", "vol", 6)
 	detaching := vols[5]
-	f.createObjects(vols)
-	f.detach(detaching)
+	f.CreateVolumes(vols, true)
+	f.Detach(detaching)
 	f.setPolicy("site-policy", reportOnlyPolicy)
 
 	n.start()
 	c := f.startController("policychange", b.settings())
 	first := f.waitPolicyStatus("site-policy", policy.StatusOK, nil)
-	f.sweepFinished(n, time.Minute)
+	f.SweepFinished(n.name, time.Minute)
 
 	broken := vols[:3]
 	for _, v := range append(broken, detaching) {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
 	n.restart()
-	f.sweepFinished(n, time.Minute)
+	f.SweepFinished(n.name, time.Minute)
 	f.verify([]*node{n}, b, outcome{leftBroken: broken, untouched: []*volume{detaching}})
 	probedSince(t, n, broken)
 
 	f.setPolicy("site-policy", builtinPolicy)
 	second := f.waitPolicyStatus("site-policy", policy.StatusOK, func(st policy.PolicyStatus) bool { return st.Revision != first.Revision })
-	eventually(t, 30*time.Second, "the controller to serve revision "+second.Revision, func() (bool, string) {
-		served := c.metric("volume_healer_policy_revision_info", map[string]string{"revision": second.Revision})
+	harness.Eventually(t, 30*time.Second, "the controller to serve revision "+second.Revision, func() (bool, string) {
+		served := c.Metric("volume_healer_policy_revision_info", map[string]string{"revision": second.Revision})
 		return served == 1, fmt.Sprintf("volume_healer_policy_revision_info{revision=%q} = %v", second.Revision, served)
 	})
 	n.restart()
-	f.sweepFinished(n, time.Minute)
-	c.mustRun()
+	f.SweepFinished(n.name, time.Minute)
+	c.MustRun()
 	f.verify([]*node{n}, b, outcome{healed: broken, untouched: []*volume{detaching}})
 }
 
@@ -85,20 +86,20 @@ decision := data.volumehealer.builtin.decision if {
 // policy keeps deciding: the broken gold volumes are healed, the broken silver ones left alone.
 func TestBadPolicyPushedMidRun(t *testing.T) {
 	f := newFixture(t, "badpolicy")
-	gold := f.storageClass("badpolicy-gold", "rbd-nbd", nil)
-	silver := f.storageClass("badpolicy-silver", "rbd-nbd", nil)
+	gold := f.StorageClass("badpolicy-gold", "rbd-nbd", nil)
+	silver := f.StorageClass("badpolicy-silver", "rbd-nbd", nil)
 	// One call at a time on the node makes the restart sweep long enough for a policy push.
 	b := budgets{global: 2, perDriver: 2, perNode: 1}
 	n := f.newNode("badpolicy-node-1")
 	goldVols := f.newVolumes(n, gold, "rbd-nbd", "gold", 5)
 	silverVols := f.newVolumes(n, silver, "rbd-nbd", "silver", 3)
-	f.createObjects(n.volumes)
+	f.CreateVolumes(n.volumes, true)
 	f.setPolicy("site-policy", goldPolicy)
 
 	n.start()
 	c := f.startController("badpolicy", b.settings())
 	good := f.waitPolicyStatus("site-policy", policy.StatusOK, nil)
-	f.sweepFinished(n, time.Minute)
+	f.SweepFinished(n.name, time.Minute)
 
 	bad := []struct {
 		what string
@@ -113,14 +114,14 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 	}
 	push := func(i int) time.Time {
 		t.Helper()
-		before := c.metric("volume_healer_policy_load_errors_total", map[string]string{"reason": string(bad[i].kind)})
+		before := c.Metric("volume_healer_policy_load_errors_total", map[string]string{"reason": string(bad[i].kind)})
 		f.setPolicy("site-policy", bad[i].rego)
 		f.waitPolicyStatus("site-policy", policy.StatusRejected, func(st policy.PolicyStatus) bool { return st.Reason == bad[i].kind })
-		eventually(t, 30*time.Second, "the rejection of "+bad[i].what+" to be counted", func() (bool, string) {
-			after := c.metric("volume_healer_policy_load_errors_total", map[string]string{"reason": string(bad[i].kind)})
+		harness.Eventually(t, 30*time.Second, "the rejection of "+bad[i].what+" to be counted", func() (bool, string) {
+			after := c.Metric("volume_healer_policy_load_errors_total", map[string]string{"reason": string(bad[i].kind)})
 			return after > before, fmt.Sprintf("volume_healer_policy_load_errors_total{reason=%q}: %v before, %v now", bad[i].kind, before, after)
 		})
-		if served := c.metric("volume_healer_policy_revision_info", map[string]string{"revision": good.Revision}); served != 1 {
+		if served := c.Metric("volume_healer_policy_revision_info", map[string]string{"revision": good.Revision}); served != 1 {
 			t.Errorf("after %s: the last good revision %s is not served (volume_healer_policy_revision_info = %v)", bad[i].what, good.Revision, served)
 		}
 		return time.Now()
@@ -128,9 +129,9 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 	for i := range bad[:len(bad)-1] {
 		push(i)
 	}
-	eventually(t, 30*time.Second, "a PolicyRejected Event on the ConfigMap", func() (bool, string) {
+	harness.Eventually(t, 30*time.Second, "a PolicyRejected Event on the ConfigMap", func() (bool, string) {
 		sel := fields.Set{"involvedObject.kind": "ConfigMap", "involvedObject.name": "site-policy", "reason": policy.ReasonPolicyRejected}.AsSelector().String()
-		list, err := f.cs.CoreV1().Events(f.policyNS).List(f.ctx(), metav1.ListOptions{FieldSelector: sel})
+		list, err := f.Clientset.CoreV1().Events(f.policyNS).List(f.Ctx(), metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -139,19 +140,19 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 
 	// Slow volumes keep the restart sweep running while the last bad policy arrives.
 	for _, v := range goldVols {
-		v.breakVolume(t, driver.Hung, 700*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 700*time.Millisecond)
 	}
 	for _, v := range silverVols {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
 	n.restart()
-	eventually(t, 30*time.Second, "the restart sweep to call the driver", func() (bool, string) {
+	harness.Eventually(t, 30*time.Second, "the restart sweep to call the driver", func() (bool, string) {
 		inFlight := n.inFlight()
 		return inFlight > 0, fmt.Sprintf("%d calls in flight", inFlight)
 	})
 	rejectedAt := push(len(bad) - 1)
-	f.sweepFinished(n, time.Minute)
-	c.mustRun()
+	f.SweepFinished(n.name, time.Minute)
+	c.MustRun()
 	f.verify([]*node{n}, b, outcome{healed: goldVols, leftBroken: silverVols})
 	calls, _, err := n.record()
 	if err != nil {
@@ -163,8 +164,8 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 	// The good policy skips silver volumes before probing them.
 	for _, v := range silverVols {
 		for _, call := range calls {
-			if call.VolumeID == v.handle && !call.Start.Before(v.brokenAt) {
-				t.Errorf("%s (silver) got a %s call; the last good policy skips it", v.pv, call.RPC)
+			if call.VolumeID == v.Handle && !call.Start.Before(v.BrokenAt) {
+				t.Errorf("%s (silver) got a %s call; the last good policy skips it", v.PV, call.RPC)
 			}
 		}
 	}
@@ -179,9 +180,9 @@ func probedSince(t *testing.T, n *node, vols []*volume) {
 	}
 	for _, v := range vols {
 		if !slices.ContainsFunc(calls, func(c driver.Call) bool {
-			return c.VolumeID == v.handle && c.RPC == "ProbeVolume" && !c.Start.Before(v.brokenAt)
+			return c.VolumeID == v.Handle && c.RPC == "ProbeVolume" && !c.Start.Before(v.BrokenAt)
 		}) {
-			t.Errorf("%s got no ProbeVolume call since it broke", v.pv)
+			t.Errorf("%s got no ProbeVolume call since it broke", v.PV)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,8 +17,8 @@ import (
 // RestartSweepFinished Event.
 func TestRestartFlow(t *testing.T) {
 	f := newFixture(t, "restart")
-	nbd := f.storageClass("restart-rbd-nbd", "rbd-nbd", nil)
-	krbd := f.storageClass("restart-rbd", "", nil)
+	nbd := f.StorageClass("restart-rbd-nbd", "rbd-nbd", nil)
+	krbd := f.StorageClass("restart-rbd", "", nil)
 	b := budgets{global: 4, perDriver: 4, perNode: 2}
 	n := f.newNode("restart-node-1")
 	gone := f.newVolumes(n, nbd, "rbd-nbd", "gone", 3)
@@ -30,26 +29,26 @@ func TestRestartFlow(t *testing.T) {
 	f.newVolumes(n, nbd, "rbd-nbd", "healthy", 2)
 	f.newVolumes(n, krbd, "krbd", "krbd-healthy", 1)
 	detaching := f.newVolumes(n, nbd, "rbd-nbd", "detaching", 1)
-	f.createObjects(n.volumes)
-	f.detach(detaching[0])
+	f.CreateVolumes(n.volumes, true)
+	f.Detach(detaching[0])
 
 	n.start()
 	c := f.startController("restart", b.settings())
-	f.sweepFinished(n, time.Minute)
+	f.SweepFinished(n.name, time.Minute)
 
 	// The mounters die with the plugin: the volumes are broken when the new plugin starts.
 	for _, v := range append(gone, detaching...) {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
-	readOnly[0].breakVolume(t, driver.ReadOnly, 0)
+	readOnly[0].SetCondition(t, driver.ReadOnly, 0)
 	for _, v := range hung {
-		v.breakVolume(t, driver.Hung, 300*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 300*time.Millisecond)
 	}
-	lost[0].breakVolume(t, driver.Lost, 0)
-	krbdGone[0].breakVolume(t, driver.Gone, 0)
+	lost[0].SetCondition(t, driver.Lost, 0)
+	krbdGone[0].SetCondition(t, driver.Gone, 0)
 	n.restart()
-	f.sweepFinished(n, 2*time.Minute)
-	c.mustRun()
+	f.SweepFinished(n.name, 2*time.Minute)
+	c.MustRun()
 
 	healed := slices.Concat(gone, readOnly, hung)
 	f.verify([]*node{n}, b, outcome{
@@ -60,10 +59,5 @@ func TestRestartFlow(t *testing.T) {
 	// 12 volumes: the detaching one skipped before the count; of the 11 probed 6 healed, the lost
 	// and the broken krbd one left alone.
 	want := []string{fmt.Sprintf("%d volumes:", len(n.volumes)-1), fmt.Sprintf("%d healed", len(healed)), "2 unhealthy left alone", "1 skipped", "0 failed"}
-	eventually(t, 15*time.Second, fmt.Sprintf("a RestartSweepFinished Event saying %q", want), func() (bool, string) {
-		msgs := n.f.sweepEvents(n)
-		return slices.ContainsFunc(msgs, func(m string) bool {
-			return !slices.ContainsFunc(want, func(part string) bool { return !strings.Contains(m, part) })
-		}), fmt.Sprintf("%q", msgs)
-	})
+	f.WaitSweepMessage(n.name, want...)
 }

@@ -20,8 +20,8 @@ import (
 func TestDaemonSetRollout(t *testing.T) {
 	const nodeCount = 50
 	f := newFixture(t, "rollout")
-	nbd := f.storageClass("rollout-rbd-nbd", "rbd-nbd", nil)
-	krbd := f.storageClass("rollout-rbd", "", nil)
+	nbd := f.StorageClass("rollout-rbd-nbd", "rbd-nbd", nil)
+	krbd := f.StorageClass("rollout-rbd", "", nil)
 	b := budgets{global: 8, perDriver: 8, perNode: 2}
 	var nodes []*node
 	var dead, slow, unhealable, detaching []*volume
@@ -43,9 +43,9 @@ func TestDaemonSetRollout(t *testing.T) {
 		all = append(all, n.volumes...)
 	}
 	setUpStart := time.Now()
-	f.createObjects(all)
+	f.CreateVolumes(all, true)
 	for _, v := range detaching {
-		f.detach(v)
+		f.Detach(v)
 	}
 	inParallel(t, nodes, (*node).launch)
 	t.Logf("%d volumes and %d node plugins set up in %s", len(all), nodeCount, time.Since(setUpStart).Round(100*time.Millisecond))
@@ -61,20 +61,20 @@ func TestDaemonSetRollout(t *testing.T) {
 		}
 	}
 	for _, v := range append(append([]*volume{}, dead...), detaching...) {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
 	for _, v := range slow {
-		v.breakVolume(t, driver.Hung, 300*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 300*time.Millisecond)
 	}
 	for _, v := range unhealable {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
 	rolledAt := time.Now()
 	inParallel(t, nodes, func(n *node) error { return n.launchSidecar(true) })
 	t.Logf("%d sidecars restarted in %s", nodeCount, time.Since(rolledAt).Round(100*time.Millisecond))
 	f.sweepsFinished(nodes, 5*time.Minute)
 	t.Logf("every restart sweep finished %s after the rollout began", time.Since(rolledAt).Round(100*time.Millisecond))
-	c.mustRun()
+	c.MustRun()
 
 	p := f.verify(nodes, b, outcome{
 		healed:     append(append([]*volume{}, dead...), slow...),

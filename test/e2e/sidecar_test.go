@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // goroutineSlack is how many goroutines more than before the faults the controller may keep once
@@ -23,78 +24,78 @@ const goroutineSlack = 10
 // than before the faults.
 func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	f := newFixture(t, "sidecar")
-	sc := f.storageClass("sidecar-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("sidecar-rbd-nbd", "rbd-nbd", nil)
 	b := budgets{global: 2, perDriver: 2, perNode: 2}
 	hungNode, killedNode := f.newNode("sidecar-node-1"), f.newNode("sidecar-node-2")
 	hungVols := f.newVolumes(hungNode, sc, "rbd-nbd", "n1", 4)
 	killedVols := f.newVolumes(killedNode, sc, "rbd-nbd", "n2", 5)
-	f.createObjects(append(append([]*volume{}, hungVols...), killedVols...))
+	f.CreateVolumes(append(append([]*volume{}, hungVols...), killedVols...), true)
 	detaching := killedVols[4]
-	f.detach(detaching)
+	f.Detach(detaching)
 	hungNode.start()
 	killedNode.start()
 	c := f.startController("sidecar", b.withSettings(sidecarFaultSettings))
 	f.sweepsFinished([]*node{hungNode, killedNode}, time.Minute)
-	c.waitIdle(time.Minute)
-	before := c.goroutines()
+	c.WaitIdle(time.Minute)
+	before := goroutines(c)
 
 	// The hung sidecar: its node plugin restarts with slow volumes (1s, inside the 2s deadline)
 	// and the sidecar freezes while the restart sweep's calls are in flight.
 	for _, v := range hungVols {
-		v.breakVolume(t, driver.Hung, time.Second)
+		v.SetCondition(t, driver.Hung, time.Second)
 	}
 	hungNode.restart()
 	waitInFlight(t, hungNode)
 	frozen := hungNode.sidecarProc()
-	if err := frozen.pause(); err != nil {
+	if err := frozen.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	pausedAt := time.Now()
 	// While it is frozen, the other node plugin restarts with broken volumes; its sweep needs
 	// the budget slots the frozen sidecar's calls held.
 	for _, v := range killedVols[:4] {
-		v.breakVolume(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
-	detaching.breakVolume(t, driver.Gone, 0)
+	detaching.SetCondition(t, driver.Gone, 0)
 	killedNode.restart()
-	f.sweepFinished(killedNode, 2*time.Minute)
-	if !frozen.running() {
+	f.SweepFinished(killedNode.name, 2*time.Minute)
+	if !frozen.Running() {
 		t.Fatal("the frozen sidecar exited")
 	}
 	t.Logf("the other node's sweep finished %s after the sidecar froze", time.Since(pausedAt).Round(100*time.Millisecond))
-	eventually(t, time.Minute, "calls to the frozen sidecar to time out", func() (bool, string) {
-		n := c.metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
+	harness.Eventually(t, time.Minute, "calls to the frozen sidecar to time out", func() (bool, string) {
+		n := c.Metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
 		return n >= 4, fmt.Sprintf("%v calls timed out", n)
 	})
 	// The frozen sidecar is killed, as a failed liveness probe would have it; once the sweep of
 	// its restart has given up on it, a new one takes its place.
-	if err := frozen.kill(); err != nil {
+	if err := frozen.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	f.sweepFinished(hungNode, 2*time.Minute)
+	f.SweepFinished(hungNode.name, 2*time.Minute)
 	hungNode.startSidecar(true)
 
 	// The killed sidecar: its node plugin restarts with slow volumes and the sidecar dies with
 	// calls in flight, then comes back once the sweep has given up on it.
 	for _, v := range killedVols[:4] {
-		v.breakVolume(t, driver.Hung, time.Second)
+		v.SetCondition(t, driver.Hung, time.Second)
 	}
 	killedNode.restart()
 	waitInFlight(t, killedNode)
-	if err := killedNode.sidecarProc().kill(); err != nil {
+	if err := killedNode.sidecarProc().Kill(); err != nil {
 		t.Fatal(err)
 	}
-	f.sweepFinished(killedNode, 2*time.Minute)
+	f.SweepFinished(killedNode.name, 2*time.Minute)
 	killedNode.startSidecar(true)
 
 	f.sweepsFinished([]*node{hungNode, killedNode}, 2*time.Minute)
-	c.waitIdle(time.Minute)
-	c.mustRun()
-	timeouts := c.metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
-	failures := c.metric("volume_healer_sidecar_call_errors_total", nil) - timeouts
+	c.WaitIdle(time.Minute)
+	c.MustRun()
+	timeouts := c.Metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
+	failures := c.Metric("volume_healer_sidecar_call_errors_total", nil) - timeouts
 	var after int
-	eventually(t, time.Minute, "the controller's goroutines to come back down", func() (bool, string) {
-		after = c.goroutines()
+	harness.Eventually(t, time.Minute, "the controller's goroutines to come back down", func() (bool, string) {
+		after = goroutines(c)
 		return after <= before+goroutineSlack, fmt.Sprintf("%d goroutines before the faults, %d now (slack %d)", before, after, goroutineSlack)
 	})
 	t.Logf("goroutines: %d before the faults, %d after; %v calls timed out, %v failed otherwise", before, after, timeouts, failures)
@@ -122,11 +123,11 @@ var sidecarFaultSettings = map[string]string{
 // retries aimed at the dead sidecar's address must not stand in for it.
 func TestSidecarReplacedWhileCallsRetry(t *testing.T) {
 	f := newFixture(t, "replaced")
-	sc := f.storageClass("replaced-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("replaced-rbd-nbd", "rbd-nbd", nil)
 	b := budgets{global: 2, perDriver: 2, perNode: 2}
 	n := f.newNode("replaced-node-1")
 	vols := f.newVolumes(n, sc, "rbd-nbd", "vol", 4)
-	f.createObjects(vols)
+	f.CreateVolumes(vols, true)
 	n.start()
 	// Retries far enough apart that the replacement registers while they still go on.
 	c := f.startController("replaced", b.withSettings(map[string]string{
@@ -135,28 +136,33 @@ func TestSidecarReplacedWhileCallsRetry(t *testing.T) {
 		"BACKOFF_BASE":   "1s",
 		"BACKOFF_MAX":    "4s",
 	}))
-	f.sweepFinished(n, time.Minute)
+	f.SweepFinished(n.name, time.Minute)
 
 	for _, v := range vols {
-		v.breakVolume(t, driver.Hung, time.Second)
+		v.SetCondition(t, driver.Hung, time.Second)
 	}
 	n.restart()
 	waitInFlight(t, n)
-	if err := n.sidecarProc().kill(); err != nil {
+	if err := n.sidecarProc().Kill(); err != nil {
 		t.Fatal(err)
 	}
 	n.startSidecar(true)
-	f.sweepFinished(n, 2*time.Minute)
-	c.waitIdle(time.Minute)
-	c.mustRun()
+	f.SweepFinished(n.name, 2*time.Minute)
+	c.WaitIdle(time.Minute)
+	c.MustRun()
 	f.verify([]*node{n}, b, outcome{healed: vols})
 }
 
 // waitInFlight waits until the node's driver serves at least one call.
 func waitInFlight(t *testing.T, n *node) {
 	t.Helper()
-	eventually(t, time.Minute, "a call in flight on "+n.name, func() (bool, string) {
+	harness.Eventually(t, time.Minute, "a call in flight on "+n.name, func() (bool, string) {
 		inFlight := n.inFlight()
 		return inFlight > 0, fmt.Sprintf("%d calls in flight", inFlight)
 	})
+}
+
+// goroutines reads the controller's go_goroutines.
+func goroutines(c *harness.TestController) int {
+	return int(c.Metric("go_goroutines", nil))
 }

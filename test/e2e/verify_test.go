@@ -113,7 +113,7 @@ func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 
 	since := func(v *volume, at time.Time, rpcs ...string) int {
 		count := 0
-		for _, c := range byVolume[v.handle] {
+		for _, c := range byVolume[v.Handle] {
 			if slices.Contains(rpcs, c.RPC) && !c.Start.Before(at) {
 				count++
 			}
@@ -121,27 +121,27 @@ func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 		return count
 	}
 	for _, v := range o.healed {
-		if c := v.condition(t); c != driver.Healthy {
-			t.Errorf("%s (broken %s, healable) is %s, want healthy", v.pv, v.broken, c)
+		if c := v.Condition(t); c != driver.Healthy {
+			t.Errorf("%s (broken %s, healable) is %s, want healthy", v.PV, v.Broken, c)
 		}
-		if since(v, v.brokenAt, "HealVolume") == 0 {
-			t.Errorf("%s (broken %s, healable) got no HealVolume call since it broke", v.pv, v.broken)
+		if since(v, v.BrokenAt, "HealVolume") == 0 {
+			t.Errorf("%s (broken %s, healable) got no HealVolume call since it broke", v.PV, v.Broken)
 		}
 	}
 	for _, v := range o.leftBroken {
-		if c := v.condition(t); c != v.broken {
-			t.Errorf("%s (broken %s, to be left alone) is %s", v.pv, v.broken, c)
+		if c := v.Condition(t); c != v.Broken {
+			t.Errorf("%s (broken %s, to be left alone) is %s", v.PV, v.Broken, c)
 		}
-		if n := since(v, v.brokenAt, "HealVolume"); n != 0 {
-			t.Errorf("%s (broken %s, to be left alone) got %d HealVolume calls", v.pv, v.broken, n)
+		if n := since(v, v.BrokenAt, "HealVolume"); n != 0 {
+			t.Errorf("%s (broken %s, to be left alone) got %d HealVolume calls", v.PV, v.Broken, n)
 		}
 	}
 	for _, v := range o.untouched {
-		if v.detachedAt.IsZero() {
-			t.Fatalf("%s is expected untouched but was never detached", v.pv)
+		if v.DetachedAt.IsZero() {
+			t.Fatalf("%s is expected untouched but was never detached", v.PV)
 		}
-		if n := since(v, v.detachedAt, "ProbeVolume", "HealVolume"); n != 0 {
-			t.Errorf("%s got %d calls after its VolumeAttachment began deleting (detaching)", v.pv, n)
+		if n := since(v, v.DetachedAt, "ProbeVolume", "HealVolume"); n != 0 {
+			t.Errorf("%s got %d calls after its VolumeAttachment began deleting (detaching)", v.PV, n)
 		}
 	}
 	t.Logf("%d calls served; most at once: %d over all nodes (budget %d), %d on one node (budget %d)",

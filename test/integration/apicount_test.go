@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // requestKey is one kind of API request: a verb as the audit log names it (get, list, watch,
@@ -106,7 +108,7 @@ func apiserverRequests(t *testing.T, cs kubernetes.Interface) requestCounts {
 	if err != nil {
 		t.Fatalf("read the apiserver's /metrics: %v", err)
 	}
-	fams, err := parseMetrics(bytes.NewReader(raw))
+	fams, err := harness.ParseMetrics(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatalf("parse the apiserver's /metrics: %v", err)
 	}

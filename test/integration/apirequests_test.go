@@ -24,6 +24,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // sweepResources are the resources a sweep is about. The apiserver's own loops touch others
@@ -47,19 +48,19 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 		t.Fatalf("-perf-volumes=%d: want at least %d", n, broken)
 	}
 	f := newFixture(t, "perf")
-	sc := f.storageClass("perf-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("perf-rbd-nbd", "rbd-nbd", nil)
 	p := f.newPlugin("perf-node-1")
 	vols := f.newVolumes(p, sc, "rbd-nbd", "vol", n)
 	p.start()
 	// Leader election is off: it would add a Lease GET and UPDATE every retry period, sweep or not.
 	// The long debounce leaves time to open the counting window between the restart and its sweep.
 	startController(t, "perf", map[string]string{"RESTART_DEBOUNCE": "5s"})
-	f.sweepFinished(p, time.Minute)
+	f.SweepFinished(p.Node(), time.Minute)
 
 	setUpStart := time.Now()
-	f.createObjects(vols, false)
+	f.CreateVolumes(vols, false)
 	t.Logf("created %d PVs, PVCs and VolumeAttachments in %s", n, time.Since(setUpStart).Round(time.Millisecond))
-	version, err := f.cs.Discovery().ServerVersion()
+	version, err := f.Clientset.Discovery().ServerVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,34 +71,34 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols[:broken] {
-			v.setCondition(t, driver.Gone, 0)
+			v.SetCondition(t, driver.Gone, 0)
 		}
 	})
-	marker := trigger.RestartMarker(f.addonsNode(p))
+	marker := trigger.RestartMarker(f.AddonsNode(p.Node()))
 	// Let the new sidecar's informers finish starting: their LISTs belong to the plugin's start.
 	time.Sleep(time.Second)
-	if probes := p.drv().Counters().Calls["ProbeVolume"]; probes != 0 {
+	if probes := p.Driver().Counters().Calls["ProbeVolume"]; probes != 0 {
 		t.Fatalf("the sweep began (%d probes) before the counting window opened; raise RESTART_DEBOUNCE", probes)
 	}
 
-	sweepBefore := apiserverRequests(t, f.cs)
-	sweepAudit := openAuditWindow(t, f.s.auditLog)
+	sweepBefore := apiserverRequests(t, f.Clientset)
+	sweepAudit := openAuditWindow(t, auditLog(f.s.Dir))
 	w.wait(t, marker, n, broken, 5*time.Minute)
 	// The Event recorder writes in the background: give the last Events time to land.
 	time.Sleep(2 * time.Second)
-	sweepAfter := apiserverRequests(t, f.cs)
+	sweepAfter := apiserverRequests(t, f.Clientset)
 	sweepAudit.close()
 	w.stop()
 	first, last := callSpan(p.calls, restartedAt)
 
 	// The list-everything approach, counted the same way.
 	lc := listEverythingClient(t, f)
-	leBefore := apiserverRequests(t, f.cs)
-	leAudit := openAuditWindow(t, f.s.auditLog)
+	leBefore := apiserverRequests(t, f.Clientset)
+	leAudit := openAuditWindow(t, auditLog(f.s.Dir))
 	leStart := time.Now()
-	leVolumes, leListed := listEverything(t, lc, f.driver, p.node)
+	leVolumes, leListed := listEverything(t, lc, f.Driver, p.Node())
 	leTime := time.Since(leStart)
-	leAfter := apiserverRequests(t, f.cs)
+	leAfter := apiserverRequests(t, f.Clientset)
 	leAudit.close()
 
 	fig := perfFigures{
@@ -113,12 +114,12 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 		}
 	}
 
-	if got := p.drv().Counters().Calls["ProbeVolume"]; got < int64(n) {
+	if got := p.Driver().Counters().Calls["ProbeVolume"]; got < int64(n) {
 		t.Errorf("%d ProbeVolume calls in the restart sweep of %d volumes", got, n)
 	}
 	for _, v := range vols[:broken] {
-		if c := v.condition(t); c != driver.Healthy {
-			t.Errorf("%s is %s after the sweep, want healthy", v.pv, c)
+		if c := v.Condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the sweep, want healthy", v.PV, c)
 		}
 	}
 
@@ -176,20 +177,20 @@ type sweepWatch struct {
 
 func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
 	t.Helper()
-	ctx, cancel := context.WithCancel(f.ctx())
+	ctx, cancel := context.WithCancel(f.Ctx())
 	sw := &sweepWatch{cancel: cancel, healed: map[string]bool{}}
-	wc, err := client.NewWithWatch(f.s.env.Config, client.Options{Scheme: f.s.env.Scheme})
+	wc, err := client.NewWithWatch(f.s.Config, client.Options{Scheme: f.s.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Resource version "0" starts from the watch cache as it is; an empty one would first wait for
 	// the cache to catch up with etcd, and give up after a few seconds on a quiet resource.
 	fromCache := &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}
-	nodes, err := wc.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, client.InNamespace(f.pluginNS), fromCache)
+	nodes, err := wc.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, client.InNamespace(f.PluginNS), fromCache)
 	if err != nil {
 		t.Fatal(err)
 	}
-	events, err := f.cs.CoreV1().Events(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	events, err := f.Clientset.CoreV1().Events(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{ResourceVersion: "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
 			}
 		}()
 	}
-	name := p.addonsNodeKey().Name
+	name := f.AddonsNodeKey(p.Node()).Name
 	follow(nodes, func(obj any) {
 		if n, ok := obj.(*csiaddonsv1alpha1.CSIAddonsNode); ok && n.Name == name {
 			sw.mu.Lock()
@@ -233,9 +234,9 @@ func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
 		sw.mu.Lock()
 		defer sw.mu.Unlock()
 		switch {
-		case ev.Namespace == f.appNS && ev.Reason == healer.ReasonVolumeHealed:
+		case ev.Namespace == f.AppNS && ev.Reason == healer.ReasonVolumeHealed:
 			sw.healed[ev.InvolvedObject.Name] = true
-		case ev.Namespace == f.pluginNS && ev.Reason == healer.ReasonRestartSweepFinished && ev.InvolvedObject.Name == name:
+		case ev.Namespace == f.PluginNS && ev.Reason == healer.ReasonRestartSweepFinished && ev.InvolvedObject.Name == name:
 			sw.finished = append(sw.finished, ev.Message)
 		}
 	})
@@ -247,7 +248,7 @@ func watchSweep(t *testing.T, f *fixture, p *plugin) *sweepWatch {
 func (sw *sweepWatch) wait(t *testing.T, marker string, volumes, broken int, timeout time.Duration) {
 	t.Helper()
 	summary := fmt.Sprintf("%d volumes:", volumes)
-	eventually(t, timeout, "the restart sweep to finish", func() (bool, string) {
+	harness.Eventually(t, timeout, "the restart sweep to finish", func() (bool, string) {
 		sw.mu.Lock()
 		defer sw.mu.Unlock()
 		if sw.err != "" {
@@ -298,7 +299,7 @@ func callSpan(c *callTracker, since time.Time) (first, last time.Time) {
 // node plugin starting up would use.
 func listEverythingClient(t *testing.T, f *fixture) kubernetes.Interface {
 	t.Helper()
-	cfg := rest.CopyConfig(f.s.env.Config)
+	cfg := rest.CopyConfig(f.s.Config)
 	cfg.UserAgent = "list-everything"
 	cfg.QPS, cfg.Burst = -1, 0
 	cs, err := kubernetes.NewForConfig(cfg)

@@ -8,6 +8,7 @@ import (
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestFailingHealBacksOffAndIsReported restarts a node plugin with a volume whose mount hangs
@@ -26,22 +27,22 @@ func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 		slack = 50 * time.Millisecond
 	)
 	f := newFixture(t, "backoff")
-	sc := f.storageClass("backoff-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("backoff-rbd-nbd", "rbd-nbd", nil)
 	p := f.newPlugin("backoff-node-1")
 	stuck := f.newVolumes(p, sc, "rbd-nbd", "stuck", 1)[0]
 	fine := f.newVolumes(p, sc, "rbd-nbd", "fine", 1)[0]
-	f.createObjects(p.volumes, true)
+	f.CreateVolumes(p.volumes, true)
 	p.start()
 	ctrl := startController(t, "backoff", map[string]string{
 		"TIMEOUTS_HEAL": healTimeout.String(),
 		"BACKOFF_BASE":  backoffBase.String(),
 		"BACKOFF_MAX":   "10s",
 	})
-	f.sweepFinished(p, time.Minute)
+	f.SweepFinished(p.Node(), time.Minute)
 
-	p.restart(func() { stuck.setCondition(t, driver.Hung, hang) })
-	eventually(t, time.Minute, "a "+healer.ReasonVolumeHealFailed+" Event on "+stuck.pvc, func() (bool, string) {
-		_, n := f.pvcEvents(stuck, healer.ReasonVolumeHealFailed)
+	p.restart(func() { stuck.SetCondition(t, driver.Hung, hang) })
+	harness.Eventually(t, time.Minute, "a "+healer.ReasonVolumeHealFailed+" Event on "+stuck.PVC, func() (bool, string) {
+		_, n := f.PVCEvents(stuck, healer.ReasonVolumeHealFailed)
 		return n > 0, fmt.Sprintf("%d heal calls so far", len(p.calls.callTimes(stuck, "HealVolume")))
 	})
 
@@ -65,27 +66,27 @@ func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 	}
 	t.Logf("%d heals, gaps %v", len(heals), gaps)
 
-	if c := stuck.condition(t); c != driver.Hung {
-		t.Errorf("%s is %s, want it still hung: the driver never finished a heal", stuck.pv, c)
+	if c := stuck.Condition(t); c != driver.Hung {
+		t.Errorf("%s is %s, want it still hung: the driver never finished a heal", stuck.PV, c)
 	}
-	st, ok := f.pvcStatus(stuck)
+	st, ok := f.PVCStatus(stuck)
 	switch {
 	case !ok:
-		t.Errorf("PVC %s has no %s annotation", stuck.pvc, annotations.VolumeStatus)
+		t.Errorf("PVC %s has no %s annotation", stuck.PVC, annotations.VolumeStatus)
 	case st.Result != "heal-failed":
-		t.Errorf("PVC %s: status result %q, want heal-failed (status %+v)", stuck.pvc, st.Result, st)
+		t.Errorf("PVC %s: status result %q, want heal-failed (status %+v)", stuck.PVC, st.Result, st)
 	}
-	evs, _ := f.pvcEvents(stuck, healer.ReasonVolumeHealFailed)
+	evs, _ := f.PVCEvents(stuck, healer.ReasonVolumeHealFailed)
 	if len(evs) > 0 && evs[0].Type != "Warning" {
 		t.Errorf("%s Event has type %s, want Warning", healer.ReasonVolumeHealFailed, evs[0].Type)
 	}
-	failing, ok := metricValue(ctrl.scrape(), "volume_healer_volume_heal_failing",
-		map[string]string{"namespace": f.appNS, "persistentvolumeclaim": stuck.pvc})
+	failing, ok := harness.MetricValue(ctrl.Scrape(), "volume_healer_volume_heal_failing",
+		map[string]string{"namespace": f.AppNS, "persistentvolumeclaim": stuck.PVC})
 	if !ok || failing != 1 {
-		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v (present %v), want 1", stuck.pvc, failing, ok)
+		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v (present %v), want 1", stuck.PVC, failing, ok)
 	}
-	if v, ok := metricValue(ctrl.scrape(), "volume_healer_volume_heal_failing", map[string]string{"persistentvolumeclaim": fine.pvc}); ok {
-		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v for a healthy volume; want no series", fine.pvc, v)
+	if v, ok := harness.MetricValue(ctrl.Scrape(), "volume_healer_volume_heal_failing", map[string]string{"persistentvolumeclaim": fine.PVC}); ok {
+		t.Errorf("volume_healer_volume_heal_failing{persistentvolumeclaim=%q} = %v for a healthy volume; want no series", fine.PVC, v)
 	}
 	if _, perVolume := p.calls.peaks(); perVolume > 1 {
 		t.Errorf("a volume had %d calls at once", perVolume)

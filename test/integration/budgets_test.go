@@ -19,7 +19,7 @@ func TestBudgetsHoldDuringRollout(t *testing.T) {
 		perNode               = 2
 	)
 	f := newFixture(t, "budget")
-	sc := f.storageClass("budget-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("budget-rbd-nbd", "rbd-nbd", nil)
 	all := newCallTracker()
 	var plugins []*plugin
 	var vols []*volume
@@ -28,7 +28,7 @@ func TestBudgetsHoldDuringRollout(t *testing.T) {
 		plugins = append(plugins, p)
 		vols = append(vols, f.newVolumes(p, sc, "rbd-nbd", fmt.Sprintf("n%d", i+1), perNodeVolumes)...)
 	}
-	f.createObjects(vols, true)
+	f.CreateVolumes(vols, true)
 	for _, p := range plugins {
 		p.start()
 	}
@@ -38,42 +38,42 @@ func TestBudgetsHoldDuringRollout(t *testing.T) {
 		"BUDGETS_PER_NODE":   fmt.Sprint(perNode),
 	})
 	for _, p := range plugins {
-		f.sweepFinished(p, time.Minute)
+		f.SweepFinished(p.Node(), time.Minute)
 	}
 
 	for _, p := range plugins {
 		p.stop()
 	}
 	for _, v := range vols {
-		v.setCondition(t, driver.Hung, 200*time.Millisecond)
+		v.SetCondition(t, driver.Hung, 200*time.Millisecond)
 	}
 	for _, p := range plugins {
 		p.start()
 	}
 	for _, p := range plugins {
-		f.sweepFinished(p, 3*time.Minute)
+		f.SweepFinished(p.Node(), 3*time.Minute)
 	}
 
 	for _, v := range vols {
-		if c := v.condition(t); c != driver.Healthy {
-			t.Errorf("%s is %s after the rollout's sweeps, want healthy", v.pv, c)
+		if c := v.Condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the rollout's sweeps, want healthy", v.PV, c)
 		}
 	}
 	for _, p := range plugins {
-		c := p.drv().Counters()
+		c := p.Driver().Counters()
 		if c.MaxConcurrent > perNode {
-			t.Errorf("node %s: the driver saw %d calls at once; the per-node budget is %d", p.node, c.MaxConcurrent, perNode)
+			t.Errorf("node %s: the driver saw %d calls at once; the per-node budget is %d", p.Node(), c.MaxConcurrent, perNode)
 		}
 		for id, n := range c.MaxConcurrentPerVolume {
 			if n > 1 {
-				t.Errorf("node %s: volume %s had %d calls at once", p.node, id, n)
+				t.Errorf("node %s: volume %s had %d calls at once", p.Node(), id, n)
 			}
 		}
 		for id, n := range c.Aborted {
-			t.Errorf("node %s: volume %s: %d calls were turned away as busy", p.node, id, n)
+			t.Errorf("node %s: volume %s: %d calls were turned away as busy", p.Node(), id, n)
 		}
 		if atOnce, _ := p.calls.peaks(); atOnce > perNode {
-			t.Errorf("node %s: %d calls at once over both starts; the per-node budget is %d", p.node, atOnce, perNode)
+			t.Errorf("node %s: %d calls at once over both starts; the per-node budget is %d", p.Node(), atOnce, perNode)
 		}
 	}
 	atOnce, perVolume := all.peaks()

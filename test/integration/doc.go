@@ -5,6 +5,10 @@
 // sockets. The tests assert on what the drivers were asked to do, and on the API objects, Events
 // and metrics an operator would look at.
 //
+// test/harness provides all of that (the suite, the fixture, the controller process, the node
+// plugins); this package owns its tests, the apiserver's audit log and what reads it, and the call
+// trackers in front of its drivers.
+//
 //	go test -race ./test/integration/...
 //	go test ./test/integration/ -run APIRequests -v -perf-report=/tmp/performance.md
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestLeaderFailoverFinishesTheRestartSweepOnce runs two controller replicas with leader election
@@ -14,10 +15,10 @@ import (
 // healed, and once the restart is recorded as handled nobody sweeps the node again.
 func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 	f := newFixture(t, "failover")
-	sc := f.storageClass("failover-rbd-nbd", "rbd-nbd", nil)
+	sc := f.StorageClass("failover-rbd-nbd", "rbd-nbd", nil)
 	p := f.newPlugin("failover-node-1")
 	vols := f.newVolumes(p, sc, "rbd-nbd", "vol", 24)
-	f.createObjects(vols, true)
+	f.CreateVolumes(vols, true)
 	p.start()
 
 	settings := map[string]string{
@@ -30,21 +31,21 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 	}
 	first := startController(t, "failover-a", settings)
 	// Only the leader sweeps: the first replica leads once the plugin's first start is swept.
-	f.sweepFinished(p, time.Minute)
-	if n, _ := metricValue(first.scrape(), "volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n != 1 {
+	f.SweepFinished(p.Node(), time.Minute)
+	if n, _ := harness.MetricValue(first.Scrape(), "volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n != 1 {
 		t.Fatalf("the first replica started %v restart sweeps, want 1 (it should lead)", n)
 	}
 	second := startController(t, "failover-b", settings)
 	var finishedBefore int
-	eventually(t, eventWait, "the RestartSweepFinished Event of the first start", func() (bool, string) {
-		_, finishedBefore = f.sweepMessages(p)
+	harness.Eventually(t, harness.EventWait, "the RestartSweepFinished Event of the first start", func() (bool, string) {
+		_, finishedBefore = f.SweepMessages(p.Node())
 		return finishedBefore == 1, fmt.Sprintf("%d Events", finishedBefore)
 	})
 
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols {
-			v.setCondition(t, driver.Hung, 400*time.Millisecond)
+			v.SetCondition(t, driver.Hung, 400*time.Millisecond)
 		}
 	})
 	heals := func() int {
@@ -54,32 +55,32 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 		}
 		return n
 	}
-	eventually(t, time.Minute, "the leader's restart sweep to be under way", func() (bool, string) {
+	harness.Eventually(t, time.Minute, "the leader's restart sweep to be under way", func() (bool, string) {
 		n := heals()
 		return n >= 4, fmt.Sprintf("%d heals", n)
 	})
-	first.kill()
+	first.Kill()
 	if n := heals(); n >= len(vols) {
 		t.Fatalf("the sweep had healed all %d volumes before the leader was killed; it must be killed mid-sweep", n)
 	}
 	t.Logf("leader killed after %d of %d heals", heals(), len(vols))
 
-	f.sweepFinished(p, 2*time.Minute)
+	f.SweepFinished(p.Node(), 2*time.Minute)
 	for _, v := range vols {
-		if c := v.condition(t); c != driver.Healthy {
-			t.Errorf("%s is %s after the failover, want healthy", v.pv, c)
+		if c := v.Condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the failover, want healthy", v.PV, c)
 		}
 	}
 	if _, perVolume := p.calls.peaks(); perVolume > 1 {
 		t.Errorf("a volume had %d calls at once across the two replicas", perVolume)
 	}
-	for id, n := range p.drv().Counters().MaxConcurrentPerVolume {
+	for id, n := range p.Driver().Counters().MaxConcurrentPerVolume {
 		if n > 1 {
 			t.Errorf("volume %s had %d calls at once", id, n)
 		}
 	}
-	eventually(t, eventWait, "the RestartSweepFinished Event of the restart", func() (bool, string) {
-		_, finished := f.sweepMessages(p)
+	harness.Eventually(t, harness.EventWait, "the RestartSweepFinished Event of the restart", func() (bool, string) {
+		_, finished := f.SweepMessages(p.Node())
 		return finished > finishedBefore, fmt.Sprintf("%d before the restart, %d now", finishedBefore, finished)
 	})
 
@@ -89,10 +90,10 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 	if n := p.calls.total("ProbeVolume"); n != probes {
 		t.Errorf("%d more probes after the restart was recorded as handled", n-probes)
 	}
-	if _, finished := f.sweepMessages(p); finished != finishedBefore+1 {
+	if _, finished := f.SweepMessages(p.Node()); finished != finishedBefore+1 {
 		t.Errorf("%d RestartSweepFinished Events for the restart, want 1", finished-finishedBefore)
 	}
-	if n, _ := metricValue(second.scrape(), "volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n != 1 {
+	if n, _ := harness.MetricValue(second.Scrape(), "volume_healer_sweeps_started_total", map[string]string{"trigger": "restart"}); n != 1 {
 		t.Errorf("the second replica started %v restart sweeps, want 1: the one the killed leader left unfinished", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // TestCronScheduleSweepsOnlyItsStorageClass gives one StorageClass a schedule through its
@@ -15,30 +16,30 @@ import (
 // node get no call at all.
 func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 	f := newFixture(t, "cron")
-	scheduled := f.storageClass("cron-scheduled", "rbd-nbd", nil)
-	other := f.storageClass("cron-other", "rbd-nbd", nil)
+	scheduled := f.StorageClass("cron-scheduled", "rbd-nbd", nil)
+	other := f.StorageClass("cron-other", "rbd-nbd", nil)
 	p := f.newPlugin("cron-node-1")
 	inClass := f.newVolumes(p, scheduled, "rbd-nbd", "scheduled", 4)
 	outside := f.newVolumes(p, other, "rbd-nbd", "other", 4)
-	f.createObjects(p.volumes, true)
+	f.CreateVolumes(p.volumes, true)
 	p.start()
 	startController(t, "cron", map[string]string{"SCHEDULE_STAGGER": "500ms"})
-	f.sweepFinished(p, time.Minute)
+	f.SweepFinished(p.Node(), time.Minute)
 
 	// A mount of each class turns read-only; no restart announces it.
-	inClass[0].setCondition(t, driver.ReadOnly, 0)
-	outside[0].setCondition(t, driver.ReadOnly, 0)
+	inClass[0].SetCondition(t, driver.ReadOnly, 0)
+	outside[0].SetCondition(t, driver.ReadOnly, 0)
 	annotatedAt := time.Now()
-	f.annotateClass(scheduled, annotations.Schedule, "@every 5s")
+	f.AnnotateClass(scheduled, annotations.Schedule, "@every 5s")
 
-	eventually(t, 40*time.Second, "two periodic sweeps of "+scheduled, func() (bool, string) {
+	harness.Eventually(t, 40*time.Second, "two periodic sweeps of "+scheduled, func() (bool, string) {
 		for _, v := range inClass {
 			if n := p.calls.count(v, "ProbeVolume", annotatedAt); n < 2 {
-				return false, fmt.Sprintf("%s probed %d times since the schedule was set", v.pv, n)
+				return false, fmt.Sprintf("%s probed %d times since the schedule was set", v.PV, n)
 			}
 		}
-		if c := inClass[0].condition(t); c != driver.Healthy {
-			return false, fmt.Sprintf("%s is %s", inClass[0].pv, c)
+		if c := inClass[0].Condition(t); c != driver.Healthy {
+			return false, fmt.Sprintf("%s is %s", inClass[0].PV, c)
 		}
 		return true, ""
 	})
@@ -46,19 +47,19 @@ func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 	for _, v := range outside {
 		for _, rpc := range []string{"ProbeVolume", "HealVolume"} {
 			if n := p.calls.count(v, rpc, annotatedAt); n != 0 {
-				t.Errorf("%s (StorageClass %s, no schedule) got %d %s calls from the periodic sweeps of %s", v.pv, other, n, rpc, scheduled)
+				t.Errorf("%s (StorageClass %s, no schedule) got %d %s calls from the periodic sweeps of %s", v.PV, other, n, rpc, scheduled)
 			}
 		}
 	}
-	if c := outside[0].condition(t); c != driver.ReadOnly {
-		t.Errorf("%s (StorageClass %s) is %s; no sweep should have touched it", outside[0].pv, other, c)
+	if c := outside[0].Condition(t); c != driver.ReadOnly {
+		t.Errorf("%s (StorageClass %s) is %s; no sweep should have touched it", outside[0].PV, other, c)
 	}
 	// "@every 5s" first fires 4 to 5 seconds after it is set: a call sooner came from something else.
 	for _, v := range inClass {
 		if times := p.calls.callTimes(v, "ProbeVolume"); len(times) > 0 {
 			first := times[len(times)-p.calls.count(v, "ProbeVolume", annotatedAt)]
 			if d := first.Sub(annotatedAt); d < 3500*time.Millisecond {
-				t.Errorf("%s was probed %s after the schedule was set; the schedule fires after 4s at the soonest", v.pv, d.Round(time.Millisecond))
+				t.Errorf("%s was probed %s after the schedule was set; the schedule fires after 4s at the soonest", v.PV, d.Round(time.Millisecond))
 			}
 		}
 	}

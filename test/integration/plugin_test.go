@@ -2,167 +2,73 @@ package integration
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
-	"os"
 	"path"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
-// plugin is one simulated node: a CSI node plugin pod with the reference driver serving its
-// CSI-Addons socket and the healer sidecar in front of it. Each start is a node plugin (re)start:
-// a new driver process reading its volumes from disk, a new sidecar writing a new restart marker.
+// plugin is one simulated node: a node plugin pod in the test process (see harness.Plugin) whose
+// driver is served with call trackers in front.
 type plugin struct {
-	f        *fixture
-	node     string
-	stateDir string
-	socket   string
-	// volumes are added to the driver at each start if it does not know them yet.
+	*harness.Plugin
+	f *fixture
+	// volumes are the node's volumes, which its driver gets at each start if it does not hold them.
 	volumes []*volume
-	// calls sees every ProbeVolume and HealVolume call of every start; shared sees them too, for
-	// limits that span nodes.
-	calls  *callTracker
-	shared []*callTracker
-
-	mu     sync.Mutex
-	driver *driver.Driver
-	cancel context.CancelFunc
-	done   chan struct{}
-	starts int
+	// calls sees every ProbeVolume and HealVolume call of every start; the shared trackers given
+	// to newPlugin see them too, for limits that span nodes.
+	calls *callTracker
 }
 
 // newPlugin creates the Node object and a plugin that has not started yet. shared trackers see the
 // plugin's calls along with its own tracker.
 func (f *fixture) newPlugin(node string, shared ...*callTracker) *plugin {
 	f.t.Helper()
-	f.create(nodeObject(node))
-	// UNIX socket paths must stay under 108 bytes, which t.TempDir() paths can exceed.
-	sockDir, err := os.MkdirTemp("", "vh")
+	f.CreateNode(node)
+	calls := newCallTracker()
+	kube := rest.CopyConfig(f.s.Config)
+	kube.UserAgent = "healer-sidecar/" + node
+	kube.QPS, kube.Burst = -1, 0
+	hp, err := harness.NewPlugin(harness.PluginOptions{
+		Node: node, Driver: f.Driver, Namespace: f.PluginNS, Kube: kube,
+		Dir: filepath.Join(f.t.TempDir(), node),
+		// The driver is served with the trackers in front, so that the tests see every call at
+		// the moment the driver sees it; the reference driver's own counters see the same calls.
+		Interceptors:    []grpc.UnaryServerInterceptor{trackCalls(append([]*callTracker{calls}, shared...)...)},
+		ShutdownTimeout: 2 * time.Second,
+		RegisterTimeout: 30 * time.Second,
+	})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	p := &plugin{
-		f: f, node: node,
-		stateDir: filepath.Join(f.t.TempDir(), node),
-		socket:   filepath.Join(sockDir, "csi-addons.sock"),
-		calls:    newCallTracker(),
-		shared:   shared,
-	}
 	f.t.Cleanup(func() {
-		p.stop()
-		_ = os.RemoveAll(sockDir)
+		if err := hp.Close(); err != nil {
+			f.t.Error(err)
+		}
 	})
-	return p
+	return &plugin{Plugin: hp, f: f, calls: calls}
 }
 
 // start starts the driver and the sidecar, and returns once the sidecar has written its restart
 // marker on the CSIAddonsNode.
 func (p *plugin) start() {
-	t := p.f.t
-	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel != nil {
-		t.Fatalf("plugin on %s started twice", p.node)
-	}
-	d, err := driver.New(driver.Options{StateDir: p.stateDir, DriverName: p.f.driver, NodeID: p.node, SeedVolumes: []string{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range p.volumes {
-		if _, err := d.Volume(v.handle); err == nil {
-			continue // on disk from an earlier start
-		}
-		if _, err := d.AddVolume(v.spec()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = os.Remove(p.socket)
-	lis, err := net.Listen("unix", p.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The driver is served with the tracker in front, so that the tests see every call at the
-	// moment the driver sees it; the reference driver's own counters see the same calls.
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(trackCalls(append([]*callTracker{p.calls}, p.shared...)...)))
-	d.Register(srv)
-
-	p.starts++
-	kube := rest.CopyConfig(p.f.s.env.Config)
-	kube.UserAgent = "healer-sidecar/" + p.node
-	kube.QPS, kube.Burst = -1, 0
-	sc, err := sidecar.New(sidecar.Options{
-		KubeConfig:     kube,
-		NodeName:       p.node,
-		Namespace:      p.f.pluginNS,
-		PodUID:         fmt.Sprintf("%s-start-%d", p.node, p.starts),
-		DriverEndpoint: "unix://" + p.socket,
-		// A new port on each start, as a recreated pod gets a new IP: the controller must follow
-		// the endpoint on the CSIAddonsNode.
-		ListenAddress:   "127.0.0.1:0",
-		Insecure:        true,
-		MetricsAddress:  "0",
-		ShutdownTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		_ = lis.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		_ = srv.Serve(lis)
-	}()
-	go func() {
-		defer wg.Done()
-		if err := sc.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("sidecar on %s: %v", p.node, err)
-		}
-		// The driver goes down with its pod, after the sidecar has stopped calling it.
-		stopped := make(chan struct{})
-		go func() { srv.GracefulStop(); close(stopped) }()
-		select {
-		case <-stopped:
-		case <-time.After(3 * time.Second):
-			srv.Stop()
-			<-stopped
-		}
-	}()
-	go func() { wg.Wait(); close(done) }()
-	p.driver, p.cancel, p.done = d, cancel, done
-
-	select {
-	case <-sc.Registered():
-	case <-done:
-		t.Fatalf("plugin on %s stopped before registering its CSIAddonsNode", p.node)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the sidecar on %s did not register its CSIAddonsNode within 30s", p.node)
+	p.f.t.Helper()
+	if err := p.Start(p.f.Ctx()); err != nil {
+		p.f.t.Fatal(err)
 	}
 }
 
 // stop ends the sidecar and the driver, as a crash or an upgrade of the pod would.
 func (p *plugin) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel == nil {
-		return
+	p.f.t.Helper()
+	if err := p.Stop(); err != nil {
+		p.f.t.Error(err)
 	}
-	p.cancel()
-	<-p.done
-	p.cancel = nil
 }
 
 // restart stops the plugin, lets change break volumes while it is down, and starts it again.
@@ -173,17 +79,6 @@ func (p *plugin) restart(change func()) {
 		change()
 	}
 	p.start()
-}
-
-// drv is the driver of the current (or last) start.
-func (p *plugin) drv() *driver.Driver {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.driver
-}
-
-func (p *plugin) addonsNodeKey() types.NamespacedName {
-	return types.NamespacedName{Namespace: p.f.pluginNS, Name: sidecar.DefaultCSIAddonsNodeName(p.node, p.f.driver)}
 }
 
 // callTracker records the ProbeVolume and HealVolume calls a driver serves: how many run at once
@@ -256,7 +151,7 @@ func (c *callTracker) peaks() (all, perVolume int) {
 func (c *callTracker) callTimes(v *volume, rpc string) []time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]time.Time(nil), c.starts[v.handle][rpc]...)
+	return append([]time.Time(nil), c.starts[v.Handle][rpc]...)
 }
 
 // count returns the number of calls of rpc on the volume; after a non-zero since, only those

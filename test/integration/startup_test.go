@@ -14,28 +14,28 @@ import (
 // restart for good.
 func TestRestartBeforeControllerStartIsSwept(t *testing.T) {
 	f := newFixture(t, "startup")
-	nbd := f.storageClass("startup-rbd-nbd", "rbd-nbd", nil)
+	nbd := f.StorageClass("startup-rbd-nbd", "rbd-nbd", nil)
 	p := f.newPlugin("startup-node-1")
 	broken := f.newVolumes(p, nbd, "rbd-nbd", "gone", 20)
 	healthy := f.newVolumes(p, nbd, "rbd-nbd", "healthy", 280)
-	f.createObjects(p.volumes, true)
+	f.CreateVolumes(p.volumes, true)
 	p.start()
 	for _, v := range broken {
-		v.setCondition(t, driver.Gone, 0)
+		v.SetCondition(t, driver.Gone, 0)
 	}
 
 	startController(t, "startup", map[string]string{"RESTART_DEBOUNCE": "0s"})
-	f.sweepFinished(p, 2*time.Minute)
+	f.SweepFinished(p.Node(), 2*time.Minute)
 
-	counters := p.drv().Counters()
+	counters := p.Driver().Counters()
 	for _, v := range broken {
-		if c := v.condition(t); c != driver.Healthy {
-			t.Errorf("%s is %s after the first sweep, want healed", v.pv, c)
+		if c := v.Condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the first sweep, want healed", v.PV, c)
 		}
 	}
 	probed := 0
 	for _, v := range append(append([]*volume{}, broken...), healthy...) {
-		if counters.VolumeCalls[v.handle]["ProbeVolume"] > 0 {
+		if counters.VolumeCalls[v.Handle]["ProbeVolume"] > 0 {
 			probed++
 		}
 	}

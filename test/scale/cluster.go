@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,17 +15,15 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // Names shared by the harness's objects.
 const (
-	driverName          = "rbd.csi.ceph.com"
-	pluginNamespace     = "csi-rbd"
-	controllerNamespace = "volume-healer"
-	controllerAccount   = "volume-healer"
-	secretNamespace     = "rook-ceph"
-	secretName          = "rook-csi-rbd-node"
+	driverName      = "rbd.csi.ceph.com"
+	pluginNamespace = "csi-rbd"
+	secretNamespace = "rook-ceph"
+	secretName      = "rook-csi-rbd-node"
 	// nodeLabel on each PersistentVolume names the node it is attached to; the simulated
 	// sidecars select on it (see withLabelSelector).
 	nodeLabel = "scale.volume-healer.io/node"
@@ -46,10 +43,10 @@ var apiserverArgs = map[string]string{
 	"max-mutating-requests-inflight": "800",
 }
 
-// cluster is a control plane with the objects every run needs, and clients whose requests are
+// cluster is the harness's cluster with the objects every run needs, and clients whose requests are
 // counted.
 type cluster struct {
-	env *controlplane.Env
+	env *harness.Cluster
 	dir string
 	// base reaches the apiserver as its administrator; every client of the harness and of the
 	// simulated sidecars wraps it.
@@ -58,13 +55,11 @@ type cluster struct {
 	harness *requestStats
 	kube    kubernetes.Interface
 	crc     client.Client
-	// tokenFile holds a token of the controller's ServiceAccount, which the sidecars allow.
-	tokenFile string
 	*shapes
 }
 
 func startCluster(ctx context.Context, dir string) (*cluster, error) {
-	env, err := controlplane.New(controlplane.Options{KubeconfigDir: dir, APIServerArgs: apiserverArgs})
+	env, err := harness.StartCluster(ctx, harness.ClusterOptions{Dir: dir, APIServerArgs: apiserverArgs})
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +88,6 @@ func (c *cluster) restConfig(stats *requestStats, narrow func(*http.Request, req
 func (c *cluster) init(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := c.env.Ready(ctx); err != nil {
-		return err
-	}
 	base, err := rest.TransportFor(c.env.Config)
 	if err != nil {
 		return fmt.Errorf("apiserver transport: %w", err)
@@ -115,10 +107,8 @@ func (c *cluster) init(ctx context.Context) error {
 		return err
 	}
 	objs := []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: controllerNamespace}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: pluginNamespace}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: secretNamespace}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNamespace, Name: controllerAccount}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretNamespace, Name: secretName},
 			Data: map[string][]byte{"userID": []byte("csi-rbd-node"), "userKey": []byte("AQBvA1xnAAAAABAAUnh0bFBhbGFjZWhvbGRlcktleT09")}},
 		c.driver.DeepCopy(),
@@ -134,8 +124,7 @@ func (c *cluster) init(ctx context.Context) error {
 			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
 		}
 	}
-	c.tokenFile = filepath.Join(c.dir, "controller-token")
-	return controlplane.WriteServiceAccountToken(ctx, c.kube, controllerNamespace, controllerAccount, 24*time.Hour, c.tokenFile)
+	return nil
 }
 
 // createNodes creates the Node objects.

@@ -11,79 +11,22 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
-// profilingFile is added to the controller's main package when the harness profiles it: it
-// serves net/http/pprof on the address in profileAddressEnv. It lives only in the build overlay
-// the harness writes, never in the source tree.
-const profilingFile = `package main
-
-import (
-	"net/http"
-	_ "net/http/pprof"
-	"os"
-)
-
-func init() {
-	if addr := os.Getenv("` + profileAddressEnv + `"); addr != "" {
-		go func() { _ = http.ListenAndServe(addr, nil) }()
-	}
-}
-`
-
-// profileAddressEnv names the variable that turns the profiling endpoint of a profiling build on.
-const profileAddressEnv = "SCALE_HARNESS_PPROF_ADDRESS"
-
-// buildController builds the controller binary (without the race detector: it runs as its own
-// process and its speed is what is measured). With profiling set, the binary also serves
-// net/http/pprof (see profilingFile), through a go build overlay.
-func buildController(out string, profiling bool) error {
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return err
-	}
-	args := []string{"build", "-o", out}
-	if profiling {
-		dir := filepath.Dir(out)
-		src := filepath.Join(dir, "zz_scale_pprof.go")
-		if err := os.WriteFile(src, []byte(profilingFile), 0o644); err != nil {
-			return err
-		}
-		overlay := fmt.Sprintf(`{"Replace": {%q: %q}}`, filepath.Join(root, "cmd", "volume-healer", "zz_scale_pprof.go"), src)
-		overlayPath := filepath.Join(dir, "overlay.json")
-		if err := os.WriteFile(overlayPath, []byte(overlay), 0o644); err != nil {
-			return err
-		}
-		args = append(args, "-overlay", overlayPath)
-	}
-	cmd := exec.Command("go", append(args, "./cmd/volume-healer")...)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build the controller: %w\n%s", err, b)
-	}
-	return nil
-}
-
-// controllerProcess is the controller running as its own process. It reaches the apiserver
-// through a loopback proxy that counts its requests, so that they can be told apart from the
-// sidecars' and the harness's (apiserver_request_total does not say who asked).
+// controllerProcess is the controller running as its own process, built with the harness's
+// Profiling flavor. It reaches the apiserver through a loopback proxy that counts its requests,
+// so that they can be told apart from the sidecars' and the harness's (apiserver_request_total
+// does not say who asked).
 type controllerProcess struct {
-	cmd         *exec.Cmd
-	metricsAddr string
-	healthAddr  string
-	// pprofAddr serves net/http/pprof when the binary was built for profiling.
-	pprofAddr string
-	logPath   string
+	*harness.Controller
 	// stats counts the controller's API requests, as its proxy saw them.
 	stats *requestStats
 	// handled holds when the apiserver accepted each CSIAddonsNode's last handled marker, by
@@ -91,8 +34,6 @@ type controllerProcess struct {
 	handledMu sync.Mutex
 	handled   map[string]time.Time
 	proxy     *http.Server
-	exited    chan struct{}
-	err       error
 }
 
 // controllerSettings are the VOLUME_HEALER_* settings the harness varies.
@@ -101,17 +42,16 @@ type controllerSettings struct {
 	global, perDriver, perNode int
 }
 
-func (s controllerSettings) env() []string {
-	return []string{
-		"VOLUME_HEALER_RESTART_DEBOUNCE=" + s.debounce.String(),
-		"VOLUME_HEALER_BUDGETS_GLOBAL=" + strconv.Itoa(s.global),
-		"VOLUME_HEALER_BUDGETS_PER_DRIVER=" + strconv.Itoa(s.perDriver),
-		"VOLUME_HEALER_BUDGETS_PER_NODE=" + strconv.Itoa(s.perNode),
-	}
+func (s controllerSettings) add(to map[string]string) map[string]string {
+	to["RESTART_DEBOUNCE"] = s.debounce.String()
+	to["BUDGETS_GLOBAL"] = strconv.Itoa(s.global)
+	to["BUDGETS_PER_DRIVER"] = strconv.Itoa(s.perDriver)
+	to["BUDGETS_PER_NODE"] = strconv.Itoa(s.perNode)
+	return to
 }
 
-func startController(ctx context.Context, c *cluster, bin, name string, s controllerSettings) (*controllerProcess, error) {
-	p := &controllerProcess{stats: newRequestStats(), handled: map[string]time.Time{}, exited: make(chan struct{}), logPath: filepath.Join(c.dir, name+".log")}
+func startController(ctx context.Context, c *cluster, procs *harness.Processes, bin, name string, s controllerSettings) (*controllerProcess, error) {
+	p := &controllerProcess{stats: newRequestStats(), handled: map[string]time.Time{}}
 	target, err := url.Parse(c.env.Config.Host)
 	if err != nil {
 		return nil, err
@@ -142,67 +82,27 @@ current-context: scale
 		_ = p.proxy.Close()
 		return nil, err
 	}
-	metricsPort, err := freePort()
+	settings := c.env.ControllerSettings()
+	settings["KUBECONFIG"] = kubeconfig
+	// One replica: leader election would add a Lease read and write every retry period, which
+	// is no part of a sweep.
+	settings["LEADER_ELECTION_ENABLED"] = "false"
+	// No periodic sweeps: every sweep measured is a restart sweep.
+	settings["SCHEDULE_DEFAULT"] = ""
+	settings["LOG_VERBOSITY"] = "0"
+	p.Controller, err = harness.StartController(procs, harness.ControllerOptions{
+		Name: name, Binary: bin, Settings: s.add(settings), LogPath: filepath.Join(c.dir, name+".log"), Profile: true,
+	})
 	if err != nil {
 		_ = p.proxy.Close()
 		return nil, err
 	}
-	healthPort, err := freePort()
-	if err != nil {
-		_ = p.proxy.Close()
-		return nil, err
-	}
-	pprofPort, err := freePort()
-	if err != nil {
-		_ = p.proxy.Close()
-		return nil, err
-	}
-	p.metricsAddr = fmt.Sprintf("127.0.0.1:%d", metricsPort)
-	p.healthAddr = fmt.Sprintf("127.0.0.1:%d", healthPort)
-	p.pprofAddr = fmt.Sprintf("127.0.0.1:%d", pprofPort)
-	logFile, err := os.Create(p.logPath)
-	if err != nil {
-		_ = p.proxy.Close()
-		return nil, err
-	}
-	p.cmd = exec.Command(bin)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	// The controller dies with the harness, however the harness ends (an interrupted run left
-	// controllers behind before).
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p.cmd.Env = append(os.Environ(),
-		"VOLUME_HEALER_KUBECONFIG="+kubeconfig,
-		"VOLUME_HEALER_METRICS_BIND_ADDRESS="+p.metricsAddr,
-		"VOLUME_HEALER_HEALTH_BIND_ADDRESS="+p.healthAddr,
-		// One replica: leader election would add a Lease read and write every retry period,
-		// which is no part of a sweep.
-		"VOLUME_HEALER_LEADER_ELECTION_ENABLED=false",
-		"VOLUME_HEALER_SIDECAR_TLS_ENABLED=false",
-		"VOLUME_HEALER_SIDECAR_AUTH_TOKEN_FILE="+c.tokenFile,
-		// No periodic sweeps: every sweep measured is a restart sweep.
-		"VOLUME_HEALER_SCHEDULE_DEFAULT=",
-		"VOLUME_HEALER_LOG_VERBOSITY=0",
-		profileAddressEnv+"="+p.pprofAddr,
-	)
-	p.cmd.Env = append(p.cmd.Env, s.env()...)
-	if err := p.cmd.Start(); err != nil {
-		_ = logFile.Close()
-		_ = p.proxy.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		_ = logFile.Close()
-		close(p.exited)
-	}()
-	if err := p.waitReady(ctx, 3*time.Minute); err != nil {
+	if err := p.WaitReady(ctx, 3*time.Minute); err != nil {
 		p.stop()
 		return nil, err
 	}
 	return p, nil
 }
-
-func (p *controllerProcess) pid() int { return p.cmd.Process.Pid }
 
 // observe records when a handled marker (the controller's only PATCH of a CSIAddonsNode) was
 // accepted.
@@ -223,49 +123,15 @@ func (p *controllerProcess) handledAt(name string) time.Time {
 	return p.handled[name]
 }
 
-// waitReady waits until /readyz answers: the informer caches have synced.
-func (p *controllerProcess) waitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for {
-		select {
-		case <-p.exited:
-			return fmt.Errorf("controller exited before it was ready: %v (log %s)", p.err, p.logPath)
-		default:
-		}
-		resp, err := hc.Get("http://" + p.healthAddr + "/readyz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("controller not ready within %s (log %s)", timeout, p.logPath)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // stop sends SIGTERM and waits for the process, killing it after 40s.
 func (p *controllerProcess) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(40 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
+	_ = p.Stop(40 * time.Second)
 	_ = p.proxy.Close()
 }
 
 // cpuProfile records a CPU profile of the controller for d into path. It needs a profiling build.
 func (p *controllerProcess) cpuProfile(ctx context.Context, d time.Duration, path string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprofAddr, int(d.Seconds()))
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.PprofAddr, int(d.Seconds()))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -301,11 +167,11 @@ func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, anon,
 			case <-time.After(time.Second):
 			}
 		}
-		r, err := processMemory(p.pid())
+		r, err := processMemory(p.Pid())
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		m, err := controllerMetrics(ctx, p.metricsAddr)
+		m, err := harness.ScrapeMetrics(ctx, p.MetricsAddr)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -314,7 +180,7 @@ func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, anon,
 		}
 		rs = append(rs, r.Total)
 		as = append(as, r.Anon)
-		hs = append(hs, int64(metricValue(m, "go_memstats_heap_inuse_bytes")))
+		hs = append(hs, int64(harness.MetricSum(m, "go_memstats_heap_inuse_bytes", nil)))
 	}
 	return median(rs), median(as), median(hs), nil
 }

@@ -76,7 +76,7 @@ func decisionRateOf(ctx context.Context, name string, inputs []policy.Input, mem
 }
 
 // measureDecisions is figure 6.
-func (h *harness) measureDecisions(ctx context.Context) error {
+func (h *runner) measureDecisions(ctx context.Context) error {
 	s, err := newShapes()
 	if err != nil {
 		return err

@@ -6,6 +6,10 @@
 // the CPU time of a periodic sweep's planning and policy decisions, and policy decisions per
 // second. Results are written as JSON (schema in docs/scale.md).
 //
+// The control plane, the controller's build and process and the node plugins come from
+// test/harness; this package owns the layouts, the request counting, the measurements and the
+// results.
+//
 // The default run is small (a few hundred volumes) and checks that every figure can be computed;
 // the full run is asked for with -args -full or SCALE_FULL=1 and writes bench/results.json.
 package scale

@@ -13,14 +13,12 @@ import (
 	"sync"
 	"time"
 
-	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 
-	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
-	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // Layout sizes a run. ShortLayout and FullLayout are the two the test uses.
@@ -103,11 +101,12 @@ func FullLayout() Layout {
 	}
 }
 
-// harness runs the measurements against one control plane.
-type harness struct {
+// runner runs the measurements against one control plane.
+type runner struct {
 	layout  Layout
 	dir     string
 	bin     string
+	procs   *harness.Processes
 	logf    func(format string, args ...any)
 	c       *cluster
 	calls   *callStats
@@ -122,7 +121,7 @@ type harness struct {
 }
 
 // volumes counts the volumes of the simulated node plugins.
-func (h *harness) volumes() int {
+func (h *runner) volumes() int {
 	n := 0
 	for _, p := range h.plugins {
 		n += len(p.vols)
@@ -130,7 +129,7 @@ func (h *harness) volumes() int {
 	return n
 }
 
-func (h *harness) settings(debounce time.Duration) controllerSettings {
+func (h *runner) settings(debounce time.Duration) controllerSettings {
 	return controllerSettings{debounce: debounce, global: h.layout.Global, perDriver: h.layout.PerDriver, perNode: h.layout.PerNode}
 }
 
@@ -151,12 +150,18 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 		return nil, err
 	}
 	defer logFile.Close()
-	h := &harness{layout: l, dir: dir, bin: filepath.Join(dir, "volume-healer"), logf: logf, calls: &callStats{}, res: res,
+	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
 		log: textLogger(logFile)}
 
 	// Building the controller and starting the control plane take about as long: overlap them.
+	// The controller is built without the race detector (its speed is what is measured), and
+	// serves net/http/pprof for its CPU profile.
 	built := make(chan error, 1)
-	go func() { built <- buildController(h.bin, true) }()
+	go func() {
+		bin, err := harness.Build(harness.BuildOptions{Controller: harness.Profiling})
+		h.bin = bin.Controller
+		built <- err
+	}()
 	c, err := startCluster(ctx, dir)
 	if berr := <-built; berr != nil {
 		if c != nil {
@@ -194,7 +199,7 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	return res, nil
 }
 
-func (h *harness) stopAll() {
+func (h *runner) stopAll() {
 	if h.ctrl != nil {
 		h.ctrl.stop()
 		h.ctrl = nil
@@ -202,7 +207,7 @@ func (h *harness) stopAll() {
 	_ = forEachPlugin(h.plugins, 32, func(p *nodePlugin) error { p.stop(); return nil })
 }
 
-func (h *harness) measureCluster(ctx context.Context) error {
+func (h *runner) measureCluster(ctx context.Context) error {
 	l := h.layout
 	// Phase 1: the big node alone.
 	if err := h.addNodes(ctx, "first", []string{"node-big"}, l.BigNodeVolumes); err != nil {
@@ -308,7 +313,7 @@ func (h *harness) measureCluster(ctx context.Context) error {
 }
 
 // addVolumesOnly creates n volumes on nodes that run no node plugin, 100 to a node.
-func (h *harness) addVolumesOnly(ctx context.Context, n int) error {
+func (h *runner) addVolumesOnly(ctx context.Context, n int) error {
 	start := time.Now()
 	var names []string
 	var vols []volume
@@ -344,7 +349,7 @@ func nodeNames(first, n int) []string {
 }
 
 // addNodes creates Node objects and perNode volumes on each, then starts their node plugins.
-func (h *harness) addNodes(ctx context.Context, phase string, names []string, perNode int) error {
+func (h *runner) addNodes(ctx context.Context, phase string, names []string, perNode int) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -393,12 +398,12 @@ func forEachPlugin(ps []*nodePlugin, workers int, f func(*nodePlugin) error) err
 }
 
 // restartController stops the running controller, if any, and starts a fresh one.
-func (h *harness) restartController(ctx context.Context, name string, debounce time.Duration) error {
+func (h *runner) restartController(ctx context.Context, name string, debounce time.Duration) error {
 	if h.ctrl != nil {
 		h.ctrl.stop()
 		h.ctrl = nil
 	}
-	p, err := startController(ctx, h.c, h.bin, name, h.settings(debounce))
+	p, err := startController(ctx, h.c, h.procs, h.bin, name, h.settings(debounce))
 	if err != nil {
 		return err
 	}
@@ -407,43 +412,29 @@ func (h *harness) restartController(ctx context.Context, name string, debounce t
 }
 
 // waitHandled waits until every CSIAddonsNode's restart marker has been swept.
-func (h *harness) waitHandled(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var list csiaddonsv1alpha1.CSIAddonsNodeList
-		if err := h.c.crc.List(ctx, &list); err != nil {
-			return err
+func (h *runner) waitHandled(ctx context.Context, timeout time.Duration) error {
+	err := harness.WaitFor(ctx, timeout, "every restart marker to be swept", func() (bool, string) {
+		pending, seen, err := harness.RestartsPending(ctx, h.c.crc, "")
+		if err != nil {
+			return false, err.Error()
 		}
-		pending := 0
-		for i := range list.Items {
-			n := &list.Items[i]
-			if n.Annotations[annotations.HandledMarker] != trigger.RestartMarker(n) {
-				pending++
-			}
-		}
-		if pending == 0 && len(list.Items) == len(h.plugins) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d restart markers not swept within %s (controller log %s)", pending, len(list.Items), timeout, h.ctrl.logPath)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+		return len(pending) == 0 && seen == len(h.plugins), fmt.Sprintf("%d of %d restart markers not swept", len(pending), seen)
+	})
+	if err != nil {
+		return fmt.Errorf("%w (controller log %s)", err, h.ctrl.LogPath)
 	}
+	return nil
 }
 
 // handledPatches is how many handled markers the controller has written.
-func (h *harness) handledPatches() int64 {
+func (h *runner) handledPatches() int64 {
 	return h.ctrl.stats.snapshot().Counts[requestKey{Verb: "PATCH", Resource: "csiaddonsnodes"}]
 }
 
 // measureRestarts restarts the big node's plugin n times, one after the other, each time waiting
 // for its sweep to end, and records figure 1 (requests per sweep, ours and the peer's) and, when
 // latency is set, figure 2.
-func (h *harness) measureRestarts(ctx context.Context, n int, withLatency bool) error {
+func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) error {
 	rc := h.c.kube.CoreV1().RESTClient()
 	var (
 		ctrlSum, sidecarSum, apiSum requestSnapshot
@@ -475,7 +466,7 @@ func (h *harness) measureRestarts(ctx context.Context, n int, withLatency bool) 
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("restart %d of %s: sweep not finished within 3m: %d of %d volumes probed (controller log %s)",
-					i+1, h.big.name, h.big.calls.snapshot().probed, len(h.big.vols), h.ctrl.logPath)
+					i+1, h.big.name, h.big.calls.snapshot().probed, len(h.big.vols), h.ctrl.LogPath)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -540,7 +531,7 @@ func (h *harness) measureRestarts(ctx context.Context, n int, withLatency bool) 
 }
 
 // measureMemory starts a fresh controller, lets its caches fill and settle, and reads its memory.
-func (h *harness) measureMemory(ctx context.Context, name string, debounce time.Duration) error {
+func (h *runner) measureMemory(ctx context.Context, name string, debounce time.Duration) error {
 	start := time.Now()
 	if err := h.restartController(ctx, name, debounce); err != nil {
 		return err
@@ -566,7 +557,7 @@ func (h *harness) measureMemory(ctx context.Context, name string, debounce time.
 
 // fitMemory fits a line through the measured points and adds the extrapolation to 100,000
 // volumes.
-func (h *harness) fitMemory() {
+func (h *runner) fitMemory() {
 	m := h.res.Memory
 	var x, rss, anon, heap []float64
 	for _, p := range m.Points {
@@ -594,7 +585,7 @@ func (h *harness) fitMemory() {
 
 // measureStorm restarts every node plugin at once and watches the controller work off the
 // restart sweeps under its budgets.
-func (h *harness) measureStorm(ctx context.Context) error {
+func (h *runner) measureStorm(ctx context.Context) error {
 	l := h.layout
 	h.calls.delay.Store(int64(l.CallDelay))
 	defer h.calls.delay.Store(0)
@@ -602,12 +593,12 @@ func (h *harness) measureStorm(ctx context.Context) error {
 		p.calls.reset()
 	}
 	h.calls.reset()
-	m0, err := controllerMetrics(ctx, h.ctrl.metricsAddr)
+	m0, err := harness.ScrapeMetrics(ctx, h.ctrl.MetricsAddr)
 	if err != nil {
 		return err
 	}
 	c0, s0 := h.ctrl.stats.snapshot(), h.handledPatches()
-	ctrlCPU0, err := processCPU(h.ctrl.pid())
+	ctrlCPU0, err := processCPU(h.ctrl.Pid())
 	if err != nil {
 		return err
 	}
@@ -629,7 +620,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 		defer f.Close()
 	}
 	sampler := startSampler(h.calls, 5*time.Millisecond)
-	dispatch := startDispatchPoller(ctx, h.ctrl.metricsAddr, 200*time.Millisecond)
+	dispatch := startDispatchPoller(ctx, h.ctrl.MetricsAddr, 200*time.Millisecond)
 	var ctrlProfile string
 	ctrlProfiled := make(chan error, 1)
 	if l.ControllerProfile > 0 {
@@ -680,7 +671,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			sampler.stop()
 			dispatch.stop()
-			return fmt.Errorf("storm not worked off within 15m (probed: %t, handled: %t; controller log %s)", !allProbed.IsZero(), !allHandled.IsZero(), h.ctrl.logPath)
+			return fmt.Errorf("storm not worked off within 15m (probed: %t, handled: %t; controller log %s)", !allProbed.IsZero(), !allHandled.IsZero(), h.ctrl.LogPath)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -689,7 +680,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 	if l.Profile {
 		pprof.StopCPUProfile()
 	}
-	ctrlCPU1, err := processCPU(h.ctrl.pid())
+	ctrlCPU1, err := processCPU(h.ctrl.Pid())
 	if err != nil {
 		return err
 	}
@@ -697,7 +688,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m1, err := controllerMetrics(ctx, h.ctrl.metricsAddr)
+	m1, err := harness.ScrapeMetrics(ctx, h.ctrl.MetricsAddr)
 	if err != nil {
 		return err
 	}
@@ -810,7 +801,7 @@ func (h *harness) measureStorm(ctx context.Context) error {
 		s.MaxInFlightPerNode = max(s.MaxInFlightPerNode, snap.maxInFlight)
 		s.MaxInFlightPerVolume = max(s.MaxInFlightPerVolume, snap.maxPerVolume)
 		s.VolumesProbed += snap.probed
-		dc := p.driver().Counters()
+		dc := p.Driver().Counters()
 		s.DriverMaxConcurrentPerNode = max(s.DriverMaxConcurrentPerNode, dc.MaxConcurrent)
 		for _, v := range dc.MaxConcurrentPerVolume {
 			s.DriverMaxConcurrentPerVolume = max(s.DriverMaxConcurrentPerVolume, v)
@@ -961,12 +952,12 @@ func startDispatchPoller(ctx context.Context, addr string, every time.Duration) 
 				return
 			case <-t.C:
 			}
-			m, err := controllerMetrics(ctx, addr)
+			m, err := harness.ScrapeMetrics(ctx, addr)
 			if err != nil {
 				continue
 			}
 			p.samples = append(p.samples, dispatchSample{at: time.Now(),
-				queued: metricValue(m, "volume_healer_dispatch_queued"), inFlight: metricValue(m, "volume_healer_dispatch_in_flight")})
+				queued: harness.MetricSum(m, "volume_healer_dispatch_queued", nil), inFlight: harness.MetricSum(m, "volume_healer_dispatch_in_flight", nil)})
 		}
 	})
 	return p
@@ -1021,7 +1012,7 @@ func (s *sampler) stop() []inFlightSample {
 }
 
 // measureSweepCPU is figure 5.
-func (h *harness) measureSweepCPU(ctx context.Context) error {
+func (h *runner) measureSweepCPU(ctx context.Context) error {
 	sh, err := newShapes()
 	if err != nil {
 		return err

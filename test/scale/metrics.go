@@ -4,24 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/client-go/rest"
-)
 
-// parseMetrics reads a Prometheus text exposition.
-func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(r)
-}
+	"github.com/volume-healer/volume-healer/test/harness"
+)
 
 func label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
@@ -40,7 +32,7 @@ func apiserverCounts(ctx context.Context, rc rest.Interface) (requestSnapshot, e
 	if err != nil {
 		return requestSnapshot{}, fmt.Errorf("apiserver /metrics: %w", err)
 	}
-	families, err := parseMetrics(bytes.NewReader(body))
+	families, err := harness.ParseMetrics(bytes.NewReader(body))
 	if err != nil {
 		return requestSnapshot{}, fmt.Errorf("parse apiserver /metrics: %w", err)
 	}
@@ -70,44 +62,6 @@ func apiserverCounts(ctx context.Context, rc rest.Interface) (requestSnapshot, e
 		}
 	}
 	return out, nil
-}
-
-// controllerMetrics reads the controller's /metrics.
-func controllerMetrics(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	c := &http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("controller /metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("controller /metrics: %s", resp.Status)
-	}
-	return parseMetrics(resp.Body)
-}
-
-// metricValue returns the value of an unlabelled gauge or counter, or the sum over its series.
-func metricValue(families map[string]*dto.MetricFamily, name string) float64 {
-	f := families[name]
-	if f == nil {
-		return 0
-	}
-	var v float64
-	for _, m := range f.GetMetric() {
-		switch {
-		case m.Gauge != nil:
-			v += m.GetGauge().GetValue()
-		case m.Counter != nil:
-			v += m.GetCounter().GetValue()
-		case m.Untyped != nil:
-			v += m.GetUntyped().GetValue()
-		}
-	}
-	return v
 }
 
 // histogramSums returns the sample count and sum of a histogram's series whose labels match.

@@ -2,24 +2,18 @@ package scale
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io/fs"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // callStats is the drivers' view of the probe and heal calls of every simulated node together:
@@ -171,15 +165,12 @@ func (n *nodeCalls) intercept(ctx context.Context, req any, info *grpc.UnaryServ
 	return resp, err
 }
 
-// nodePlugin is one simulated CSI node plugin pod: the reference driver on a UNIX socket, behind
-// the real healer sidecar on a loopback port. Both run in the harness's process.
+// nodePlugin is one simulated CSI node plugin pod in the harness's process (see
+// harness.Plugin), whose driver counts its calls and whose sidecar's API requests are counted.
 type nodePlugin struct {
-	name   string
-	c      *cluster
-	vols   []volume
-	dir    string
-	socket string
-	port   int
+	*harness.Plugin
+	name string
+	vols []volume
 	// stats counts the sidecar's API requests.
 	stats *requestStats
 	calls *nodeCalls
@@ -187,139 +178,47 @@ type nodePlugin struct {
 	// markerAt is when the apiserver accepted the last restart marker the sidecar wrote, in
 	// Unix nanoseconds.
 	markerAt atomic.Int64
-
-	mu      sync.Mutex
-	starts  int
-	drv     *driver.Driver
-	sc      *sidecar.Sidecar
-	cancel  context.CancelFunc
-	stopped chan struct{}
 }
 
 func newNodePlugin(c *cluster, name string, vols []volume, calls *callStats, log klog.Logger) (*nodePlugin, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	dir := filepath.Join(c.dir, "nodes", name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	return &nodePlugin{
-		name: name, c: c, vols: vols, dir: dir, socket: filepath.Join(dir, "csi-addons.sock"), port: port,
-		stats: newRequestStats(), calls: newNodeCalls(calls), log: log.WithValues("simulatedNode", name),
-	}, nil
-}
-
-// start runs the driver and the sidecar, as a start of the node plugin pod: the sidecar writes
-// a new restart marker on the CSIAddonsNode once it can answer. It returns when the marker is
-// accepted.
-func (p *nodePlugin) start(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel != nil {
-		return fmt.Errorf("node plugin on %s is running", p.name)
-	}
-	drv, err := driver.New(driver.Options{StateDir: filepath.Join(p.dir, "driver"), DriverName: driverName, NodeID: p.name, SeedVolumes: []string{}})
-	if err != nil {
-		return err
-	}
-	if p.starts == 0 {
-		for _, v := range p.vols {
-			if _, err := drv.Volume(v.handle); err == nil {
-				continue
-			}
-			attrs := p.c.pvTemplates[v.class].Spec.CSI.VolumeAttributes
-			if _, err := drv.AddVolume(driver.VolumeSpec{ID: v.handle, Mounter: p.c.mounter(v), VolumeContext: attrs}); err != nil {
-				return err
-			}
-		}
-	}
-	lis, err := listenUnix(p.socket)
-	if err != nil {
-		return err
-	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(p.calls.intercept))
-	drv.Register(srv)
-
-	p.starts++
+	p := &nodePlugin{name: name, vols: vols, stats: newRequestStats(), calls: newNodeCalls(calls), log: log.WithValues("simulatedNode", name)}
 	observe := func(k requestKey, resp *http.Response, err error) {
 		if err == nil && k.Resource == "csiaddonsnodes" && (k.Verb == "PATCH" || k.Verb == "POST") && resp.StatusCode < 300 {
 			p.markerAt.Store(time.Now().UnixNano())
 		}
 	}
-	cfg := p.c.restConfig(p.stats, withLabelSelector("persistentvolumes", nodeLabel+"="+p.name), observe)
+	cfg := c.restConfig(p.stats, withLabelSelector("persistentvolumes", nodeLabel+"="+name), observe)
 	// The sidecar's own client-side rate limit, as it has in a cluster.
 	cfg.QPS, cfg.Burst = 0, 0
-	var sc *sidecar.Sidecar
-	for attempt := 0; ; attempt++ {
-		sc, err = sidecar.New(sidecar.Options{
-			KubeConfig:     cfg,
-			NodeName:       p.name,
-			Namespace:      pluginNamespace,
-			PodUID:         fmt.Sprintf("%s-start-%d", p.name, p.starts),
-			DriverEndpoint: "unix://" + p.socket,
-			ListenAddress:  fmt.Sprintf("127.0.0.1:%d", p.port),
-			Insecure:       true,
-			MetricsAddress: "0",
-		})
-		if err == nil {
-			break
-		}
-		// Another process took the port while the plugin was down: move, as a pod without host
-		// networking would; the sidecar advertises its new endpoint.
-		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 5 {
-			_ = lis.Close()
-			return err
-		}
-		if p.port, err = freePort(); err != nil {
-			_ = lis.Close()
-			return err
-		}
-	}
-	runCtx, cancel := context.WithCancel(klog.NewContext(ctx, p.log))
-	stopped := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	wg.Go(func() {
-		if err := sc.Start(runCtx); err != nil {
-			p.log.Error(err, "Sidecar stopped with an error")
-		}
+	hp, err := harness.NewPlugin(harness.PluginOptions{
+		Node: name, Driver: driverName, Namespace: pluginNamespace, Kube: cfg,
+		Dir:          filepath.Join(c.dir, "nodes", name),
+		KeepPort:     true,
+		Interceptors: []grpc.UnaryServerInterceptor{p.calls.intercept},
+		Logger:       &p.log,
 	})
-	wg.Go(func() {
-		<-runCtx.Done()
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			srv.Stop()
-		}
-	})
-	go func() { wg.Wait(); close(stopped) }()
-	p.drv, p.sc, p.cancel, p.stopped = drv, sc, cancel, stopped
-
-	select {
-	case <-sc.Registered():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(2 * time.Minute):
-		return fmt.Errorf("sidecar on %s did not register its CSIAddonsNode within 2m", p.name)
+	if err != nil {
+		return nil, err
 	}
+	specs := make([]driver.VolumeSpec, len(vols))
+	for i, v := range vols {
+		specs[i] = driver.VolumeSpec{ID: v.handle, Mounter: c.mounter(v), VolumeContext: c.pvTemplates[v.class].Spec.CSI.VolumeAttributes}
+	}
+	hp.AddVolumes(specs...)
+	p.Plugin = hp
+	return p, nil
 }
+
+// start runs the driver and the sidecar, as a start of the node plugin pod: the sidecar writes
+// a new restart marker on the CSIAddonsNode once it can answer. It returns when the marker is
+// accepted.
+func (p *nodePlugin) start(ctx context.Context) error { return p.Start(ctx) }
 
 // stop ends the sidecar and the driver, as a node plugin pod's end would.
 func (p *nodePlugin) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel == nil {
-		return
+	if err := p.Stop(); err != nil {
+		p.log.Error(err, "Sidecar stopped with an error")
 	}
-	p.cancel()
-	<-p.stopped
-	// The next start loads the driver's volumes from disk, as a new driver process would.
-	p.cancel, p.drv, p.sc = nil, nil, nil
 }
 
 // restart is a restart of the node plugin pod: a stop and a start.
@@ -328,51 +227,9 @@ func (p *nodePlugin) restart(ctx context.Context) error {
 	return p.start(ctx)
 }
 
-func (p *nodePlugin) driver() *driver.Driver {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.drv
-}
-
 func (p *nodePlugin) markerAccepted() time.Time {
 	if n := p.markerAt.Load(); n != 0 {
 		return time.Unix(0, n)
 	}
 	return time.Time{}
-}
-
-func listenUnix(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&fs.ModeSocket != 0 {
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
-	}
-	return net.Listen("unix", path)
-}
-
-// nextPort is where freePort looks next. Ports come from below Linux's ephemeral range
-// (32768 and up), so that the many outgoing connections of a run do not take a node plugin's port
-// while it restarts.
-var nextPort atomic.Int64
-
-// freePort returns a loopback port that nothing listens on now.
-func freePort() (int, error) {
-	// Runs started at the same time on one machine start at different places.
-	nextPort.CompareAndSwap(0, int64(20000+os.Getpid()%8000))
-	for range 2000 {
-		port := int(nextPort.Add(1))
-		if port >= 32768 {
-			nextPort.Store(20000)
-			continue
-		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		_ = ln.Close()
-		return port, nil
-	}
-	return 0, errors.New("no free loopback port between 20000 and 32767")
 }

@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-addons/spec/lib/go/identity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -38,6 +37,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // The integration tests share one control plane: starting kube-apiserver and etcd takes
@@ -45,7 +45,7 @@ import (
 // per fixture), so they do not see each other.
 var (
 	envOnce   sync.Once
-	sharedEnv *controlplane.Env
+	sharedEnv *harness.Cluster
 	envErr    error
 	fixtureN  atomic.Int64
 )
@@ -71,12 +71,12 @@ func controlPlane(t *testing.T) *controlplane.Env {
 			envErr = err
 			return
 		}
-		sharedEnv, envErr = controlplane.New(controlplane.Options{KubeconfigDir: dir})
+		sharedEnv, envErr = harness.StartCluster(context.Background(), harness.ClusterOptions{Dir: dir})
 	})
 	if envErr != nil {
 		t.Fatalf("start control plane: %v", envErr)
 	}
-	return sharedEnv
+	return sharedEnv.Env
 }
 
 // The controller's ServiceAccount, allowed by default, and another one that is not.
@@ -162,29 +162,15 @@ func (f *fixture) startDriver(opts driver.Options, wrap func(healerv1alpha1.Heal
 		f.t.Fatalf("driver.New: %v", err)
 	}
 	path := strings.TrimPrefix(f.endpoint, "unix://")
-	lis, err := net.Listen("unix", path)
+	srv, err := harness.ServeDriver(d, path, harness.DriverServerOptions{
+		Interceptors: []grpc.UnaryServerInterceptor{f.recorder.intercept},
+		Healer:       wrap,
+	})
 	if err != nil {
-		f.t.Fatalf("listen on %s: %v", path, err)
+		f.t.Fatalf("serve the driver on %s: %v", path, err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(f.recorder.intercept))
-	identity.RegisterIdentityServer(srv, d.IdentityServer())
-	var h healerv1alpha1.HealerServer = d.HealerServer()
-	if wrap != nil {
-		h = wrap(h)
-	}
-	healerv1alpha1.RegisterHealerServer(srv, h)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
 	var once sync.Once
-	f.stopDrv = func() {
-		once.Do(func() {
-			srv.Stop()
-			<-done
-		})
-	}
+	f.stopDrv = func() { once.Do(func() { srv.Stop(0) }) }
 	f.t.Cleanup(f.stopDrv)
 	f.drv = d
 	return d
@@ -233,24 +219,14 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 	if mutate != nil {
 		mutate(&opts)
 	}
-	s, err := sidecar.New(opts)
+	s, err := harness.StartSidecar(context.Background(), opts)
 	if err != nil {
 		f.t.Fatalf("sidecar.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Start(ctx) }()
 	var once sync.Once
 	var stopErr error
 	stop := func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case stopErr = <-done:
-			case <-time.After(30 * time.Second):
-				stopErr = errors.New("sidecar did not stop within 30s")
-			}
-		})
+		once.Do(func() { stopErr = s.Stop(30 * time.Second) })
 		return stopErr
 	}
 	f.t.Cleanup(func() {
@@ -265,7 +241,7 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() { _ = conn.Close() })
-	return &running{s: s, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
+	return &running{s: s.Sidecar, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
 }
 
 // waitReady waits until the sidecar's PV cache has synced and it knows the driver.

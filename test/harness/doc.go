@@ -1,0 +1,21 @@
+// Package harness is what every suite that runs volume-healer against a real control plane
+// shares: the integration tests (test/integration), the end-to-end tests (test/e2e), the scale
+// harness (test/scale) and the demo (test/demo), and the sidecar's own tests against a real
+// apiserver. It owns
+//
+//   - the cluster: a control plane from test/controlplane with the controller's namespace,
+//     ServiceAccount and token (StartCluster, Cluster);
+//   - the suite of a test package: the cluster, the built programs, the run's folder and its
+//     clean-up, started once from TestMain (Main, Suite, Require);
+//   - a test's corner of the cluster: namespaces, CSIDriver, StorageClasses, the stage Secret,
+//     Nodes, and volumes as test/fixtures shapes them, removed when the test ends (Fixture, Volume);
+//   - building the project's programs once per run into one folder of the checkout (Build);
+//   - child processes that die with the process that started them (Processes, Process), the
+//     controller as one of them, its readiness, metrics and log (StartController, Controller);
+//   - a node plugin pod in this process: the reference driver on a UNIX socket behind the real
+//     healer sidecar on a loopback port (Plugin, ServeDriver, StartSidecar);
+//   - free loopback ports (FreeAddr) and polling (WaitFor, Eventually).
+//
+// What only a test can use takes a TB, which *testing.T satisfies; a program such as the demo
+// runs such code under RunScript. Everything else returns errors and may run in any goroutine.
+package harness

@@ -1,0 +1,112 @@
+package harness
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunScript(t *testing.T) {
+	var order []string
+	err := RunScript(context.Background(), "script", func(s *Script) error {
+		s.Cleanup(func() { order = append(order, "first registered") })
+		s.Cleanup(func() { order = append(order, "last registered") })
+		s.Fatalf("stop at %d", 1)
+		order = append(order, "after Fatalf")
+		return nil
+	})
+	if err == nil || err.Error() != "stop at 1" {
+		t.Errorf("RunScript returned %v, want the Fatalf message", err)
+	}
+	if got := strings.Join(order, ", "); got != "last registered, first registered" {
+		t.Errorf("ran %q; want the cleanups only, last registered first", got)
+	}
+
+	err = RunScript(context.Background(), "script", func(s *Script) error {
+		s.Errorf("one")
+		s.Errorf("two")
+		if !s.Failed() {
+			t.Error("Failed is false after Errorf")
+		}
+		return nil
+	})
+	if err == nil || err.Error() != "one; two" {
+		t.Errorf("RunScript returned %v, want the Errorf messages", err)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	fams, err := ParseMetrics(strings.NewReader(`# TYPE calls_total counter
+calls_total{reason="timeout",node="a"} 2
+calls_total{reason="timeout",node="b"} 3
+calls_total{reason="refused",node="a"} 5
+# TYPE in_flight gauge
+in_flight 4
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := MetricSum(fams, "calls_total", map[string]string{"reason": "timeout"}); got != 5 {
+		t.Errorf("sum of the timeouts = %v, want 5", got)
+	}
+	if got := MetricSum(fams, "calls_total", nil); got != 10 {
+		t.Errorf("sum of every series = %v, want 10", got)
+	}
+	if got := MetricSum(fams, "not_exposed", nil); got != 0 {
+		t.Errorf("sum of a family not exposed = %v, want 0", got)
+	}
+	if v, ok := MetricValue(fams, "calls_total", map[string]string{"reason": "refused"}); !ok || v != 5 {
+		t.Errorf("value of the refused series = %v (found %v), want 5", v, ok)
+	}
+	if v, ok := MetricValue(fams, "in_flight", nil); !ok || v != 4 {
+		t.Errorf("value of the gauge = %v (found %v), want 4", v, ok)
+	}
+	if _, ok := MetricValue(fams, "calls_total", map[string]string{"reason": "other"}); ok {
+		t.Error("found a series whose labels do not match")
+	}
+}
+
+func TestFreeAddr(t *testing.T) {
+	a, err := FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Errorf("two calls returned %s", a)
+	}
+	ln, err := net.Listen("tcp", a)
+	if err != nil {
+		t.Fatalf("listen on the free address %s: %v", a, err)
+	}
+	_ = ln.Close()
+}
+
+func TestProcesses(t *testing.T) {
+	ps := NewProcesses()
+	log := filepath.Join(t.TempDir(), "child.log")
+	// The child ignores SIGTERM, so that Stop has to kill it.
+	p, err := ps.Start("child", "/bin/sh", []string{"-c", `trap "" TERM; echo started; while :; do sleep 1; done`}, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 10*time.Second, "the child's output", func() (bool, string) {
+		return p.LogContains("started"), p.LogTail(5)
+	})
+	if err := p.Stop(200 * time.Millisecond); err == nil || !strings.Contains(err.Error(), "was killed") {
+		t.Errorf("Stop of a child that ignores SIGTERM returned %v, want that it was killed", err)
+	}
+	if p.Running() {
+		t.Error("the child runs after Stop")
+	}
+	if got := p.LogTail(1); got != "started" {
+		t.Errorf("LogTail(1) = %q, want the last line", got)
+	}
+	ps.KillAll() // nothing left: returns at once
+}

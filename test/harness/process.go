@@ -1,0 +1,211 @@
+package harness
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Processes starts child processes and knows which of them still run.
+//
+// Every child gets Pdeathsig: the kernel kills it when the thread that forked it ends. That thread
+// is the one of a goroutine locked to it that never returns, so it lives exactly as long as this
+// process: however the process ends (a failed test, a timeout's panic, SIGKILL), no controller,
+// sidecar or driver outlives it. Each child also leads a process group of its own, so that a
+// signal meant for this process (Ctrl-C in a terminal) does not reach it and the caller decides
+// its fate.
+type Processes struct {
+	mu   sync.Mutex
+	live map[*Process]struct{}
+}
+
+// NewProcesses returns an empty register.
+func NewProcesses() *Processes {
+	return &Processes{live: map[*Process]struct{}{}}
+}
+
+type startRequest struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	forkerOnce sync.Once
+	forks      chan startRequest
+)
+
+// fork starts cmd from the one thread that lives as long as this process.
+func fork(cmd *exec.Cmd) error {
+	forkerOnce.Do(func() {
+		forks = make(chan startRequest)
+		go func() {
+			runtime.LockOSThread()
+			for req := range forks {
+				req.done <- req.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	forks <- startRequest{cmd: cmd, done: done}
+	return <-done
+}
+
+// Process is one running child.
+type Process struct {
+	// Name names the process in messages.
+	Name string
+	// LogPath is the file its standard output and error go to.
+	LogPath string
+
+	cmd *exec.Cmd
+	// exited is closed once the process has exited and been waited for.
+	exited chan struct{}
+}
+
+// Start runs bin with args and the environment env (this process's when nil), its output
+// appended to logPath.
+func (ps *Processes) Start(name, bin string, args, env []string, logPath string) (*Process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := fork(cmd); err != nil {
+		_ = logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Process{Name: name, cmd: cmd, LogPath: logPath, exited: make(chan struct{})}
+	ps.mu.Lock()
+	ps.live[p] = struct{}{}
+	ps.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		_ = logFile.Close()
+		ps.mu.Lock()
+		delete(ps.live, p)
+		ps.mu.Unlock()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// KillAll kills every process still running and waits for each to exit.
+func (ps *Processes) KillAll() {
+	ps.mu.Lock()
+	live := make([]*Process, 0, len(ps.live))
+	for p := range ps.live {
+		live = append(live, p)
+	}
+	ps.mu.Unlock()
+	for _, p := range live {
+		_ = p.Kill()
+	}
+}
+
+// Pid is the process's ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Running tells whether the process has not exited yet.
+func (p *Process) Running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig to the process; a process that has exited is not signalled.
+func (p *Process) Signal(sig syscall.Signal) error {
+	if !p.Running() {
+		return nil
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s: send %v: %w", p.Name, sig, err)
+	}
+	return nil
+}
+
+// Stop asks the process to end with SIGTERM, as the kubelet does when it deletes a pod, and kills
+// it after grace. It returns an error when the process had to be killed.
+func (p *Process) Stop(grace time.Duration) error {
+	if !p.Running() {
+		return nil
+	}
+	// SIGCONT lets a paused process see the SIGTERM.
+	if err := errors.Join(p.Signal(syscall.SIGTERM), p.Signal(syscall.SIGCONT)); err != nil {
+		return err
+	}
+	select {
+	case <-p.exited:
+		return nil
+	case <-time.After(grace):
+	}
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%s did not stop within %s of SIGTERM and was killed", p.Name, grace)
+}
+
+// Kill ends the process with SIGKILL, with no chance to clean up, and waits for it to exit.
+func (p *Process) Kill() error {
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		return err
+	}
+	select {
+	case <-p.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%s did not exit within 30s of SIGKILL", p.Name)
+	}
+}
+
+// Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but
+// nothing answers. Stop and Kill end a paused process too.
+func (p *Process) Pause() error { return p.Signal(syscall.SIGSTOP) }
+
+// ExitStatus describes how the process ended, or says that it runs.
+func (p *Process) ExitStatus() string {
+	if p.Running() {
+		return "running"
+	}
+	return p.cmd.ProcessState.String()
+}
+
+// LogTail returns the last n lines of the process's log.
+func (p *Process) LogTail(n int) string { return FileTail(p.LogPath, n) }
+
+// LogContains tells whether the process's log holds s.
+func (p *Process) LogContains(s string) bool {
+	data, err := os.ReadFile(p.LogPath)
+	return err == nil && strings.Contains(string(data), s)
+}
+
+// FileTail returns the last n lines of the file at path, or what went wrong reading it.
+func FileTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer func() { _ = f.Close() }()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
