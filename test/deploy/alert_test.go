@@ -39,6 +39,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // The cluster of the test follows deploy/: the controller's namespace and ServiceAccount from
@@ -295,12 +296,15 @@ func writeKubeconfig(t *testing.T, file string, cfg *rest.Config, token string) 
 	}
 }
 
-// startController builds cmd/volume-healer and runs it with deploy/base/config.yaml and env until
+// startController builds cmd/volume-healer (once per run, see harness.Build) and runs it with deploy/base/config.yaml and env until
 // the test ends.
 func startController(t *testing.T, env []string, logPath string) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "volume-healer")
-	run(t, repoRoot(t), "go", "build", "-o", bin, "./cmd/volume-healer")
+	bins, err := harness.Build(harness.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := bins.Controller
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -472,12 +476,11 @@ func writeFile(t *testing.T, file, content string) {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func get(t *testing.T, url string) []byte {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,16 +21,16 @@ import (
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // TestRunAgainstRealAPIServer starts the controller against a real control plane and checks what an
