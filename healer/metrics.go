@@ -27,6 +27,10 @@ type Metrics struct {
 	// alert compares with the class's schedule interval.
 	classFinished *prometheus.GaugeVec
 	leader        prometheus.Gauge
+	// restartsPending counts restart sweeps that did not reach every volume and are being tried
+	// again; restartRetries counts those tries.
+	restartsPending *prometheus.GaugeVec
+	restartRetries  *prometheus.CounterVec
 
 	// drivers remembers the drivers whose series have been started at zero.
 	drivers sync.Map
@@ -74,6 +78,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
 		}, []string{"driver", "reason"}),
 	}
+	m.restartsPending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "volume_healer_restart_sweeps_pending",
+		Help: "Restart sweeps, by driver, that did not reach every volume of their node (sidecar unreachable, volumes failed) and are being tried again; their restart is not recorded as handled.",
+	}, []string{"driver"})
+	m.restartRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "volume_healer_restart_sweep_retries_total",
+		Help: "Further tries of incomplete restart sweeps, by driver.",
+	}, []string{"driver"})
 	m.lastFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
 		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",
@@ -86,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.restartsPending, m.restartRetries)
 	return m
 }
 
@@ -141,6 +153,24 @@ func (m *Metrics) startDriver(driver string) {
 	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not-staged", "unsupported", "not-found", "malformed", "other"} {
 		m.callErrors.WithLabelValues(driver, r)
 	}
+	m.restartsPending.WithLabelValues(driver)
+	m.restartRetries.WithLabelValues(driver)
+}
+
+// restartPending adds delta to the incomplete restart sweeps of driver.
+func (m *Metrics) restartPending(driver string, delta float64) {
+	if m == nil {
+		return
+	}
+	m.restartsPending.WithLabelValues(driver).Add(delta)
+}
+
+// restartRetried counts a further try of an incomplete restart sweep of driver.
+func (m *Metrics) restartRetried(driver string) {
+	if m == nil {
+		return
+	}
+	m.restartRetries.WithLabelValues(driver).Inc()
 }
 
 // callError counts a failed sidecar call under a bounded reason.

@@ -39,6 +39,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_volume_heal_failing":                             {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_volumes_unhealthy":                               {dto.MetricType_GAUGE, []string{"driver", "status"}},
 	"volume_healer_sidecar_call_errors_total":                       {dto.MetricType_COUNTER, []string{"driver", "reason"}},
+	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
+	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},
 	"volume_healer_scheduler_schedule_errors_total":                 {dto.MetricType_COUNTER, nil},
 	"volume_healer_scheduler_schedule_invalid":                      {dto.MetricType_GAUGE, []string{"storageclass"}},
 	"volume_healer_scheduler_triggers_total":                        {dto.MetricType_COUNTER, []string{"trigger"}},

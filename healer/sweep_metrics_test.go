@@ -16,7 +16,7 @@ import (
 func TestScheduledSweepFinishedPerStorageClass(t *testing.T) {
 	f := newFixture(t, 1, false)
 	m := NewMetrics(prometheus.NewRegistry())
-	clock := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	clock := clocktesting.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	f.sweeper.opts.Metrics, f.sweeper.opts.Clock = m, clock
 	ctx := context.Background()
 	finished := func() map[string]float64 {

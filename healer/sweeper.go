@@ -76,9 +76,20 @@ type Options struct {
 	Metrics *Metrics
 	// DryRun decides and reports without calling probe or heal. Default false.
 	DryRun bool
-	// Clock tells time. Default real.
-	Clock clock.PassiveClock
+	// RetryBase is the wait before a restart sweep that did not reach every volume of its node is
+	// tried again; it doubles after each further try, up to RetryMax. Default: 5s.
+	RetryBase time.Duration
+	// RetryMax caps the wait between tries of an incomplete restart sweep. Default: 5m.
+	RetryMax time.Duration
+	// Clock tells time and waits between tries. Default real.
+	Clock clock.Clock
 }
+
+// Defaults of Options.
+const (
+	defaultRetryBase = 5 * time.Second
+	defaultRetryMax  = 5 * time.Minute
+)
 
 // Sweeper runs sweeps. It is safe for concurrent use: overlapping sweeps share the dispatcher,
 // which never runs two calls on one volume.
@@ -94,6 +105,12 @@ func New(opts Options) (*Sweeper, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.RetryBase <= 0 {
+		opts.RetryBase = defaultRetryBase
+	}
+	if opts.RetryMax < opts.RetryBase {
+		opts.RetryMax = max(defaultRetryMax, opts.RetryBase)
 	}
 	return &Sweeper{opts: opts, mem: newMemory()}, nil
 }
@@ -134,6 +151,10 @@ type Summary struct {
 	WouldProbe, WouldHeal int
 	// Cancelled is true when the sweep stopped before every volume was handled.
 	Cancelled bool
+	// Incomplete says why the sweep did not decide and act on every volume it should have (a
+	// sidecar that could not be reached, volumes that failed); empty when it did. A restart sweep
+	// is recorded as handled only when it is complete.
+	Incomplete string
 }
 
 func (s Summary) String() string {
@@ -141,6 +162,9 @@ func (s Summary) String() string {
 		s.Volumes, s.Probed, s.Healed, s.Unhealthy, s.Skipped, s.Failed)
 	if s.WouldProbe+s.WouldHeal > 0 {
 		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
+	}
+	if s.Incomplete != "" {
+		out += "; incomplete: " + s.Incomplete
 	}
 	return out
 }
@@ -172,6 +196,9 @@ const (
 	// CSIAddonsNode.
 	ReasonRestartSweepStarted  = "RestartSweepStarted"
 	ReasonRestartSweepFinished = "RestartSweepFinished"
+	// ReasonRestartSweepPending: a restart sweep did not reach every volume of its node; it is
+	// tried again, and the restart stays unhandled until a try is complete.
+	ReasonRestartSweepPending = "RestartSweepPending"
 	// ReasonManualSweepFinished reports a requested sweep's outcome on the object that asked.
 	ReasonManualSweepFinished = "ManualSweepFinished"
 )
@@ -184,15 +211,87 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
 	ctx = klog.NewContext(ctx, logger)
 	start := s.opts.Clock.Now()
 	source := s.begin(sw)
+	summary := s.attempt(ctx, sw)
+	if sw.Trigger == scheduler.TriggerRestart {
+		summary = s.untilComplete(ctx, sw, source, summary)
+	}
+	s.finish(ctx, sw, source, summary, start)
+	return summary
+}
 
-	vols, skipped := s.plan(ctx, sw)
+// attempt plans the sweep and acts on its volumes once.
+func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
+	vols, skipped, planErr := s.plan(ctx, sw)
 	for _, sk := range skipped {
-		logger.V(3).Info("Volume left out by the planner", "pv", sk.PV, "node", sk.Node, "reason", sk.Reason)
+		klog.FromContext(ctx).V(3).Info("Volume left out by the planner", "pv", sk.PV, "node", sk.Node, "reason", sk.Reason)
 	}
 	summary := s.submit(ctx, sw, vols)
 	summary.Skipped += len(skipped)
-	s.finish(ctx, sw, source, summary, start)
+	var why []string
+	if planErr != nil {
+		why = append(why, planErr.Error())
+	}
+	if summary.Failed > 0 {
+		why = append(why, fmt.Sprintf("%d of %d volumes failed", summary.Failed, summary.Volumes))
+	}
+	summary.Incomplete = strings.Join(why, "; ")
 	return summary
+}
+
+// untilComplete tries an incomplete restart sweep again, with a doubling wait, until a try
+// reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
+// (a controller restart or a new leader sweeps it again, since its marker was never recorded),
+// or when the node plugin restarted again or its CSIAddonsNode went away (the new restart's own
+// sweep takes over).
+func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary) Summary {
+	if summary.Incomplete == "" || summary.Cancelled {
+		return summary
+	}
+	logger := klog.FromContext(ctx)
+	m := s.opts.Metrics
+	m.restartPending(sw.Driver, 1)
+	defer m.restartPending(sw.Driver, -1)
+	wait := s.opts.RetryBase
+	for try := 2; ; try++ {
+		logger.Info("Restart sweep incomplete; trying again", "why", summary.Incomplete, "retryIn", wait)
+		if source != nil {
+			s.event(source, corev1.EventTypeWarning, ReasonRestartSweepPending,
+				"Restart sweep of %s on node %s is incomplete (%s); trying again in %s", sw.Driver, sw.Node, summary.Incomplete, wait)
+		}
+		select {
+		case <-ctx.Done():
+			summary.Cancelled = true
+			return summary
+		case <-s.opts.Clock.After(wait):
+		}
+		if why := s.superseded(sw); why != "" {
+			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
+			summary.Incomplete += "; " + why
+			return summary
+		}
+		m.restartRetried(sw.Driver)
+		summary = s.attempt(ctx, sw)
+		if summary.Incomplete == "" || summary.Cancelled {
+			logger.Info("Restart sweep complete", "tries", try)
+			return summary
+		}
+		wait = min(2*wait, s.opts.RetryMax)
+	}
+}
+
+// superseded says why the restart that sw sweeps no longer needs its sweep, or "".
+func (s *Sweeper) superseded(sw scheduler.Sweep) string {
+	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
+	if err != nil {
+		return "the node plugin's CSIAddonsNode is gone"
+	}
+	if n.Namespace != sw.Source.Namespace || n.Name != sw.Source.Name {
+		return ""
+	}
+	if marker := trigger.RestartMarker(n); marker != sw.Marker {
+		return fmt.Sprintf("the node plugin restarted again (marker %q)", marker)
+	}
+	return ""
 }
 
 // begin counts the sweep as started and, for a restart sweep, forgets what the restarted node
@@ -303,7 +402,7 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 	switch {
 	case summary.Cancelled:
 		result = "cancelled"
-	case summary.Failed > 0:
+	case summary.Failed > 0, summary.Incomplete != "":
 		result = "failed"
 	}
 	if m := s.opts.Metrics; m != nil {
@@ -327,6 +426,9 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 			logger.Error(err, "Manual sweep finished but the request could not be marked handled; it will run again")
 		}
 	case scheduler.TriggerRestart:
+		if summary.Incomplete != "" {
+			return
+		}
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
 		}
@@ -338,40 +440,39 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 
 // plan selects the sweep's volumes from the caches, asking the sidecars only for drivers whose
 // volumes have no VolumeAttachment.
-func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volume, []planner.Skipped) {
+func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volume, []planner.Skipped, error) {
 	p := s.opts.Planner
 	switch sw.Trigger {
 	case scheduler.TriggerRestart:
 		if p.AttachRequired(sw.Driver) {
-			return p.NodeVolumes(sw.Driver, sw.Node)
+			vols, skipped := p.NodeVolumes(sw.Driver, sw.Node)
+			return vols, skipped, nil
 		}
 		return s.staged(ctx, sw.Driver, sw.Node, nil)
 	default:
 		if sw.PV != "" {
 			driver, ok := p.PVDriver(sw.PV)
 			if !ok || p.AttachRequired(driver) {
-				return p.PVVolumes(sw.PV)
+				vols, skipped := p.PVVolumes(sw.PV)
+				return vols, skipped, nil
 			}
-			var vols []planner.Volume
-			var skipped []planner.Skipped
-			for _, node := range s.opts.Targets.Nodes(driver) {
-				v, sk := s.staged(ctx, driver, node, func(pv string) bool { return pv == sw.PV })
-				vols, skipped = append(vols, v...), append(skipped, sk...)
-			}
-			return vols, skipped
+			return s.stagedOnNodes(ctx, driver, func(pv string) bool { return pv == sw.PV })
 		}
 		if sw.StorageClass == "" && sw.Driver != "" && sw.Node != "" {
 			if p.AttachRequired(sw.Driver) {
-				return p.NodeVolumes(sw.Driver, sw.Node)
+				vols, skipped := p.NodeVolumes(sw.Driver, sw.Node)
+				return vols, skipped, nil
 			}
 			return s.staged(ctx, sw.Driver, sw.Node, nil)
 		}
 		vols, skipped := p.ClassVolumes(sw.StorageClass)
 		inClass := func(pv string) bool { return p.InClass(pv, sw.StorageClass) }
+		var errs []error
 		for _, driver := range p.ClassDrivers(sw.StorageClass) {
-			for _, node := range s.opts.Targets.Nodes(driver) {
-				v, sk := s.staged(ctx, driver, node, inClass)
-				vols, skipped = append(vols, v...), append(skipped, sk...)
+			v, sk, err := s.stagedOnNodes(ctx, driver, inClass)
+			vols, skipped = append(vols, v...), append(skipped, sk...)
+			if err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if sw.Node != "" || sw.Driver != "" {
@@ -379,30 +480,47 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volum
 				return (sw.Node == "" || v.NodeName == sw.Node) && (sw.Driver == "" || v.Driver == sw.Driver)
 			})
 		}
-		return vols, skipped
+		return vols, skipped, errors.Join(errs...)
 	}
 }
 
-// staged asks the sidecar of driver on node which volumes it has staged, restricted to the PVs
-// that keep accepts when keep is set.
-func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped) {
-	target, _, err := s.opts.Targets.Target(driver, node)
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
-		return nil, nil
-	}
-	staged, err := s.opts.Sidecars.ListStaged(ctx, target)
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
-		return nil, nil
-	}
-	var names []string
-	for _, v := range staged {
-		if v.PV != "" && (keep == nil || keep(v.PV)) {
-			names = append(names, v.PV)
+// stagedOnNodes asks every sidecar of driver which volumes it has staged (see staged).
+func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped, error) {
+	var vols []planner.Volume
+	var skipped []planner.Skipped
+	var errs []error
+	for _, node := range s.opts.Targets.Nodes(driver) {
+		v, sk, err := s.staged(ctx, driver, node, keep)
+		vols, skipped = append(vols, v...), append(skipped, sk...)
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return s.opts.Planner.StagedVolumes(driver, node, names)
+	return vols, skipped, errors.Join(errs...)
+}
+
+// staged asks the sidecar of driver on node which volumes it has staged, restricted to the PVs
+// that keep accepts when keep is set. Drivers without VolumeAttachments have no other list of a
+// node's volumes: when the sidecar cannot answer, the error says that the node's volumes are
+// unknown, and a restart sweep is not complete.
+func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped, error) {
+	target, _, err := s.opts.Targets.Target(driver, node)
+	if err == nil {
+		var staged []probe.StagedVolume
+		if staged, err = s.opts.Sidecars.ListStaged(ctx, target); err == nil {
+			var names []string
+			for _, v := range staged {
+				if v.PV != "" && (keep == nil || keep(v.PV)) {
+					names = append(names, v.PV)
+				}
+			}
+			vols, skipped := s.opts.Planner.StagedVolumes(driver, node, names)
+			return vols, skipped, nil
+		}
+		s.opts.Metrics.callError(driver, err)
+	}
+	klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
+	return nil, nil, fmt.Errorf("the staged volumes of %s on node %s could not be listed: %w", driver, node, err)
 }
 
 func filterVolumes(vols []planner.Volume, keep func(planner.Volume) bool) []planner.Volume {

@@ -42,6 +42,11 @@ type fakeSidecars struct {
 	onDead func()
 	// endpoints records the endpoint of every call that reached a live sidecar.
 	endpoints []string
+	// capsDown fails every capabilities call as an unreachable sidecar does.
+	capsDown bool
+	// staged is what ListStaged answers, and stagedErr its error.
+	staged    []probe.StagedVolume
+	stagedErr error
 }
 
 // reach fails a call to a dead endpoint as an unreachable sidecar does, and records the others.
@@ -57,8 +62,19 @@ func (f *fakeSidecars) reach(t probe.Target) error {
 }
 
 func (f *fakeSidecars) Capabilities(context.Context, probe.Target) (*probe.Capabilities, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.capsDown {
+		return nil, fmt.Errorf("%w: connection refused", probe.ErrUnreachable)
+	}
 	c := f.caps
 	return &c, nil
+}
+
+func (f *fakeSidecars) set(change func(*fakeSidecars)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	change(f)
 }
 
 func (f *fakeSidecars) Probe(_ context.Context, t probe.Target, pv string) (*probe.Result, error) {
@@ -85,7 +101,9 @@ func (f *fakeSidecars) Heal(_ context.Context, t probe.Target, pv string) (*prob
 }
 
 func (f *fakeSidecars) ListStaged(context.Context, probe.Target) ([]probe.StagedVolume, error) {
-	return nil, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.staged, f.stagedErr
 }
 
 func (f *fakeSidecars) Refresh(string, string) { f.refresh++ }
@@ -106,6 +124,7 @@ type fixture struct {
 	recorder *record.FakeRecorder
 	node     *csiaddonsv1alpha1.CSIAddonsNode
 	targets  *TargetMap
+	caches   planner.Caches
 }
 
 // newFixture builds a node with volumes v1..vN of driver rbd on node-a, all attached and bound,
@@ -175,11 +194,12 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	s, err := New(Options{
 		Planner: planner.NewPlanner(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
 		Targets: targets, Client: c, Recorder: recorder, DryRun: dryRun,
+		RetryBase: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{sweeper: s, sidecars: sc, client: c, recorder: recorder, node: node, targets: targets}
+	return &fixture{sweeper: s, sidecars: sc, client: c, recorder: recorder, node: node, targets: targets, caches: caches}
 }
 
 func (f *fixture) restart() scheduler.Sweep {

@@ -185,6 +185,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		Recorder:   recorder,
 		Metrics:    healerMetrics,
 		DryRun:     cfg.DryRun,
+		// An incomplete restart sweep is tried again on the same backoff as a failing volume.
+		RetryBase: cfg.Backoff.Base,
+		RetryMax:  cfg.Backoff.Max,
 	})
 	if err != nil {
 		return err
