@@ -31,6 +31,7 @@ type Metrics struct {
 	// again; restartRetries counts those tries.
 	restartsPending *prometheus.GaugeVec
 	restartRetries  *prometheus.CounterVec
+	sweepPanics     *prometheus.CounterVec
 
 	// drivers remembers the drivers whose series have been started at zero.
 	drivers sync.Map
@@ -86,6 +87,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_restart_sweep_retries_total",
 		Help: "Further tries of incomplete restart sweeps, by driver.",
 	}, []string{"driver"})
+	m.sweepPanics = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "volume_healer_sweep_panics_total",
+		Help: "Sweeps that panicked, by trigger; each ended alone, unrecorded, and the controller went on.",
+	}, []string{"trigger"})
 	m.lastFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
 		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",
@@ -98,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.restartsPending, m.restartRetries)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.restartsPending, m.restartRetries, m.sweepPanics)
 	return m
 }
 
@@ -163,6 +168,14 @@ func (m *Metrics) restartPending(driver string, delta float64) {
 		return
 	}
 	m.restartsPending.WithLabelValues(driver).Add(delta)
+}
+
+// sweepPanicked counts a sweep that panicked.
+func (m *Metrics) sweepPanicked(t scheduler.Trigger) {
+	if m == nil {
+		return
+	}
+	m.sweepPanics.WithLabelValues(string(t)).Inc()
 }
 
 // restartRetried counts a further try of an incomplete restart sweep of driver.

@@ -41,11 +41,13 @@ var controllerFamilies = map[string]family{
 	"volume_healer_sidecar_call_errors_total":                       {dto.MetricType_COUNTER, []string{"driver", "reason"}},
 	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},
+	"volume_healer_sweep_panics_total":                              {dto.MetricType_COUNTER, []string{"trigger"}},
 	"volume_healer_scheduler_schedule_errors_total":                 {dto.MetricType_COUNTER, nil},
 	"volume_healer_scheduler_schedule_invalid":                      {dto.MetricType_GAUGE, []string{"storageclass"}},
 	"volume_healer_scheduler_triggers_total":                        {dto.MetricType_COUNTER, []string{"trigger"}},
 	"volume_healer_dispatch_in_flight":                              {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_dispatch_queued":                                 {dto.MetricType_GAUGE, nil},
+	"volume_healer_dispatch_task_panics_total":                      {dto.MetricType_COUNTER, nil},
 	"volume_healer_dispatch_budget_wait_seconds":                    {dto.MetricType_HISTOGRAM, []string{"trigger"}},
 	"volume_healer_dispatch_retries_total":                          {dto.MetricType_COUNTER, []string{"reason"}},
 	"volume_healer_dispatch_given_up_total":                         {dto.MetricType_COUNTER, nil},
@@ -69,6 +71,7 @@ var sidecarFamilies = map[string]family{
 	"volume_healer_sidecar_call_duration_seconds": {dto.MetricType_HISTOGRAM, []string{"rpc"}},
 	"volume_healer_sidecar_auth_failures_total":   {dto.MetricType_COUNTER, []string{"reason"}},
 	"volume_healer_sidecar_driver_errors_total":   {dto.MetricType_COUNTER, []string{"code"}},
+	"volume_healer_sidecar_panics_total":          {dto.MetricType_COUNTER, []string{"rpc"}},
 }
 
 // volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 )
 
@@ -183,3 +184,28 @@ func TestIncompleteRestartSweepStops(t *testing.T) {
 	})
 }
 
+// panickingPolicy stands in for a policy engine that hits a bug on some input.
+type panickingPolicy struct{}
+
+func (panickingPolicy) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	panic("assignment to entry in nil map")
+}
+
+// A sweep that panics ends alone, counted, and unrecorded: the restart is swept again later
+// rather than recorded as handled or crashing the controller.
+func TestPanickingSweepEndsUnrecorded(t *testing.T) {
+	f := newFixture(t, 1, false)
+	reg := prometheus.NewRegistry()
+	f.sweeper.opts.Metrics = NewMetrics(reg)
+	f.sweeper.opts.Policy = panickingPolicy{}
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if !strings.Contains(sum.Incomplete, "panicked") {
+		t.Errorf("summary %+v, want it incomplete because the sweep panicked", sum)
+	}
+	if m := f.handledMarker(t); m != "" {
+		t.Errorf("handled marker %q recorded by a sweep that panicked", m)
+	}
+	if n := testutil.ToFloat64(f.sweeper.opts.Metrics.sweepPanics.WithLabelValues("restart")); n != 1 {
+		t.Errorf("volume_healer_sweep_panics_total{trigger=restart} = %v, want 1", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -206,12 +207,21 @@ const (
 // Run runs one sweep to its end and returns what it did. A restart sweep that ends with every
 // volume handled records its marker on the CSIAddonsNode; one cut short by ctx does not, so the
 // next leader repeats it.
-func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) Summary {
+func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary) {
 	logger := klog.FromContext(ctx).WithValues("trigger", sw.Trigger, "driver", sw.Driver, "node", sw.Node, "storageClass", sw.StorageClass)
 	ctx = klog.NewContext(ctx, logger)
+	// A sweep that panics ends alone, unrecorded: a restart stays unhandled and is swept again by
+	// the next leader, instead of every restart of a crashing controller repeating every sweep.
+	defer func() {
+		if r := recover(); r != nil {
+			s.opts.Metrics.sweepPanicked(sw.Trigger)
+			logger.Error(nil, "Sweep panicked; it ends unrecorded", "panic", r, "stack", string(debug.Stack()))
+			summary = Summary{Incomplete: fmt.Sprintf("the sweep panicked: %v", r)}
+		}
+	}()
 	start := s.opts.Clock.Now()
 	source := s.begin(sw)
-	summary := s.attempt(ctx, sw)
+	summary = s.attempt(ctx, sw)
 	if sw.Trigger == scheduler.TriggerRestart {
 		summary = s.untilComplete(ctx, sw, source, summary)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -287,7 +288,7 @@ func (d *Dispatcher) Submit(tasks ...Task) {
 	d.launch(started)
 	for _, r := range rejects {
 		if r.done != nil {
-			r.done(Result{Err: r.err})
+			d.report(r.done, Result{Err: r.err})
 		}
 	}
 }
@@ -434,7 +435,7 @@ func (d *Dispatcher) stop() {
 		d.log.V(2).Info("Cancelled queued tasks", "tasks", len(cancelled))
 	}
 	for _, w := range cancelled {
-		w.done(Result{Err: errStopped, Coalesced: w.coalesced})
+		d.report(w.done, Result{Err: errStopped, Coalesced: w.coalesced})
 	}
 }
 
@@ -482,13 +483,37 @@ func (d *Dispatcher) run(c call) {
 func (d *Dispatcher) call(c call) []call {
 	defer d.calls.Done()
 	ctx, cancel := context.WithTimeout(c.ctx, c.timeout)
-	err := c.run(ctx)
+	err := d.protect(ctx, c.run)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if timedOut && err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w after %s: %w", context.DeadlineExceeded, c.timeout, err)
 	}
 	return d.finish(c.j, err, timedOut)
+}
+
+// protect calls run, and turns a panic into a permanent failure of that task alone: one bad object
+// must not take the controller down, since every restart of it would repeat every pending sweep.
+func (d *Dispatcher) protect(ctx context.Context, run func(context.Context) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.metrics.panicked()
+			d.log.Error(nil, "Task panicked; it fails, the others go on", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: the task panicked: %v", ErrPermanent, r)
+		}
+	}()
+	return run(ctx)
+}
+
+// report hands r to a task's Done, and survives a Done that panics.
+func (d *Dispatcher) report(done func(Result), r Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.metrics.panicked()
+			d.log.Error(nil, "A task's Done panicked", "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	done(r)
 }
 
 // Retry reasons, as they appear in the retries metric.
@@ -569,7 +594,7 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 	d.mu.Unlock()
 
 	for _, w := range waiters {
-		w.done(Result{Err: result, Attempts: attempts, Coalesced: w.coalesced})
+		d.report(w.done, Result{Err: result, Attempts: attempts, Coalesced: w.coalesced})
 	}
 	return started
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	retries    *prometheus.CounterVec
 	givenUp    prometheus.Counter
 	budget     *prometheus.GaugeVec
+	panics     prometheus.Counter
 }
 
 // NewMetrics creates the Dispatcher's instruments and registers them with reg.
@@ -41,6 +42,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_dispatch_given_up_total",
 			Help: "Tasks given up because their calls kept failing or kept finding the volume busy.",
 		}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "volume_healer_dispatch_task_panics_total",
+			Help: "Tasks whose Run or Done panicked; each such task failed alone.",
+		}),
 		budget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "volume_healer_dispatch_budget",
 			Help: "Configured limit of calls in flight, by scope (global, driver: per driver, node: per node).",
@@ -52,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, t := range []scheduler.Trigger{scheduler.TriggerRestart, scheduler.TriggerSchedule, scheduler.TriggerManual} {
 		m.budgetWait.WithLabelValues(string(t))
 	}
-	reg.MustRegister(m.inFlight, m.queued, m.budgetWait, m.retries, m.givenUp, m.budget)
+	reg.MustRegister(m.inFlight, m.queued, m.budgetWait, m.retries, m.givenUp, m.budget, m.panics)
 	return m
 }
 
@@ -68,6 +73,13 @@ func (m *Metrics) retried(reason string) {
 		return
 	}
 	m.retries.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) panicked() {
+	if m == nil {
+		return
+	}
+	m.panics.Inc()
 }
 
 func (m *Metrics) gaveUp() {

@@ -21,6 +21,7 @@ type Metrics struct {
 	callDuration *prometheus.HistogramVec
 	authFailures *prometheus.CounterVec
 	driverErrors *prometheus.CounterVec
+	panics       *prometheus.CounterVec
 }
 
 // NewMetrics creates the sidecar's instruments and registers them with reg.
@@ -47,8 +48,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Calls to the driver that failed, by gRPC status code; Unavailable means the driver socket " +
 				"could not be reached, DeadlineExceeded that the driver did not answer in time.",
 		}, []string{"code"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_sidecar_panics_total",
+			Help: "Calls whose handling panicked, by RPC; each was answered Internal and the sidecar went on.",
+		}, []string{"rpc"}),
 	}
-	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors)
+	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics)
 	return m
 }
 
@@ -72,4 +77,11 @@ func (m *Metrics) driverError(code codes.Code) {
 		return
 	}
 	m.driverErrors.WithLabelValues(code.String()).Inc()
+}
+
+func (m *Metrics) panicked(rpc string) {
+	if m == nil {
+		return
+	}
+	m.panics.WithLabelValues(rpc).Inc()
 }

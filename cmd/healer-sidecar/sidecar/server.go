@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"runtime/debug"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -200,6 +201,21 @@ func toStatus(err error) error {
 		return st.Err()
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// recoverPanics turns a panic while handling a call (authentication included) into an Internal
+// error for that call alone: one malformed object or message must not take down the sidecar, and
+// with it every volume of the node.
+func (s *Sidecar) recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			rpc := path.Base(info.FullMethod)
+			s.metrics.panicked(rpc)
+			klog.FromContext(ctx).Error(nil, "Call panicked", "panic", r, "stack", string(debug.Stack()))
+			resp, err = nil, status.Errorf(codes.Internal, "the sidecar failed while handling %s: %v", rpc, r)
+		}
+	}()
+	return handler(ctx, req)
 }
 
 // observe counts and times every call, logs failures, and gives the handler a logger with the

@@ -115,7 +115,7 @@ func New(opts Options) (*Sidecar, error) {
 	serverOpts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageSize),
 		grpc.MaxSendMsgSize(opts.MaxMessageSize),
-		grpc.ChainUnaryInterceptor(s.observe, s.auth.interceptor),
+		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics, s.auth.interceptor),
 	}
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
