@@ -28,8 +28,10 @@ type volumeState struct {
 type memory struct {
 	mu     sync.Mutex
 	states map[string]*volumeState
-	// gens counts capability changes per driver and node: a restart of the node plugin bumps it.
-	gens map[string]uint64
+	// gens holds a generation per driver and node, new at every restart of its node plugin, from
+	// one counter (lastGen), so that a generation is never reused after a node is forgotten.
+	gens    map[string]uint64
+	lastGen uint64
 	// unhealthyCounts is the unhealthy-volumes gauge kept current as states change, so that a
 	// scrape copies a few label combinations instead of walking every remembered volume under
 	// mu, the lock every probe result takes. A combination that drops to zero is deleted, as a
@@ -79,7 +81,15 @@ func (m *memory) generation(driver, node string) uint64 {
 func (m *memory) capabilitiesChanged(driver, node string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.gens[driver+"/"+node]++
+	m.lastGen++
+	m.gens[driver+"/"+node] = m.lastGen
+}
+
+// forgetNode drops the generation of a driver's node plugin on node whose CSIAddonsNode is gone.
+func (m *memory) forgetNode(driver, node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.gens, driver+"/"+node)
 }
 
 // offeredForHealing reports whether a volume the driver once called not healable may be offered

@@ -116,6 +116,10 @@ func New(opts Options) (*Sweeper, error) {
 	return &Sweeper{opts: opts, mem: newMemory()}, nil
 }
 
+// ForgetNode drops what the sweeper remembers about a driver's node plugin on a node whose
+// CSIAddonsNode was deleted.
+func (s *Sweeper) ForgetNode(driver, node string) { s.mem.forgetNode(driver, node) }
+
 // Forget drops what the sweeper remembers about a deleted PersistentVolume, and its claim's
 // heal-failure series.
 func (s *Sweeper) Forget(pv *corev1.PersistentVolume) {

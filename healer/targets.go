@@ -3,7 +3,9 @@ package healer
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
+	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"k8s.io/apimachinery/pkg/types"
@@ -85,8 +87,7 @@ func (m *TargetMap) Target(driver, node string) (probe.Target, *csiaddonsv1alpha
 	defer m.mu.RUnlock()
 	var chosen *csiaddonsv1alpha1.CSIAddonsNode
 	for key := range m.byDriverNode[driver+"/"+node] {
-		n := m.nodes[key]
-		if chosen == nil || (n.Annotations[annotations.Endpoint] != "" && chosen.Annotations[annotations.Endpoint] == "") {
+		if n := m.nodes[key]; chosen == nil || fresher(n, chosen) {
 			chosen = n
 		}
 	}
@@ -98,6 +99,63 @@ func (m *TargetMap) Target(driver, node string) (probe.Target, *csiaddonsv1alpha
 }
 
 // Nodes lists the nodes where driver has a CSIAddonsNode, sorted.
+// DeleteNode drops every target on node, a Node that was deleted: its CSIAddonsNodes may outlive
+// it, but no sidecar serves there any more. It returns the dropped objects and the endpoints whose
+// connections can be closed.
+func (m *TargetMap) DeleteNode(node string) (keys []types.NamespacedName, endpoints []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for key, n := range m.nodes {
+		if n.Spec.Driver.NodeID != node {
+			continue
+		}
+		if t, err := probe.TargetFor(n); err == nil {
+			endpoints = append(endpoints, t.Endpoint)
+		}
+		keys = append(keys, key)
+	}
+	for _, key := range keys {
+		m.removeLocked(key)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	sort.Strings(endpoints)
+	return keys, endpoints
+}
+
+// fresher reports whether a is a better registration of a driver's sidecar on a node than b,
+// when several CSIAddonsNodes name the same driver and node (a healer sidecar that started
+// before the csi-addons sidecar, an object left from an earlier pod): the one that names a healer
+// sidecar endpoint, then the one whose node plugin started last (by the healer sidecar's and the
+// csi-addons sidecar's restart annotations), then the csi-addons sidecar's own object, then the
+// newer object, then the name. The choice depends only on the objects, never on map order.
+func fresher(a, b *csiaddonsv1alpha1.CSIAddonsNode) bool {
+	if ea, eb := a.Annotations[annotations.Endpoint] != "", b.Annotations[annotations.Endpoint] != ""; ea != eb {
+		return ea
+	}
+	if sa, sb := lastStart(a), lastStart(b); !sa.Equal(sb) {
+		return sa.After(sb)
+	}
+	if oa, ob := a.Annotations[annotations.CSIAddonsPod] != "", b.Annotations[annotations.CSIAddonsPod] != ""; oa != ob {
+		return oa
+	}
+	if ca, cb := a.CreationTimestamp.Time, b.CreationTimestamp.Time; !ca.Equal(cb) {
+		return ca.After(cb)
+	}
+	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+}
+
+// lastStart is the later of the two sidecars' last starts written on n; zero when neither says.
+func lastStart(n *csiaddonsv1alpha1.CSIAddonsNode) time.Time {
+	var last time.Time
+	healer, _, _ := strings.Cut(n.Annotations[annotations.HealerRestart], "/")
+	for _, v := range []string{healer, n.Annotations[annotations.CSIAddonsRestart]} {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
 func (m *TargetMap) Nodes(driver string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -52,3 +52,48 @@ func TestTargetMap(t *testing.T) {
 		t.Errorf("only the csi-addons object left: %v, want ErrNoEndpoint (its pod:// endpoint is not ours)", err)
 	}
 }
+
+// Two objects name one driver and node, both with an endpoint (the healer sidecar registered before
+// the csi-addons sidecar created its own, then moved): the controller dials the registration of the
+// node plugin's latest start, whatever the order it learned them in, and a deleted Node takes its
+// targets with it.
+func TestTargetMapPrefersTheFreshestRegistration(t *testing.T) {
+	older := addonsNode("node-a-rbd", "10.0.0.5:9070", "")
+	older.Annotations[annotations.HealerRestart] = "2026-12-01T10:00:00.000000001Z/pod-1"
+	newer := addonsNode("node-a-rbd-csiaddons", "10.0.0.9:9070", "pod://plugin:9070")
+	newer.Annotations[annotations.HealerRestart] = "2026-12-01T11:00:00Z/pod-2"
+	newer.Annotations[annotations.CSIAddonsPod] = "pod-2"
+	for name, order := range map[string][]*csiaddonsv1alpha1.CSIAddonsNode{
+		"older first": {older, newer},
+		"newer first": {newer, older},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for range 20 { // map order varies between runs of Target
+				m := NewTargetMap()
+				for _, n := range order {
+					m.Set(n.DeepCopy())
+				}
+				target, n, err := m.Target("rbd", "node-a")
+				if err != nil || target.Endpoint != "10.0.0.9:9070" || n.Name != "node-a-rbd-csiaddons" {
+					t.Fatalf("target %+v from %v, %v; want the latest start's endpoint 10.0.0.9:9070", target, n.Name, err)
+				}
+			}
+		})
+	}
+
+	m := NewTargetMap()
+	m.Set(older)
+	other := addonsNode("node-b-rbd", "10.0.0.7:9070", "")
+	other.Spec.Driver.NodeID = "node-b"
+	m.Set(other)
+	keys, endpoints := m.DeleteNode("node-a")
+	if len(keys) != 1 || keys[0].Name != "node-a-rbd" || len(endpoints) != 1 || endpoints[0] != "10.0.0.5:9070" {
+		t.Errorf("DeleteNode(node-a) = %v, %v; want node-a-rbd and its endpoint", keys, endpoints)
+	}
+	if _, _, err := m.Target("rbd", "node-a"); !errors.Is(err, probe.ErrNoEndpoint) {
+		t.Errorf("a deleted Node still has a target: %v", err)
+	}
+	if _, _, err := m.Target("rbd", "node-b"); err != nil {
+		t.Errorf("another node lost its target: %v", err)
+	}
+}

@@ -66,7 +66,7 @@ func (m *Manual) Observe(ctx context.Context, obj client.Object) {
 	case *corev1.PersistentVolumeClaim:
 		if o.Spec.VolumeName == "" {
 			m.mu.Unlock()
-			klog.FromContext(ctx).Info("scheduler.Sweep requested on an unbound PVC: nothing to sweep", "pvc", sw.Source)
+			klog.FromContext(ctx).Info("Sweep requested on an unbound PVC: nothing to sweep", "pvc", sw.Source)
 			return
 		}
 		sw.PV = o.Spec.VolumeName
@@ -83,6 +83,21 @@ func (m *Manual) Observe(ctx context.Context, obj client.Object) {
 	klog.FromContext(ctx).Info("Manual sweep requested", "object", key, "request", request)
 	m.opts.Metrics.triggered(scheduler.TriggerManual)
 	m.opts.Sweeps(sw)
+}
+
+// Forget drops what Manual remembers of obj's request, when obj is deleted.
+func (m *Manual) Forget(obj client.Object) {
+	key := fmt.Sprintf("%T/%s/%s", obj, obj.GetNamespace(), obj.GetName())
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.started, key)
+}
+
+// Pending is how many requests Manual remembers as started and not yet handled.
+func (m *Manual) Pending() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.started)
 }
 
 // RecordManualHandled copies a finished manual sweep's request value to annotations.SweepHandled on

@@ -49,6 +49,8 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 					sidecars.Forget(endpoint)
 				}
 				t.restarts.Forget(key)
+				t.manual.Forget(n)
+				history.ForgetNode(n.Spec.Driver.Name, n.Spec.Driver.NodeID)
 			}
 		},
 	}); err != nil {
@@ -90,6 +92,34 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 	_, err = factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    observeClaim,
 		UpdateFunc: func(_, obj any) { observeClaim(obj) },
+		DeleteFunc: func(obj any) {
+			if pvc := planner.ClaimFrom(obj); pvc != nil {
+				t.manual.Forget(pvc)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// A deleted Node takes its sidecar targets with it: its CSIAddonsNodes may stay behind, but no
+	// sidecar answers there, and sweeps must not keep dialling it.
+	_, err = factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			node, ok := obj.(*corev1.Node)
+			if !ok {
+				return
+			}
+			keys, endpoints := targets.DeleteNode(node.Name)
+			for _, ep := range endpoints {
+				sidecars.Forget(ep)
+			}
+			for _, key := range keys {
+				t.restarts.Forget(key)
+			}
+		},
 	})
 	return err
 }
@@ -98,6 +128,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 type forgetter interface {
 	Forget(pv *corev1.PersistentVolume)
 	ForgetStorageClass(name string)
+	ForgetNode(driver, node string)
 }
 
 // connections closes the connection to a sidecar that moved or went away (*probe.Client).

@@ -45,6 +45,13 @@ type recordingForgetter struct {
 	pvs       []string
 	classes   []string
 	endpoints []string
+	nodes     []string
+}
+
+func (r *recordingForgetter) ForgetNode(driver, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nodes = append(r.nodes, driver+"/"+node)
 }
 
 func (r *recordingForgetter) Forget(pv *corev1.PersistentVolume) {
@@ -208,10 +215,50 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := crClient.Delete(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted CSIAddonsNode is no longer a target and its connection is closed", func() bool {
+	eventually(t, "a deleted CSIAddonsNode is no longer a target, its connection is closed, its history forgotten", func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
-		return err != nil && forgot.seen(func() bool { return len(forgot.endpoints) == 2 && forgot.endpoints[1] == "127.0.0.1:9072" })
+		return err != nil && forgot.seen(func() bool {
+			return len(forgot.endpoints) == 2 && forgot.endpoints[1] == "127.0.0.1:9072" &&
+				len(forgot.nodes) == 1 && forgot.nodes[0] == "rbd.csi.ceph.com/node-1"
+		})
 	})
+
+	// A Node that goes away takes the targets on it along, though its CSIAddonsNode stays.
+	k8sNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}}
+	if _, err := clientset.CoreV1().Nodes().Create(ctx, k8sNode, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	node2 := node.DeepCopy()
+	node2.ResourceVersion, node2.Name, node2.Spec.Driver.NodeID = "", "node-2-rbd", "node-2"
+	node2.Annotations[annotations.Endpoint] = "127.0.0.1:9073"
+	if err := crClient.Create(ctx, node2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node-2's sidecar is a target", func() bool {
+		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
+		return err == nil
+	})
+	if err := clientset.CoreV1().Nodes().Delete(ctx, "node-2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a deleted Node's sidecar is no longer a target and its connection is closed", func() bool {
+		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
+		return err != nil && forgot.seen(func() bool { return len(forgot.endpoints) == 3 && forgot.endpoints[2] == "127.0.0.1:9073" })
+	})
+
+	// A manual request on a PVC is remembered until it is handled, or the PVC is deleted.
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "data", Annotations: map[string]string{annotations.SweepRequest: "now"}},
+		Spec:       corev1.PersistentVolumeClaimSpec{VolumeName: "pv-2"},
+	}
+	if _, err := clientset.CoreV1().PersistentVolumeClaims("app").Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the PVC's sweep request is started", func() bool { return manual.Pending() == 1 })
+	if err := clientset.CoreV1().PersistentVolumeClaims("app").Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a deleted PVC's request is forgotten", func() bool { return manual.Pending() == 0 })
 }
 
 // noWatchList is the fake client as client-go's reflector must see it: its watches never send the
