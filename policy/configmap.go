@@ -77,6 +77,11 @@ type ConfigMapOptions struct {
 	LabelSelector string
 	// Recorder emits the PolicyRejected Events. Default nil: no Events.
 	Recorder record.EventRecorder
+	// Leading reports whether this replica leads. Every replica loads the policy, so that a new
+	// leader starts with it, but only the leader writes the status annotations and the
+	// PolicyRejected Events, so that a rejection is reported once; call Resync when this replica
+	// becomes the leader. Default nil: this replica always writes.
+	Leading func() bool
 	// ResyncPeriod re-reads every ConfigMap from the informer cache this often. Default 0: only on
 	// change, which suffices because the source is level-driven.
 	ResyncPeriod time.Duration
@@ -142,6 +147,17 @@ func (s *ConfigMapSource) Watch(factory informers.SharedInformerFactory) error {
 		return fmt.Errorf("watching policy ConfigMaps: %w", err)
 	}
 	return nil
+}
+
+// leading reports whether this replica writes statuses and Events (ConfigMapOptions.Leading).
+func (s *ConfigMapSource) leading() bool { return s.opts.Leading == nil || s.opts.Leading() }
+
+// Resync applies the ConfigMaps again and writes their statuses; the controller calls it when
+// its replica becomes the leader, so that statuses written by no replica while it led get written.
+func (s *ConfigMapSource) Resync() {
+	if s.queue != nil {
+		s.queue.Add(queueKey)
+	}
 }
 
 // HasSynced reports whether the source has applied the ConfigMaps found at start; until then the
@@ -242,13 +258,18 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		s.attemptedID, s.attemptErr = setID, err
 		if err != nil {
 			logger.Error(err, "Policy rejected; the previous revision keeps serving", "revision", s.engine.Revision().ID())
-			s.recordRejection(cms, le)
+			if s.leading() {
+				s.recordRejection(cms, le)
+			}
 		} else {
 			logger.Info("Policy applied", "revision", rev.ID(), "configMaps", len(cms), "modules", len(modules), "builtin", len(modules) == 0)
 		}
 	}
 	// The ConfigMaps found are applied (or rejected) even if writing a status below fails.
 	s.synced.Store(true)
+	if !s.leading() {
+		return nil
+	}
 
 	var errs []error
 	for _, cm := range cms {

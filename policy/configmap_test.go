@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,8 +52,13 @@ type configMapHarness struct {
 
 func startConfigMapSource(t *testing.T, client kubernetes.Interface, recorder record.EventRecorder, engine *Engine) *configMapHarness {
 	t.Helper()
+	return startConfigMapSourceWith(t, client, engine, ConfigMapOptions{Namespace: testNamespace, Recorder: recorder})
+}
+
+func startConfigMapSourceWith(t *testing.T, client kubernetes.Interface, engine *Engine, opts ConfigMapOptions) *configMapHarness {
+	t.Helper()
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testr.New(t)))
-	src, err := NewConfigMapSource(client, engine, ConfigMapOptions{Namespace: testNamespace, Recorder: recorder})
+	src, err := NewConfigMapSource(client, engine, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,4 +279,37 @@ func TestModulesFromConfigMaps(t *testing.T) {
 	if strings.Join(got, " ") != want {
 		t.Errorf("modules %v, want %s", got, want)
 	}
+}
+
+// A standby replica loads a broken policy like the leader, but leaves the report to the leader:
+// no Event, no status annotation. Once it leads, its Resync writes the status.
+func TestConfigMapRejectionIsReportedByTheLeaderOnly(t *testing.T) {
+	client := fake.NewClientset()
+	recorder := record.NewFakeRecorder(100)
+	engine, reg := newTestEngine(t, Options{})
+	var leading atomic.Bool
+	h := startConfigMapSourceWith(t, client, engine, ConfigMapOptions{Namespace: testNamespace, Recorder: recorder, Leading: leading.Load})
+
+	h.create(policyConfigMap("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)}))
+	h.eventually("the standby rejected the broken policy", func() (bool, string) {
+		v := metricValue(t, reg, "volume_healer_policy_load_errors_total", map[string]string{"reason": "parse"})
+		return v == 1, fmt.Sprintf("load errors{reason=parse} = %v", v)
+	})
+	time.Sleep(200 * time.Millisecond) // room for a write that must not come
+	select {
+	case ev := <-recorder.Events:
+		t.Errorf("a standby replica emitted %q", ev)
+	default:
+	}
+	cm, err := client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, "site-policy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := cm.Annotations[annotations.PolicyStatus]; ok {
+		t.Errorf("a standby replica wrote the status %s", v)
+	}
+
+	leading.Store(true)
+	h.source.Resync()
+	h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusRejected })
 }

@@ -21,7 +21,7 @@ func TestParse(t *testing.T) {
 				if o.NodeName != "worker-1" || o.Namespace != "ceph-csi" || o.PodUID != "0b1c" || o.PodIP != "10.1.2.3" {
 					t.Errorf("downward API values not taken: %+v", o)
 				}
-				if o.DriverEndpoint != sidecar.DefaultDriverEndpoint || o.ListenAddress != ":9070" || o.MetricsAddress != ":9071" ||
+				if o.DriverEndpoint != sidecar.DefaultDriverEndpoint || o.ListenAddress != ":9072" || o.MetricsAddress != ":9071" ||
 					o.DriverTimeout != 30*time.Second || o.ShutdownTimeout != 10*time.Second ||
 					!slices.Equal(o.AllowedIdentities, []string{sidecar.DefaultAllowedIdentity}) {
 					t.Errorf("defaults = %+v", o)

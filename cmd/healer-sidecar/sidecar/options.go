@@ -16,8 +16,9 @@ import (
 const (
 	// DefaultDriverEndpoint is the driver's CSI-Addons socket as the node plugin pod mounts it.
 	DefaultDriverEndpoint = "unix:///csi/csi-addons.sock"
-	// DefaultListenAddress serves NodeHealer on every address, IPv4 and IPv6.
-	DefaultListenAddress = ":9070"
+	// DefaultListenAddress serves NodeHealer on every address, IPv4 and IPv6, on a port clear of
+	// 9070, which csi-addons deployments conventionally give the csi-addons sidecar.
+	DefaultListenAddress = ":9072"
 	// DefaultMetricsAddress serves /metrics, /healthz and /readyz.
 	DefaultMetricsAddress = ":9071"
 	// DefaultAllowedIdentity is the controller's ServiceAccount in the default installation.

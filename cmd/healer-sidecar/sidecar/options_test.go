@@ -18,7 +18,7 @@ func TestOptionsDefaults(t *testing.T) {
 	if err := o.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	if o.DriverEndpoint != DefaultDriverEndpoint || o.ListenAddress != ":9070" || o.MetricsAddress != ":9071" ||
+	if o.DriverEndpoint != DefaultDriverEndpoint || o.ListenAddress != ":9072" || o.MetricsAddress != ":9071" ||
 		o.DriverTimeout != 30*time.Second || o.ShutdownTimeout != 10*time.Second || o.MaxMessageSize != 4<<20 ||
 		o.KubeletDir != "/var/lib/kubelet" || len(o.AllowedIdentities) != 1 || o.AllowedIdentities[0] != DefaultAllowedIdentity {
 		t.Errorf("defaults = %+v", o)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
@@ -125,8 +126,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	// Every replica loads the policy; the leader alone reports rejections.
+	var leading atomic.Bool
 	policySource, err := policy.NewConfigMapSource(clientset, engine, policy.ConfigMapOptions{
-		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: recorder,
+		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: recorder, Leading: leading.Load,
 	})
 	if err != nil {
 		return err
@@ -169,6 +172,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		select {
 		case <-mgr.Elected():
 			healerMetrics.SetLeader(true)
+			leading.Store(true)
+			policySource.Resync()
 		case <-ctx.Done():
 		}
 		return nil
