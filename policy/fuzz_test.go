@@ -1,8 +1,11 @@
 package policy
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -55,6 +58,43 @@ func FuzzDecodeDecision(f *testing.F) {
 		again, err := decodeDecision(bv)
 		if err != nil || again != d {
 			t.Fatalf("round trip of %+v gave %+v, %v", d, again, err)
+		}
+	})
+}
+
+// FuzzCompile feeds arbitrary Rego text through the path every policy ConfigMap takes (parse,
+// forbidden built-ins, strict compile, validation against the canned inputs): it never panics, a
+// refusal is a *LoadError that names what is wrong, and a policy it accepts decides a real input
+// without panicking, with a valid decision or an error.
+func FuzzCompile(f *testing.F) {
+	for _, seed := range []string{
+		`decision := {"action": "probe", "reason": "Fuzz"}`,
+		`decision := {"action": "heal", "reason": "Fuzz", "timeout": "1s", "priority": 3}`,
+		`decision := {"action": "skip", "reason": `,
+		`decision := {"action": "probe", "reason": sprintf("%d", [1 / count(input.volume.attributes)])}`,
+		`decision := {"action": "skip", "reason": "R"} if { rand.intn("x", 10) > 3 }`,
+		`decision := {"action": "skip", "reason": "R"} if { input.pvc.namespace == "shop" }
+decision := {"action": "probe", "reason": "P"} if { input.pvc.namespace != "shop" }`,
+		`decision := {"action": "nap", "reason": "R"}`,
+		`decision := http.send({"method": "GET", "url": "http://127.0.0.1:1"})`,
+		`x := input.volume`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		ctx := context.Background()
+		rev, err := Compile(ctx, []Module{{File: "fuzz/policy.rego", Text: policyText(body)}}, CompileOptions{EvalTimeout: 200 * time.Millisecond})
+		if err != nil {
+			var le *LoadError
+			if !errors.As(err, &le) || le.Kind == "" || le.Error() == "" {
+				t.Fatalf("refused with %T %v, want a *LoadError with a kind and a message", err, err)
+			}
+			return
+		}
+		in := sampleInput()
+		d, err := rev.Decide(ctx, &in)
+		if err == nil && (!d.Action.Valid() || d.Reason == "") {
+			t.Fatalf("accepted policy decided %+v", d)
 		}
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -243,21 +244,29 @@ func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, err
 	if err != nil {
 		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, Classify(err))
 	}
-	if resp.GetDriverName() != t.Driver {
-		return nil, fmt.Errorf("%w: sidecar %s on node %s serves driver %q, the CSIAddonsNode names %q",
-			ErrMalformed, t.Endpoint, t.Node, resp.GetDriverName(), t.Driver)
-	}
-	caps := &Capabilities{
-		Driver:      resp.GetDriverName(),
-		Probe:       healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE),
-		Heal:        healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
-		ListVolumes: healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
-		Attributes:  resp.GetAttributes(),
+	caps, err := capabilitiesOf(resp, t)
+	if err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	c.caps[key] = caps
 	c.mu.Unlock()
 	return caps, nil
+}
+
+// capabilitiesOf converts a sidecar's capabilities answer; it must be for the driver t names.
+func capabilitiesOf(resp *healerv1alpha1.NodeGetHealerCapabilitiesResponse, t Target) (*Capabilities, error) {
+	if resp.GetDriverName() != t.Driver {
+		return nil, fmt.Errorf("%w: sidecar %s on node %s serves driver %q, the CSIAddonsNode names %q",
+			ErrMalformed, t.Endpoint, t.Node, resp.GetDriverName(), t.Driver)
+	}
+	return &Capabilities{
+		Driver:      resp.GetDriverName(),
+		Probe:       healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE),
+		Heal:        healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
+		ListVolumes: healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
+		Attributes:  resp.GetAttributes(),
+	}, nil
 }
 
 // Probe asks the sidecar of t how the volume of PersistentVolume pv is.
@@ -272,16 +281,52 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 	if err != nil {
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, Classify(err))
 	}
-	health, err := convertHealth(resp.GetHealthStatuses())
+	r, err := probeResult(resp)
 	if err != nil {
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, err)
 	}
-	return &Result{
-		VolumeID:     resp.GetVolumeId(),
-		Health:       health,
-		Healable:     resp.GetHealable(),
-		RecheckAfter: resp.GetRecheckAfter().AsDuration(),
-	}, nil
+	return r, nil
+}
+
+// probeResult converts a sidecar's probe answer, rejecting what breaks the protocol.
+func probeResult(resp *healerv1alpha1.NodeProbeVolumeResponse) (*Result, error) {
+	health, err := convertHealth(resp.GetHealthStatuses())
+	if err != nil {
+		return nil, err
+	}
+	recheck, err := recheckAfter(resp.GetRecheckAfter())
+	if err != nil {
+		return nil, err
+	}
+	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: resp.GetHealable(), RecheckAfter: recheck}, nil
+}
+
+// healResult converts a sidecar's heal answer, rejecting what breaks the protocol.
+func healResult(resp *healerv1alpha1.NodeHealVolumeResponse) (*Result, error) {
+	health, err := convertHealth(resp.GetHealthStatuses())
+	if err != nil {
+		return nil, err
+	}
+	recheck, err := recheckAfter(resp.GetRecheckAfter())
+	if err != nil {
+		return nil, err
+	}
+	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: true, RecheckAfter: recheck}, nil
+}
+
+// recheckAfter converts the driver's "check again after" hint; none is zero. When set it must be a
+// valid, positive duration (docs/protocol.md), as the sidecar also checks.
+func recheckAfter(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, fmt.Errorf("%w: recheck_after: %v", ErrMalformed, err)
+	}
+	if v := d.AsDuration(); v > 0 {
+		return v, nil
+	}
+	return 0, fmt.Errorf("%w: recheck_after is %s; when set it must be positive", ErrMalformed, d.AsDuration())
 }
 
 // Heal asks the sidecar of t to heal the volume of PersistentVolume pv, and returns its health
@@ -297,11 +342,11 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 	if err != nil {
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, Classify(err))
 	}
-	health, err := convertHealth(resp.GetHealthStatuses())
+	r, err := healResult(resp)
 	if err != nil {
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
 	}
-	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: true, RecheckAfter: resp.GetRecheckAfter().AsDuration()}, nil
+	return r, nil
 }
 
 // ListStaged lists the volumes the driver of t has staged on its node, following next tokens.

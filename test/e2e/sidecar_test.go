@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -18,9 +20,9 @@ const goroutineSlack = 10
 // to it are in flight, then kills another node's sidecar (SIGKILL) in the middle of calls. The
 // calls to the frozen sidecar time out and give their budget slots back: with a global budget of
 // two, the other node's restart sweep completes while the frozen sidecar still holds its socket
-// open. Each broken sidecar's sweep ends (its calls fail and are given up), new sidecars replace
-// them, as the kubelet restarts a crashed container after its back-off, and their restart sweeps
-// heal every broken volume. Afterwards the controller has nothing in flight and no more goroutines
+// open. Each broken sidecar's restart stays pending, never recorded as handled, while its calls
+// fail; new sidecars replace them, as the kubelet restarts a crashed container after its back-off,
+// and their restart sweeps heal every broken volume. Afterwards the controller has nothing in flight and no more goroutines
 // than before the faults.
 func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	f := newFixture(t, "sidecar")
@@ -67,16 +69,16 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 		n := c.Metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
 		return n >= 4, fmt.Sprintf("%v calls timed out", n)
 	})
-	// The frozen sidecar is killed, as a failed liveness probe would have it; once the sweep of
-	// its restart has given up on it, a new one takes its place.
+	// The frozen sidecar is killed, as a failed liveness probe would have it; its restart stays
+	// pending while nothing answers, and a new sidecar takes its place.
 	if err := frozen.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	f.SweepFinished(hungNode.name, 2*time.Minute)
+	f.SweepPending(hungNode.name, 2*time.Minute)
 	hungNode.startSidecar(true)
 
 	// The killed sidecar: its node plugin restarts with slow volumes and the sidecar dies with
-	// calls in flight, then comes back once the sweep has given up on it.
+	// calls in flight, then comes back while its restart is pending.
 	for _, v := range killedVols[:4] {
 		v.SetCondition(t, driver.Hung, time.Second)
 	}
@@ -85,7 +87,7 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	if err := killedNode.sidecarProc().Kill(); err != nil {
 		t.Fatal(err)
 	}
-	f.SweepFinished(killedNode.name, 2*time.Minute)
+	f.SweepPending(killedNode.name, 2*time.Minute)
 	killedNode.startSidecar(true)
 
 	f.sweepsFinished([]*node{hungNode, killedNode}, 2*time.Minute)
@@ -165,4 +167,48 @@ func waitInFlight(t *testing.T, n *node) {
 // goroutines reads the controller's go_goroutines.
 func goroutines(c *harness.TestController) int {
 	return int(c.Metric("go_goroutines", nil))
+}
+
+// TestRestartSweptOnceTheSidecarAnswers: a node plugin restarts and its sidecar stops answering
+// right after it registered (frozen, as a sidecar stuck on an unreachable TokenReview or behind a
+// NetworkPolicy would look) for 30 seconds. The restart must not be recorded as handled in that
+// time: it stays pending, said by an Event. Once the sidecar answers again, the same restart is
+// swept, its broken volumes healed, and only then is its marker recorded.
+func TestRestartSweptOnceTheSidecarAnswers(t *testing.T) {
+	const unreachable = 30 * time.Second
+	f := newFixture(t, "late")
+	sc := f.StorageClass("late-rbd-nbd", "rbd-nbd", nil)
+	b := budgets{global: 4, perDriver: 4, perNode: 4}
+	n := f.newNode("late-node-1")
+	vols := f.newVolumes(n, sc, "rbd-nbd", "late", 3)
+	f.CreateVolumes(vols, true)
+	n.start()
+	c := f.startController("late", b.withSettings(sidecarFaultSettings))
+	f.sweepsFinished([]*node{n}, time.Minute)
+
+	for _, v := range vols {
+		v.SetCondition(t, driver.Gone, 0)
+	}
+	n.restart()
+	frozen := n.sidecarProc()
+	if err := frozen.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	marker := f.SweepPending(n.name, time.Minute)
+	for deadline := time.Now().Add(unreachable); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if handled := f.AddonsNode(n.name).Annotations[annotations.HandledMarker]; handled == marker {
+			t.Fatalf("restart %q recorded as handled while its sidecar did not answer", marker)
+		}
+	}
+	if tries := c.Metric("volume_healer_restart_sweep_retries_total", nil); tries < 2 {
+		t.Errorf("volume_healer_restart_sweep_retries_total = %v after %s unreachable, want the sweep tried again", tries, unreachable)
+	}
+	if err := frozen.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.SweepFinished(n.name, 2*time.Minute); got != marker {
+		t.Errorf("handled marker %q, want the restart that was pending (%q)", got, marker)
+	}
+	c.WaitIdle(time.Minute)
+	f.verify([]*node{n}, b, outcome{healed: vols})
 }

@@ -309,6 +309,24 @@ func (f *Fixture) SweepsFinished(nodes []string, timeout time.Duration) map[stri
 	return markers
 }
 
+// SweepPending waits until the restart sweep of node's current marker says it is pending (a
+// RestartSweepPending Event: it could not reach every volume and is tried again), checks that the
+// marker is not recorded as handled, and returns the marker.
+func (f *Fixture) SweepPending(node string, timeout time.Duration) string {
+	f.T.Helper()
+	name := f.AddonsNodeKey(node).Name
+	Eventually(f.T, timeout, fmt.Sprintf("a %s Event on CSIAddonsNode %s", healer.ReasonRestartSweepPending, name), func() (bool, string) {
+		_, n := f.Events(f.PluginNS, "CSIAddonsNode", name, healer.ReasonRestartSweepPending)
+		return n > 0, "none yet"
+	})
+	obj := f.AddonsNode(node)
+	marker := trigger.RestartMarker(obj)
+	if handled := obj.Annotations[annotations.HandledMarker]; handled == marker {
+		f.T.Fatalf("CSIAddonsNode %s: restart %q recorded as handled while its sweep is pending", name, marker)
+	}
+	return marker
+}
+
 // SweepMessages returns the messages of the RestartSweepFinished Events on the CSIAddonsNode of
 // node, and their total count.
 func (f *Fixture) SweepMessages(node string) ([]string, int) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	authenticationv1 "k8s.io/api/authentication/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
@@ -132,4 +134,46 @@ func fuzzHealer(f *testing.F) *nodeHealer {
 		f.Fatalf("probe of pv-1 through the fuzzed sidecar: %v, %v", resp, err)
 	}
 	return h
+}
+
+// FuzzAuthorization sends arbitrary "authorization" metadata, one value or two, through the
+// sidecar's auth interceptor, which runs before any other work: it never panics, answers every
+// refusal Unauthenticated, PermissionDenied or Unavailable, and lets a call through only with
+// exactly one "Bearer <token>" value whose token the TokenReview accepted for an allowed identity.
+func FuzzAuthorization(f *testing.F) {
+	for _, seed := range []struct{ first, second string }{
+		{"Bearer good-token", ""}, {"bearer good-token", ""}, {"Bearer   good-token  ", ""},
+		{"Bearer other-user-token", ""}, {"Bearer bad", ""}, {"Bearer", ""}, {"Basic Zm9vOmJhcg==", ""},
+		{"", ""}, {"Bearer good-token", "Bearer good-token"}, {"Bearer \x00", ""}, {" Bearer good-token", ""},
+	} {
+		f.Add(seed.first, seed.second)
+	}
+	reviewer := &fakeReviewer{users: map[string]authenticationv1.UserInfo{
+		"good-token":       {Username: DefaultAllowedIdentity},
+		"other-user-token": {Username: "system:serviceaccount:default:intruder"},
+	}}
+	f.Fuzz(func(t *testing.T, first, second string) {
+		a, _, _ := newTestAuthenticator(t, reviewer, nil)
+		values := []string{first}
+		if second != "" {
+			values = append(values, second)
+		}
+		reached := false
+		_, err := a.interceptor(withAuth(values...), nil, nil, func(context.Context, any) (any, error) {
+			reached = true
+			return nil, nil
+		})
+		scheme, token, _ := strings.Cut(strings.TrimSpace(first), " ")
+		wantThrough := len(values) == 1 && strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) == "good-token"
+		if reached != wantThrough {
+			t.Fatalf("authorization %q: reached the handler %v, want %v (err %v)", values, reached, wantThrough, err)
+		}
+		if err != nil {
+			switch status.Code(err) {
+			case codes.Unauthenticated, codes.PermissionDenied, codes.Unavailable:
+			default:
+				t.Fatalf("authorization %q: refused with %v, want Unauthenticated, PermissionDenied or Unavailable", values, err)
+			}
+		}
+	})
 }
