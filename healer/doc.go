@@ -3,10 +3,13 @@
 //
 //   - plan (sweeper.go, Run and plan): the planner's volumes for the sweep, or for drivers
 //     without VolumeAttachments the volumes the node's sidecar lists as staged;
-//   - submit: per volume the driver's capabilities, the policy's decision, and a dispatch.Task
-//     that probes, asks the policy again with the probe result, heals and probes once more;
+//   - submit: node by node, several nodes at once, the driver's capabilities, then per volume
+//     the policy's decision and a dispatch.Task that probes, asks the policy again with the probe
+//     result, heals and probes once more; a node's tasks go to the dispatcher as soon as they are
+//     decided, so that a node whose sidecar does not answer holds up only its own volumes;
 //   - finish: the sweep's summary, and the restart marker or manual request recorded as handled
-//     (package trigger writes them).
+//     (package trigger writes them) when the sweep reached every volume. A restart sweep that did
+//     not is tried again with a doubling wait (untilComplete) until it does.
 //
 // Around it: targets.go keeps which sidecar serves which driver on which node (from the
 // CSIAddonsNodes), history.go what each volume's last probes and heals found, status.go the

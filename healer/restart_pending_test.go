@@ -10,14 +10,17 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
 )
 
 // handledMarker reads the restart marker recorded on the fixture's CSIAddonsNode, "" when none.
@@ -191,21 +194,99 @@ func (panickingPolicy) Decide(context.Context, *policy.Input) (policy.Decision, 
 	panic("assignment to entry in nil map")
 }
 
-// A sweep that panics ends alone, counted, and unrecorded: the restart is swept again later
-// rather than recorded as handled or crashing the controller.
+// A sweep whose volume preparation panics fails that node's volumes, is counted, and is not
+// recorded: the restart stays pending (tried again) instead of being recorded as handled or
+// crashing the controller.
 func TestPanickingSweepEndsUnrecorded(t *testing.T) {
 	f := newFixture(t, 1, false)
 	reg := prometheus.NewRegistry()
 	f.sweeper.opts.Metrics = NewMetrics(reg)
 	f.sweeper.opts.Policy = panickingPolicy{}
-	sum := f.sweeper.Run(context.Background(), f.restart())
-	if !strings.Contains(sum.Incomplete, "panicked") {
-		t.Errorf("summary %+v, want it incomplete because the sweep panicked", sum)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := f.runAsync(ctx)
+	events := f.waitEvents(t, ReasonRestartSweepPending)
+	if !strings.Contains(events, "panicked") {
+		t.Errorf("the pending Event does not say the sweep panicked:\n%s", events)
+	}
+	cancel()
+	select {
+	case sum := <-done:
+		if !strings.Contains(sum.Incomplete, "panicked") || sum.Failed != 1 {
+			t.Errorf("summary %+v, want v1 failed and the sweep incomplete because it panicked", sum)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep did not stop after its context ended")
 	}
 	if m := f.handledMarker(t); m != "" {
 		t.Errorf("handled marker %q recorded by a sweep that panicked", m)
 	}
-	if n := testutil.ToFloat64(f.sweeper.opts.Metrics.sweepPanics.WithLabelValues("restart")); n != 1 {
-		t.Errorf("volume_healer_sweep_panics_total{trigger=restart} = %v, want 1", n)
+	if n := testutil.ToFloat64(f.sweeper.opts.Metrics.sweepPanics.WithLabelValues("restart")); n < 1 {
+		t.Errorf("volume_healer_sweep_panics_total{trigger=restart} = %v, want at least 1", n)
+	}
+}
+
+// One node whose sidecar does not answer its capabilities call holds up its own volumes only:
+// the other nodes' volumes of the same sweep are probed meanwhile.
+func TestSlowNodeDoesNotHoldUpTheOthers(t *testing.T) {
+	f := newFixture(t, 1, false)
+	// A second node, node-b, with volume w1, whose sidecar hangs on capabilities.
+	nodeB := f.node.DeepCopy()
+	nodeB.Name, nodeB.Spec.Driver.NodeID = "node-b-rbd", "node-b"
+	nodeB.Annotations[annotations.Endpoint] = "127.0.0.1:9080"
+	f.targets.Set(nodeB)
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "w1"},
+		Spec: corev1.PersistentVolumeSpec{
+			ClaimRef:               &corev1.ObjectReference{Namespace: "app", Name: "claim-w1"},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "rbd", VolumeHandle: "h-w1"}},
+		},
+		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound},
+	}
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "va-w1"},
+		Spec:       storagev1.VolumeAttachmentSpec{Attacher: "rbd", NodeName: "node-b", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv.Name}},
+		Status:     storagev1.VolumeAttachmentStatus{Attached: true},
+	}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "claim-w1"}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: "w1"}}
+	for _, obj := range []runtime.Object{pv, va, pvc} {
+		if err := f.caches.Add(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate := make(chan struct{})
+	f.sidecars.capsGate = map[string]chan struct{}{"node-b": gate}
+
+	p := f.sweeper.opts.Planner
+	slow, _ := p.NodeVolumes("rbd", "node-b")
+	fast, _ := p.NodeVolumes("rbd", "node-a")
+	if len(slow) != 1 || len(fast) != 1 {
+		t.Fatalf("planned %d volumes on node-b and %d on node-a, want 1 and 1", len(slow), len(fast))
+	}
+	sw := scheduler.Sweep{Trigger: scheduler.TriggerManual, Driver: "rbd"}
+	done := make(chan Summary, 1)
+	go func() { done <- f.sweeper.submit(context.Background(), sw, append(slow, fast...)) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.sidecars.mu.Lock()
+		probed := f.sidecars.probes["v1"]
+		f.sidecars.mu.Unlock()
+		if probed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(gate)
+			t.Fatal("node-a's volume was not probed while node-b's sidecar held its capabilities call")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(gate)
+	select {
+	case sum := <-done:
+		if sum.Probed != 2 || sum.Failed != 0 {
+			t.Errorf("summary %+v, want both volumes probed once node-b answered", sum)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep did not end after node-b answered")
 	}
 }

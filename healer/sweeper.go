@@ -82,6 +82,9 @@ type Options struct {
 	RetryBase time.Duration
 	// RetryMax caps the wait between tries of an incomplete restart sweep. Default: 5m.
 	RetryMax time.Duration
+	// PrepareConcurrency bounds how many nodes of one sweep have their volumes decided at once
+	// (each asks its sidecar for the driver's capabilities first). Default: 16.
+	PrepareConcurrency int
 	// Clock tells time and waits between tries. Default real.
 	Clock clock.Clock
 }
@@ -106,6 +109,9 @@ func New(opts Options) (*Sweeper, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.PrepareConcurrency <= 0 {
+		opts.PrepareConcurrency = 16
 	}
 	if opts.RetryBase <= 0 {
 		opts.RetryBase = defaultRetryBase
@@ -248,6 +254,9 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 	if summary.Failed > 0 {
 		why = append(why, fmt.Sprintf("%d of %d volumes failed", summary.Failed, summary.Volumes))
 	}
+	if summary.Incomplete != "" {
+		why = append(why, summary.Incomplete)
+	}
 	summary.Incomplete = strings.Join(why, "; ")
 	return summary
 }
@@ -333,6 +342,14 @@ func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
 type tally struct {
 	mu      sync.Mutex
 	summary Summary
+	// notes say why the sweep is incomplete beyond failed volumes.
+	notes []string
+}
+
+func (t *tally) note(why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.notes = append(t.notes, why)
 }
 
 func (t *tally) add(o outcome) {
@@ -358,15 +375,62 @@ func (t *tally) add(o outcome) {
 	}
 }
 
-// submit decides each volume's action, hands the volumes to act on to the dispatcher as one
-// batch, and waits until every task has ended.
+// submit decides each volume's action and hands the volumes to act on to the dispatcher, node by
+// node, and waits until every task has ended. Nodes are prepared concurrently (at most
+// Options.PrepareConcurrency at once): a node whose sidecar does not answer its capabilities call
+// holds up its own volumes only, and a node's volumes go to the dispatcher as soon as its
+// capabilities are known.
 func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume) Summary {
 	t := &tally{summary: Summary{Volumes: len(vols)}}
-	var wg sync.WaitGroup
-	var tasks []dispatch.Task
-	for _, v := range vols {
+	var tasks, prepared sync.WaitGroup
+	slots := make(chan struct{}, s.opts.PrepareConcurrency)
+	for _, group := range byNode(vols) {
 		if ctx.Err() != nil {
 			break
+		}
+		slots <- struct{}{}
+		prepared.Add(1)
+		go func() {
+			defer prepared.Done()
+			defer func() { <-slots }()
+			batch := s.prepareNode(ctx, sw, group, t, &tasks)
+			// The node's volumes as one batch: the dispatcher orders them among themselves and
+			// among the other nodes' lanes.
+			s.opts.Dispatcher.Submit(batch...)
+		}()
+	}
+	// Every task is counted in tasks once prepared is done, so the wait below sees them all.
+	prepared.Wait()
+	tasks.Wait()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	summary := t.summary
+	summary.Cancelled = ctx.Err() != nil
+	if len(t.notes) > 0 {
+		summary.Incomplete = strings.Join(t.notes, "; ")
+	}
+	return summary
+}
+
+// prepareNode decides the actions of one node's volumes and returns their tasks, each counted in
+// tasks until its Done. A panic while preparing fails the node's remaining volumes, not the sweep.
+func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume, t *tally, tasks *sync.WaitGroup) (batch []dispatch.Task) {
+	next := 0
+	defer func() {
+		if r := recover(); r != nil {
+			s.opts.Metrics.sweepPanicked(sw.Trigger)
+			klog.FromContext(ctx).Error(nil, "Preparing a volume panicked; the node's remaining volumes fail",
+				"pv", vols[next].PVName, "node", vols[next].NodeName, "panic", r, "stack", string(debug.Stack()))
+			for range vols[next:] {
+				t.add(outcomeFailed)
+			}
+			t.note(fmt.Sprintf("preparing volume %s panicked: %v", vols[next].PVName, r))
+		}
+	}()
+	for ; next < len(vols); next++ {
+		v := vols[next]
+		if ctx.Err() != nil {
+			return batch
 		}
 		task, run, o := s.prepare(ctx, sw, v)
 		if task == nil {
@@ -384,7 +448,7 @@ func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner
 			return err
 		}
 		task.Done = func(r dispatch.Result) {
-			defer wg.Done()
+			defer tasks.Done()
 			if r.Err != nil {
 				s.failed(ctx, v, r.Err)
 				t.add(outcomeFailed)
@@ -395,17 +459,27 @@ func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner
 			mu.Unlock()
 			t.add(o)
 		}
-		tasks = append(tasks, *task)
+		tasks.Add(1)
+		batch = append(batch, *task)
 	}
-	// One batch: the dispatcher orders a sweep's tasks among themselves and across nodes.
-	wg.Add(len(tasks))
-	s.opts.Dispatcher.Submit(tasks...)
-	wg.Wait()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	summary := t.summary
-	summary.Cancelled = ctx.Err() != nil
-	return summary
+	return batch
+}
+
+// byNode splits vols by driver and node, keeping the planner's order within and between nodes.
+func byNode(vols []planner.Volume) [][]planner.Volume {
+	index := map[[2]string]int{}
+	var groups [][]planner.Volume
+	for _, v := range vols {
+		key := [2]string{v.Driver, v.NodeName}
+		i, ok := index[key]
+		if !ok {
+			i = len(groups)
+			index[key] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], v)
+	}
+	return groups
 }
 
 // finish reports the sweep's end (metrics, log, Events) and records a finished restart marker or

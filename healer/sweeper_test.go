@@ -44,6 +44,8 @@ type fakeSidecars struct {
 	endpoints []string
 	// capsDown fails every capabilities call as an unreachable sidecar does.
 	capsDown bool
+	// capsGate holds the capabilities calls of a node until its channel is closed.
+	capsGate map[string]chan struct{}
 	// staged is what ListStaged answers, and stagedErr its error.
 	staged    []probe.StagedVolume
 	stagedErr error
@@ -61,7 +63,17 @@ func (f *fakeSidecars) reach(t probe.Target) error {
 	return nil
 }
 
-func (f *fakeSidecars) Capabilities(context.Context, probe.Target) (*probe.Capabilities, error) {
+func (f *fakeSidecars) Capabilities(ctx context.Context, t probe.Target) (*probe.Capabilities, error) {
+	f.mu.Lock()
+	gate := f.capsGate[t.Node]
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.capsDown {

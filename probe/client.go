@@ -121,7 +121,11 @@ type Options struct {
 	HealTimeout time.Duration
 	// MaxMessageSize bounds responses. Default 4 MiB.
 	MaxMessageSize int
-	// Clock tells time for the token cache. Default real.
+	// CapabilityFailureTTL is how long a failed capabilities call of a sidecar is answered from
+	// memory: every volume of an unreachable node then fails at once instead of each waiting for
+	// its own timeout. Default 5s.
+	CapabilityFailureTTL time.Duration
+	// Clock tells time for the token cache and the capability failures. Default real.
 	Clock clock.PassiveClock
 }
 
@@ -138,6 +142,9 @@ func (o *Options) defaults() {
 	if o.MaxMessageSize <= 0 {
 		o.MaxMessageSize = 4 << 20
 	}
+	if o.CapabilityFailureTTL <= 0 {
+		o.CapabilityFailureTTL = 5 * time.Second
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -150,6 +157,8 @@ type Client struct {
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 	caps  map[capKey]*Capabilities
+	// capErrs holds recent failed capabilities calls, until their expiry.
+	capErrs map[capKey]capFailure
 
 	tokenMu   sync.Mutex
 	token     string
@@ -158,10 +167,16 @@ type Client struct {
 
 type capKey struct{ driver, node, endpoint string }
 
+// capFailure is a failed capabilities call remembered until expires.
+type capFailure struct {
+	err     error
+	expires time.Time
+}
+
 // New returns a Client with no connection yet; connections are made on first use.
 func New(opts Options) *Client {
 	opts.defaults()
-	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}}
+	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}, capErrs: map[capKey]capFailure{}}
 }
 
 // conn returns the pooled connection to endpoint, creating it on first use.
@@ -201,6 +216,11 @@ func (c *Client) Forget(endpoint string) {
 			delete(c.caps, k)
 		}
 	}
+	for k := range c.capErrs {
+		if k.endpoint == endpoint {
+			delete(c.capErrs, k)
+		}
+	}
 }
 
 // Refresh drops the cached capabilities of (driver, node), for example after its node plugin
@@ -211,6 +231,11 @@ func (c *Client) Refresh(driver, node string) {
 	for k := range c.caps {
 		if k.driver == driver && k.node == node {
 			delete(c.caps, k)
+		}
+	}
+	for k := range c.capErrs {
+		if k.driver == driver && k.node == node {
+			delete(c.capErrs, k)
 		}
 	}
 }
@@ -228,12 +253,35 @@ func (c *Client) Close() {
 // Capabilities returns the capabilities of t, from the cache when they were fetched before.
 func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, error) {
 	key := capKey{t.Driver, t.Node, t.Endpoint}
+	now := c.opts.Clock.Now()
 	c.mu.Lock()
-	cached := c.caps[key]
+	cached, failed := c.caps[key], c.capErrs[key]
 	c.mu.Unlock()
 	if cached != nil {
 		return cached, nil
 	}
+	if failed.err != nil && now.Before(failed.expires) {
+		return nil, failed.err
+	}
+	caps, err := c.fetchCapabilities(ctx, t)
+	if err != nil {
+		// A call cut short by the caller's own context says nothing of the sidecar.
+		if ctx.Err() == nil {
+			c.mu.Lock()
+			c.capErrs[key] = capFailure{err: err, expires: c.opts.Clock.Now().Add(c.opts.CapabilityFailureTTL)}
+			c.mu.Unlock()
+		}
+		return nil, err
+	}
+	c.mu.Lock()
+	c.caps[key] = caps
+	delete(c.capErrs, key)
+	c.mu.Unlock()
+	return caps, nil
+}
+
+// fetchCapabilities asks the sidecar of t for its driver's capabilities.
+func (c *Client) fetchCapabilities(ctx context.Context, t Target) (*Capabilities, error) {
 	client, err := c.conn(t.Endpoint)
 	if err != nil {
 		return nil, err
@@ -244,14 +292,7 @@ func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, err
 	if err != nil {
 		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, Classify(err))
 	}
-	caps, err := capabilitiesOf(resp, t)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	c.caps[key] = caps
-	c.mu.Unlock()
-	return caps, nil
+	return capabilitiesOf(resp, t)
 }
 
 // capabilitiesOf converts a sidecar's capabilities answer; it must be for the driver t names.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	testingclock "k8s.io/utils/clock/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -35,6 +36,8 @@ type fakeSidecar struct {
 	probeErr  error
 	probe     *healerv1alpha1.NodeProbeVolumeResponse
 	hang      time.Duration
+	// capsHang holds each capabilities call this long, or until the caller gives up.
+	capsHang time.Duration
 	pages     map[string]*healerv1alpha1.NodeListStagedVolumesResponse
 }
 
@@ -49,7 +52,15 @@ func (f *fakeSidecar) GetHealerCapabilities(ctx context.Context, _ *healerv1alph
 	f.seen(ctx)
 	f.mu.Lock()
 	f.capsCalls++
+	hang := f.capsHang
 	f.mu.Unlock()
+	if hang > 0 {
+		select {
+		case <-time.After(hang):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	return &healerv1alpha1.NodeGetHealerCapabilitiesResponse{
 		DriverName: "rbd.csi.ceph.com",
 		NodeName:   "node-a",
@@ -268,6 +279,56 @@ func TestCapabilitiesCachedUntilRefresh(t *testing.T) {
 	wrong.Driver = "cephfs.csi.ceph.com"
 	if _, err := c.Capabilities(ctx, wrong); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a sidecar serving another driver: error = %v, want ErrMalformed", err)
+	}
+}
+
+// A sidecar that does not answer its capabilities call costs one timeout, not one per volume:
+// the failure is answered from memory for CapabilityFailureTTL, then asked again.
+func TestCapabilityFailuresAreRememberedBriefly(t *testing.T) {
+	f := &fakeSidecar{capsHang: 10 * time.Second}
+	target, _ := serve(t, f)
+	clk := testingclock.NewFakePassiveClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	c := New(Options{ProbeTimeout: 200 * time.Millisecond, CapabilityFailureTTL: 5 * time.Second, Clock: clk})
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Capabilities(ctx, target); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("first call: %v, want ErrTimeout", err)
+	}
+	start := time.Now()
+	for range 50 {
+		if _, err := c.Capabilities(ctx, target); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("a call within the failure TTL: %v, want the remembered ErrTimeout", err)
+		}
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("50 calls within the failure TTL took %s; each waited for its own timeout", took)
+	}
+	f.mu.Lock()
+	calls := f.capsCalls
+	f.capsHang = 0
+	f.mu.Unlock()
+	if calls != 1 {
+		t.Errorf("the sidecar saw %d capabilities calls, want 1", calls)
+	}
+
+	clk.SetTime(clk.Now().Add(6 * time.Second))
+	if _, err := c.Capabilities(ctx, target); err != nil {
+		t.Fatalf("after the failure TTL the sidecar answers: %v", err)
+	}
+	// A node plugin restart forgets a remembered failure at once.
+	f.mu.Lock()
+	f.capsHang = 10 * time.Second
+	f.mu.Unlock()
+	c.Refresh(target.Driver, target.Node)
+	if _, err := c.Capabilities(ctx, target); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("hung again: %v, want ErrTimeout", err)
+	}
+	f.mu.Lock()
+	f.capsHang = 0
+	f.mu.Unlock()
+	c.Refresh(target.Driver, target.Node)
+	if _, err := c.Capabilities(ctx, target); err != nil {
+		t.Errorf("after Refresh the failure was still remembered: %v", err)
 	}
 }
 
