@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	testingclock "k8s.io/utils/clock/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -38,7 +38,7 @@ type fakeSidecar struct {
 	hang      time.Duration
 	// capsHang holds each capabilities call this long, or until the caller gives up.
 	capsHang time.Duration
-	pages     map[string]*healerv1alpha1.NodeListStagedVolumesResponse
+	pages    map[string]*healerv1alpha1.NodeListStagedVolumesResponse
 }
 
 func (f *fakeSidecar) seen(ctx context.Context) {
