@@ -21,7 +21,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
-	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -287,7 +286,7 @@ func TestCapabilitiesCachedUntilRefresh(t *testing.T) {
 func TestCapabilityFailuresAreRememberedBriefly(t *testing.T) {
 	f := &fakeSidecar{capsHang: 10 * time.Second}
 	target, _ := serve(t, f)
-	clk := testingclock.NewFakePassiveClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	c := New(Options{ProbeTimeout: 200 * time.Millisecond, CapabilityFailureTTL: 5 * time.Second, Clock: clk})
 	defer c.Close()
 	ctx := context.Background()
