@@ -2,6 +2,7 @@ package healer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -288,5 +289,45 @@ func TestSlowNodeDoesNotHoldUpTheOthers(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sweep did not end after node-b answered")
+	}
+}
+
+// failingFor is a policy that fails at run time on one volume's input (a division by zero on that
+// namespace, say) and decides the others with the wrapped policy.
+type failingFor struct {
+	pv   string
+	next Decider
+}
+
+func (f failingFor) Decide(ctx context.Context, in *policy.Input) (policy.Decision, error) {
+	if in.Volume.PV == f.pv {
+		return policy.Decision{}, errors.New("eval_conflict_error: division by zero at policy.rego:7")
+	}
+	return f.next.Decide(ctx, in)
+}
+
+// A policy that fails on one volume's input fails closed for that volume only: it is left alone
+// (never decided by the built-in policy) with a Warning Event on its PVC saying why, the other
+// volumes are decided and healed, and the restart is complete.
+func TestPolicyRuntimeFailureSkipsThatVolume(t *testing.T) {
+	f := newFixture(t, 2, false)
+	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
+	for _, pv := range []string{"v1", "v2"} {
+		f.sidecars.health[pv], f.sidecars.healable[pv] = gone, true
+	}
+	f.sweeper.opts.Policy = failingFor{pv: "v1", next: f.sweeper.opts.Policy}
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if sum.Incomplete != "" || sum.Healed != 1 || sum.Skipped != 1 {
+		t.Fatalf("summary %+v, want v2 healed, v1 skipped, and the sweep complete", sum)
+	}
+	if f.sidecars.probes["v1"] != 0 || f.sidecars.heals["v1"] != 0 {
+		t.Errorf("v1 was called (%d probes, %d heals) though the policy failed on it", f.sidecars.probes["v1"], f.sidecars.heals["v1"])
+	}
+	events := f.events()
+	if !strings.Contains(events, "Warning "+ReasonVolumePolicyFailed) || !strings.Contains(events, "division by zero") {
+		t.Errorf("no %s Event naming the policy's error:\n%s", ReasonVolumePolicyFailed, events)
+	}
+	if m := f.handledMarker(t); m != f.restart().Marker {
+		t.Errorf("handled marker %q, want the restart recorded", m)
 	}
 }

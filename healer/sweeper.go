@@ -207,6 +207,9 @@ const (
 	// CSIAddonsNode.
 	ReasonRestartSweepStarted  = "RestartSweepStarted"
 	ReasonRestartSweepFinished = "RestartSweepFinished"
+	// ReasonVolumePolicyFailed: the policy failed to decide for the volume (a runtime error on its
+	// input); the volume is left alone, never decided by the built-in policy.
+	ReasonVolumePolicyFailed = "VolumePolicyFailed"
 	// ReasonRestartSweepPending: a restart sweep did not reach every volume of its node; it is
 	// tried again, and the restart stays unhandled until a try is complete.
 	ReasonRestartSweepPending = "RestartSweepPending"
@@ -658,8 +661,13 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	in.History = state.history
 	d, err := s.opts.Policy.Decide(ctx, &in)
 	if err != nil {
+		// Fail closed: the policy governs this volume and cannot say what to do with it, so the
+		// volume is left alone (skipped, never decided by the built-in policy) and the operator
+		// is told on its PVC; volume_healer_policy_evaluation_errors_total counts it.
 		logger.Error(err, "Policy evaluation failed; the volume is left alone")
-		return nil, nil, outcomeFailed
+		s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
+			"The policy failed on this volume, which is left alone until the policy is fixed: %v", err)
+		return nil, nil, outcomeSkipped
 	}
 	if m := s.opts.Metrics; m != nil {
 		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
@@ -735,7 +743,10 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
-			return outcomeFailed, fmt.Errorf("%w: policy: %w", dispatch.ErrPermanent, err)
+			s.writeStatus(ctx, v, statusUnhealthy, res.Health, "")
+			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
+				"Volume is unhealthy on node %s (%s); the policy failed on it, so it is left alone until the policy is fixed: %v", v.NodeName, describe(res.Health), err)
+			return outcomeUnhealthy, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
