@@ -85,6 +85,25 @@ type ConfigMapOptions struct {
 	// ResyncPeriod re-reads every ConfigMap from the informer cache this often. Default 0: only on
 	// change, which suffices because the source is level-driven.
 	ResyncPeriod time.Duration
+	// LastGoodName names the ConfigMap, in Namespace and without the policy label, where the
+	// leader keeps a copy of the last accepted policy set. A replica that starts while the
+	// configured set is rejected serves that copy; without one it skips every volume until the
+	// set is fixed. Default DefaultLastGoodName.
+	LastGoodName string
+}
+
+// DefaultLastGoodName is the ConfigMap that holds the last accepted policy set.
+const DefaultLastGoodName = "volume-healer-last-good-policy"
+
+// lastGoodKey is the data key of the last-good copy: the set's modules as JSON.
+const lastGoodKey = "modules.json"
+
+// failClosedModules serve when the configured policy set is rejected at start and no accepted
+// copy exists: every volume the policy would have governed is left alone.
+func failClosedModules() []Module {
+	return []Module{{File: "volume-healer/fail-closed.rego", Text: "package volumehealer\n\n" +
+		"# The configured policy is rejected and no accepted copy of it exists: leave every volume alone.\n" +
+		`decision := {"action": "skip", "reason": "PolicyRejected"}` + "\n"}}
 }
 
 func (o ConfigMapOptions) withDefaults() ConfigMapOptions {
@@ -93,6 +112,9 @@ func (o ConfigMapOptions) withDefaults() ConfigMapOptions {
 	}
 	if o.LabelSelector == "" {
 		o.LabelSelector = DefaultPolicySelector
+	}
+	if o.LastGoodName == "" {
+		o.LastGoodName = DefaultLastGoodName
 	}
 	return o
 }
@@ -116,6 +138,11 @@ type ConfigMapSource struct {
 	// Touched by the single worker only.
 	attemptedID string // the set last handed to the engine
 	attemptErr  error  // its outcome
+	// configured is set once the engine serves what the configuration says: an accepted set, or
+	// at start with a rejected set, the last-good copy or the fail-closed policy.
+	configured bool
+	// savedID is the set last written to the last-good copy.
+	savedID string
 }
 
 // NewConfigMapSource returns a source that loads the policy ConfigMaps into engine once started.
@@ -240,16 +267,26 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 	}
 	modules := ModulesFromConfigMaps(cms)
 	setID := "builtin"
-	if len(modules) > 0 {
+	switch {
+	case len(modules) > 0:
 		setID = revisionID(modules)
+	case len(cms) > 0:
+		setID = "no-modules"
 	}
 
 	if setID != s.attemptedID {
 		var rev *Revision
-		if len(modules) == 0 {
-			rev, err = s.engine.LoadDefault(ctx)
-		} else {
+		switch {
+		case len(modules) > 0:
 			rev, err = s.engine.Load(ctx, modules)
+		case len(cms) > 0:
+			// Labelled ConfigMaps without Rego: a key removed or renamed by mistake must not turn
+			// a site policy into the built-in one.
+			err = &LoadError{Kind: KindNoModules, Err: fmt.Errorf(
+				"%d policy ConfigMap(s) carry the label but no data key ending in .rego; delete them (or remove the label) to serve the built-in policy", len(cms))}
+			s.engine.opts.Metrics.loadError(KindNoModules)
+		default:
+			rev, err = s.engine.LoadDefault(ctx)
 		}
 		var le *LoadError
 		if err != nil && !errors.As(err, &le) {
@@ -257,12 +294,23 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		}
 		s.attemptedID, s.attemptErr = setID, err
 		if err != nil {
+			if !s.configured {
+				s.serveLastGood(ctx)
+			}
 			logger.Error(err, "Policy rejected; the previous revision keeps serving", "revision", s.engine.Revision().ID())
 			if s.leading() {
 				s.recordRejection(cms, le)
 			}
 		} else {
+			s.configured = true
 			logger.Info("Policy applied", "revision", rev.ID(), "configMaps", len(cms), "modules", len(modules), "builtin", len(modules) == 0)
+		}
+	}
+	if s.attemptErr == nil && s.leading() && s.savedID != setID {
+		if err := s.saveLastGood(ctx, modules); err != nil {
+			logger.Error(err, "Cannot keep a copy of the accepted policy; a restart while a broken policy is configured would skip every volume")
+		} else {
+			s.savedID = setID
 		}
 	}
 	// The ConfigMaps found are applied (or rejected) even if writing a status below fails.
@@ -299,6 +347,10 @@ func offending(cms []*corev1.ConfigMap, le *LoadError) []*corev1.ConfigMap {
 			}
 		}
 	}
+	if len(out) == 0 {
+		// No ConfigMap holds Rego (KindNoModules): each of them is the problem.
+		out = cms
+	}
 	return out
 }
 
@@ -308,16 +360,19 @@ func (s *ConfigMapSource) recordRejection(cms []*corev1.ConfigMap, le *LoadError
 	}
 	for _, cm := range offending(cms, le) {
 		s.opts.Recorder.Eventf(cm, corev1.EventTypeWarning, ReasonPolicyRejected,
-			"Policy rejected, revision %s keeps serving: %s", s.engine.Revision().ID(), truncate(le.Error(), maxStatusError))
+			"Policy rejected, revision %s keeps serving%s: %s", s.engine.Revision().ID(), s.fallbackNote(), truncate(le.Error(), maxStatusError))
 	}
 }
 
 // statusOf is the status cm should carry after the last attempt.
 func (s *ConfigMapSource) statusOf(cm *corev1.ConfigMap, cms []*corev1.ConfigMap) PolicyStatus {
+	var le *LoadError
+	if errors.As(s.attemptErr, &le) && le.Kind == KindNoModules {
+		return PolicyStatus{Status: StatusRejected, Reason: le.Kind, Error: truncate(le.Err.Error(), maxStatusError)}
+	}
 	if len(regoKeys(cm)) == 0 {
 		return PolicyStatus{Status: StatusIgnored, Error: "no data key ends in .rego"}
 	}
-	var le *LoadError
 	if !errors.As(s.attemptErr, &le) {
 		return PolicyStatus{Status: StatusOK, Revision: s.engine.Revision().ID()}
 	}
@@ -347,4 +402,97 @@ func (s *ConfigMapSource) writeStatus(ctx context.Context, cm *corev1.ConfigMap,
 		return fmt.Errorf("writing policy status to ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
 	return nil
+}
+
+// fallbackNote says what serves when it is not a set this process accepted.
+func (s *ConfigMapSource) fallbackNote() string {
+	if files := s.engine.Revision().Files(); len(files) == 1 && files[0] == failClosedModules()[0].File {
+		return " (no accepted policy to fall back on: every volume is skipped until the policy is fixed)"
+	}
+	return ""
+}
+
+// serveLastGood runs when the configured set is rejected before this process served anything of
+// the configuration (a controller restart or a new replica while a broken policy is in place):
+// the engine still serves the built-in policy, which must not stand in for the site's. It serves
+// the last accepted set that the leader kept, or, without one, the fail-closed policy that skips
+// every volume. Either way the rejection stays visible (volume_healer_policy_rejected).
+func (s *ConfigMapSource) serveLastGood(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	modules, err := s.readLastGood(ctx)
+	switch {
+	case err != nil:
+		logger.Error(err, "No accepted copy of the policy to serve; every volume is skipped until the policy is fixed")
+	case modules == nil:
+		logger.Info("No accepted copy of the policy exists; every volume is skipped until the policy is fixed")
+	default:
+		var rev *Revision
+		if len(modules) == 0 {
+			rev, err = s.engine.LoadDefault(ctx)
+		} else {
+			rev, err = s.engine.Load(ctx, modules)
+		}
+		if err == nil {
+			s.configured = true
+			s.engine.opts.Metrics.markRejected()
+			logger.Info("The configured policy is rejected; serving the last accepted copy", "revision", rev.ID(), "copy", s.opts.Namespace+"/"+s.opts.LastGoodName)
+			return
+		}
+		logger.Error(err, "The accepted copy of the policy does not load; every volume is skipped until the policy is fixed")
+	}
+	if _, err := s.engine.Load(ctx, failClosedModules()); err != nil {
+		// The fail-closed policy is one constant line; not loading it is a bug, and the built-in
+		// policy keeps serving.
+		logger.Error(err, "Cannot load the fail-closed policy")
+		return
+	}
+	s.configured = true
+	s.engine.opts.Metrics.markRejected()
+}
+
+// readLastGood returns the modules of the last-good copy: nil when there is none, empty when the
+// last accepted set was the built-in policy.
+func (s *ConfigMapSource) readLastGood(ctx context.Context) ([]Module, error) {
+	cm, err := s.client.CoreV1().ConfigMaps(s.opts.Namespace).Get(ctx, s.opts.LastGoodName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", s.opts.Namespace, s.opts.LastGoodName, err)
+	}
+	modules := []Module{}
+	if err := json.Unmarshal([]byte(cm.Data[lastGoodKey]), &modules); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s: data key %s: %w", s.opts.Namespace, s.opts.LastGoodName, lastGoodKey, err)
+	}
+	return modules, nil
+}
+
+// saveLastGood writes modules, just accepted, as the last-good copy (none: the built-in policy).
+func (s *ConfigMapSource) saveLastGood(ctx context.Context, modules []Module) error {
+	if modules == nil {
+		modules = []Module{}
+	}
+	text, err := json.Marshal(modules)
+	if err != nil {
+		return err
+	}
+	cms := s.client.CoreV1().ConfigMaps(s.opts.Namespace)
+	data := map[string]string{lastGoodKey: string(text)}
+	_, err = cms.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.opts.Namespace, Name: s.opts.LastGoodName,
+			Annotations: map[string]string{annotations.PolicyLastGoodRevision: s.engine.Revision().ID()}},
+		Data: data,
+	}, metav1.CreateOptions{FieldManager: fieldManager})
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{annotations.PolicyLastGoodRevision: s.engine.Revision().ID()}},
+		"data":     data,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = cms.Patch(ctx, s.opts.LastGoodName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	return err
 }

@@ -235,9 +235,19 @@ func TestConfigMapDelivery(t *testing.T) {
 	h.create(policyConfigMap("notes", map[string]string{"notes.txt": "hello"}))
 	h.status("notes", func(st PolicyStatus) bool { return st.Status == StatusIgnored })
 
-	// Every policy deleted: back to the built-in default.
+	// The Rego gone but a labelled ConfigMap left: that is no request for the built-in policy
+	// (a key renamed by mistake, say); the last good revision keeps serving and the ConfigMap
+	// says why.
 	h.delete("site-policy")
 	h.delete("zz-helpers")
+	st = h.status("notes", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+	if st.Reason != KindNoModules {
+		t.Errorf("status %+v, want rejected for want of Rego", st)
+	}
+	h.decides("Helped")
+
+	// Every policy ConfigMap deleted: back to the built-in default.
+	h.delete("notes")
 	h.decides("ProbeAfterRestart")
 	if id := engine.Revision().ID(); id != builtin {
 		t.Errorf("serving %s after deleting every policy, want the built-in %s", id, builtin)
@@ -312,4 +322,64 @@ func TestConfigMapRejectionIsReportedByTheLeaderOnly(t *testing.T) {
 	leading.Store(true)
 	h.source.Resync()
 	h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+}
+
+// A replica that starts while the configured policy is broken (a controller restart, a new
+// leader) serves the last accepted policy that the leader kept, never the built-in one, and
+// shows the rejection.
+func TestStartWithABrokenPolicyServesTheLastGoodCopy(t *testing.T) {
+	client := fake.NewClientset()
+	leaderEngine, _ := newTestEngine(t, Options{})
+	leader := startConfigMapSourceWith(t, client, leaderEngine, ConfigMapOptions{Namespace: testNamespace, Recorder: record.NewFakeRecorder(100)})
+	leader.create(policyConfigMap("site-policy", map[string]string{"policy.rego": skipPolicy("SiteV1")}))
+	leader.decides("SiteV1")
+	leader.eventually("the leader keeps a copy of the accepted policy", func() (bool, string) {
+		cm, err := client.CoreV1().ConfigMaps(testNamespace).Get(leader.ctx, DefaultLastGoodName, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(cm.Data[lastGoodKey], "SiteV1"), cm.Data[lastGoodKey]
+	})
+	leader.update("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)})
+	leader.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+
+	engine, reg := newTestEngine(t, Options{})
+	h := startConfigMapSourceWith(t, client, engine, ConfigMapOptions{Namespace: testNamespace, Leading: func() bool { return false }})
+	h.decides("SiteV1")
+	if v := metricValue(t, reg, "volume_healer_policy_rejected", nil); v != 1 {
+		t.Errorf("volume_healer_policy_rejected = %v on the new replica, want 1: the configured policy is still broken", v)
+	}
+
+	// Fixed: the new replica serves the fixed policy and the rejection clears.
+	leader.update("site-policy", map[string]string{"policy.rego": skipPolicy("SiteV2")})
+	h.decides("SiteV2")
+	if v := metricValue(t, reg, "volume_healer_policy_rejected", nil); v != 0 {
+		t.Errorf("volume_healer_policy_rejected = %v after the fix, want 0", v)
+	}
+}
+
+// With a broken policy and no accepted copy to fall back on, every volume is skipped, never
+// decided by the built-in policy, and the rejection says so.
+func TestStartWithABrokenPolicyAndNoCopySkipsEveryVolume(t *testing.T) {
+	client := fake.NewClientset(policyConfigMap("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)}))
+	recorder := record.NewFakeRecorder(100)
+	engine, reg := newTestEngine(t, Options{})
+	h := startConfigMapSource(t, client, recorder, engine)
+	h.decides("PolicyRejected")
+	for _, trigger := range []Trigger{TriggerRestart, TriggerSchedule, TriggerManual} {
+		in := sampleInput()
+		in.Trigger = trigger
+		if d, err := engine.Decide(h.ctx, &in); err != nil || d.Action != ActionSkip {
+			t.Errorf("%s: decided %+v, %v; want skip", trigger, d, err)
+		}
+	}
+	if ev := nextEvent(t, recorder); !strings.Contains(ev, "every volume is skipped") {
+		t.Errorf("event %q, want it to say that every volume is skipped", ev)
+	}
+	if v := metricValue(t, reg, "volume_healer_policy_rejected", nil); v != 1 {
+		t.Errorf("volume_healer_policy_rejected = %v, want 1", v)
+	}
+	if _, err := client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, DefaultLastGoodName, metav1.GetOptions{}); err == nil {
+		t.Error("the fail-closed policy was kept as the last accepted one")
+	}
 }

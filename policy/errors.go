@@ -59,12 +59,16 @@ const (
 	KindInvalidOutput ErrorKind = "invalid_output"
 	// KindTimeout is an evaluation that ran past the evaluation timeout.
 	KindTimeout ErrorKind = "timeout"
+	// KindNoModules is a set of policy ConfigMaps none of which holds a data key ending in .rego
+	// (a key removed or renamed): deleting the ConfigMaps, not emptying them, returns to the
+	// built-in policy.
+	KindNoModules ErrorKind = "no_modules"
 )
 
 // errorKinds lists every ErrorKind, so that metrics can start every label at zero.
 var errorKinds = []ErrorKind{
 	KindParse, KindCompile, KindForbiddenBuiltin, KindRuntime, KindConflict, KindUndefined,
-	KindInvalidOutput, KindTimeout,
+	KindInvalidOutput, KindTimeout, KindNoModules,
 }
 
 // LoadError explains why a policy revision was rejected. The revision that served before keeps

@@ -99,6 +99,15 @@ func (m *Metrics) loadError(kind ErrorKind) {
 	m.rejected.Set(1)
 }
 
+// markRejected keeps the rejection visible while a fallback (the last accepted copy, or the
+// fail-closed policy) serves in place of a rejected configured set.
+func (m *Metrics) markRejected() {
+	if m == nil {
+		return
+	}
+	m.rejected.Set(1)
+}
+
 func (m *Metrics) serving(revision string) {
 	if m == nil {
 		return

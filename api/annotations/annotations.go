@@ -73,6 +73,9 @@ const (
 	// PolicyStatus is written by the controller on every policy ConfigMap: whether its policy
 	// serves, and if not, why (JSON).
 	PolicyStatus = "healer.csiaddons.openshift.io/policy-status"
+	// PolicyLastGoodRevision, on the ConfigMap that keeps the last accepted policy set, names the
+	// revision that set compiled to.
+	PolicyLastGoodRevision = "healer.csiaddons.openshift.io/policy-last-good-revision"
 )
 
 // MergePatch returns the body of a JSON merge patch (types.MergePatchType) that sets the

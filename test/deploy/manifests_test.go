@@ -133,35 +133,37 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		attrs          authorizationv1.ResourceAttributes
 		allowed        bool
 	}{
-		"controller lists PersistentVolumes":             {"volume-healer/volume-healer", ra("list", "", "persistentvolumes", ""), true},
-		"controller watches VolumeAttachments":           {"volume-healer/volume-healer", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
-		"controller patches claims anywhere":             {"volume-healer/volume-healer", ra("patch", "", "persistentvolumeclaims", "shop"), true},
-		"controller patches CSIAddonsNodes":              {"volume-healer/volume-healer", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
-		"controller creates Events":                      {"volume-healer/volume-healer", ra("create", "events.k8s.io", "events", "shop"), true},
-		"controller renews its Lease":                    {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "volume-healer"), true},
-		"controller marks policy ConfigMaps":             {"volume-healer/volume-healer", ra("patch", "", "configmaps", "volume-healer"), true},
-		"controller reads no Secrets in its namespace":   {"volume-healer/volume-healer", ra("get", "", "secrets", "volume-healer"), false},
-		"controller lists no Secrets cluster-wide":       {"volume-healer/volume-healer", ra("list", "", "secrets", ""), false},
-		"controller reads no node-stage Secrets":         {"volume-healer/volume-healer", ra("get", "", "secrets", "rook-ceph"), false},
-		"controller touches no ConfigMaps elsewhere":     {"volume-healer/volume-healer", ra("patch", "", "configmaps", "kube-system"), false},
-		"controller deletes no claims":                   {"volume-healer/volume-healer", ra("delete", "", "persistentvolumeclaims", "shop"), false},
-		"controller takes no Leases elsewhere":           {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "kube-system"), false},
-		"sidecar watches PersistentVolumes":              {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
-		"sidecar reviews tokens":                         {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
-		"sidecar registers its CSIAddonsNode":            {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
-		"sidecar watches node-stage Secrets":             {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), true},
-		"sidecar reads no Secrets of its own namespace":  {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "secrets", "ceph-csi"), false},
-		"sidecar lists no Secrets cluster-wide":          {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", ""), false},
-		"sidecar writes no Secrets":                      {"ceph-csi/rbd-csi-nodeplugin", ra("update", "", "secrets", "rook-ceph"), false},
-		"sidecar touches no CSIAddonsNodes elsewhere":    {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), false},
-		"sidecar changes no PersistentVolumes":           {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "", "persistentvolumes", ""), false},
-		"chart: controller marks policy ConfigMaps":      {"healer-system/healer", ra("patch", "", "configmaps", "healer-policies"), true},
-		"chart: controller renews its Lease":             {"healer-system/healer", ra("update", "coordination.k8s.io", "leases", "healer-system"), true},
-		"chart: controller reads no Secrets":             {"healer-system/healer", ra("get", "", "secrets", "healer-system"), false},
-		"chart: sidecar watches node-stage Secrets":      {"csi-rbd/csi-rbd-plugin", ra("watch", "", "secrets", "ceph-secrets-archive"), true},
-		"chart: sidecar reads no Secrets of its own":     {"csi-rbd/csi-rbd-plugin", ra("get", "", "secrets", "csi-rbd"), false},
-		"chart: sidecar registers its CSIAddonsNode":     {"csi-rbd/csi-rbd-plugin", ra("create", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), true},
-		"chart: sidecar touches no other CSIAddonsNodes": {"csi-rbd/csi-rbd-plugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), false},
+		"controller lists PersistentVolumes":               {"volume-healer/volume-healer", ra("list", "", "persistentvolumes", ""), true},
+		"controller watches VolumeAttachments":             {"volume-healer/volume-healer", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
+		"controller patches claims anywhere":               {"volume-healer/volume-healer", ra("patch", "", "persistentvolumeclaims", "shop"), true},
+		"controller patches CSIAddonsNodes":                {"volume-healer/volume-healer", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
+		"controller creates Events":                        {"volume-healer/volume-healer", ra("create", "events.k8s.io", "events", "shop"), true},
+		"controller renews its Lease":                      {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "volume-healer"), true},
+		"controller marks policy ConfigMaps":               {"volume-healer/volume-healer", ra("patch", "", "configmaps", "volume-healer"), true},
+		"controller keeps the last accepted policy":        {"volume-healer/volume-healer", ra("create", "", "configmaps", "volume-healer"), true},
+		"controller reads no Secrets in its namespace":     {"volume-healer/volume-healer", ra("get", "", "secrets", "volume-healer"), false},
+		"controller lists no Secrets cluster-wide":         {"volume-healer/volume-healer", ra("list", "", "secrets", ""), false},
+		"controller reads no node-stage Secrets":           {"volume-healer/volume-healer", ra("get", "", "secrets", "rook-ceph"), false},
+		"controller touches no ConfigMaps elsewhere":       {"volume-healer/volume-healer", ra("patch", "", "configmaps", "kube-system"), false},
+		"controller deletes no claims":                     {"volume-healer/volume-healer", ra("delete", "", "persistentvolumeclaims", "shop"), false},
+		"controller takes no Leases elsewhere":             {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "kube-system"), false},
+		"sidecar watches PersistentVolumes":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
+		"sidecar reviews tokens":                           {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
+		"sidecar registers its CSIAddonsNode":              {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
+		"sidecar watches node-stage Secrets":               {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), true},
+		"sidecar reads no Secrets of its own namespace":    {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "secrets", "ceph-csi"), false},
+		"sidecar lists no Secrets cluster-wide":            {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", ""), false},
+		"sidecar writes no Secrets":                        {"ceph-csi/rbd-csi-nodeplugin", ra("update", "", "secrets", "rook-ceph"), false},
+		"sidecar touches no CSIAddonsNodes elsewhere":      {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), false},
+		"sidecar changes no PersistentVolumes":             {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "", "persistentvolumes", ""), false},
+		"chart: controller marks policy ConfigMaps":        {"healer-system/healer", ra("patch", "", "configmaps", "healer-policies"), true},
+		"chart: controller keeps the last accepted policy": {"healer-system/healer", ra("create", "", "configmaps", "healer-policies"), true},
+		"chart: controller renews its Lease":               {"healer-system/healer", ra("update", "coordination.k8s.io", "leases", "healer-system"), true},
+		"chart: controller reads no Secrets":               {"healer-system/healer", ra("get", "", "secrets", "healer-system"), false},
+		"chart: sidecar watches node-stage Secrets":        {"csi-rbd/csi-rbd-plugin", ra("watch", "", "secrets", "ceph-secrets-archive"), true},
+		"chart: sidecar reads no Secrets of its own":       {"csi-rbd/csi-rbd-plugin", ra("get", "", "secrets", "csi-rbd"), false},
+		"chart: sidecar registers its CSIAddonsNode":       {"csi-rbd/csi-rbd-plugin", ra("create", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), true},
+		"chart: sidecar touches no other CSIAddonsNodes":   {"csi-rbd/csi-rbd-plugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), false},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -463,8 +465,9 @@ func checkController(t *testing.T, s controllerSetup) {
 	if !grants(cfg.LeaderElection.Namespace, "coordination.k8s.io", "leases", "update") {
 		t.Errorf("no Role lets the controller renew its Lease in %s", cfg.LeaderElection.Namespace)
 	}
-	if !grants(cfg.Policy.Namespace, "", "configmaps", "patch") || !grants(cfg.Policy.Namespace, "", "configmaps", "watch") {
-		t.Errorf("no Role lets the controller watch and mark the policy ConfigMaps in %s", cfg.Policy.Namespace)
+	if !grants(cfg.Policy.Namespace, "", "configmaps", "patch") || !grants(cfg.Policy.Namespace, "", "configmaps", "watch") ||
+		!grants(cfg.Policy.Namespace, "", "configmaps", "create") {
+		t.Errorf("no Role lets the controller watch and mark the policy ConfigMaps, and keep the last accepted one, in %s", cfg.Policy.Namespace)
 	}
 	for _, kind := range []string{"Role", "ClusterRole"} {
 		for _, o := range ofKind(s.objs, kind) {
