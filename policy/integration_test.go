@@ -77,3 +77,35 @@ func TestConfigMapDeliveryAgainstAPIServer(t *testing.T) {
 	h.delete("site-policy")
 	h.decides("ProbeAfterRestart")
 }
+
+// TestRestartWithABrokenPolicyAgainstAPIServer: a controller replica that starts while the
+// configured policy is broken serves the last accepted policy kept in the apiserver, never the
+// built-in one.
+func TestRestartWithABrokenPolicyAgainstAPIServer(t *testing.T) {
+	env := controlplane.Start(t)
+	ctx := context.Background()
+	client := env.Clientset
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := newTestEngine(t, Options{})
+	h := startConfigMapSource(t, client, nil, first)
+	h.create(policyConfigMap("site-policy", map[string]string{"policy.rego": skipPolicy("KeptAcrossRestarts")}))
+	h.decides("KeptAcrossRestarts")
+	h.eventually("the accepted policy is kept in "+DefaultLastGoodName, func() (bool, string) {
+		cm, err := client.CoreV1().ConfigMaps(testNamespace).Get(ctx, DefaultLastGoodName, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(cm.Data[lastGoodKey], "KeptAcrossRestarts"), cm.Data[lastGoodKey]
+	})
+	h.update("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)})
+	h.status("site-policy", func(st PolicyStatus) bool { return st.Status == StatusRejected })
+
+	restarted, reg := newTestEngine(t, Options{})
+	r := startConfigMapSource(t, client, nil, restarted)
+	r.decides("KeptAcrossRestarts")
+	if v := metricValue(t, reg, "volume_healer_policy_rejected", nil); v != 1 {
+		t.Errorf("volume_healer_policy_rejected = %v after the restart, want 1", v)
+	}
+}
