@@ -331,28 +331,25 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 
 // probeResult converts a sidecar's probe answer, rejecting what breaks the protocol.
 func probeResult(resp *healerv1alpha1.NodeProbeVolumeResponse) (*Result, error) {
-	health, err := convertHealth(resp.GetHealthStatuses())
-	if err != nil {
-		return nil, err
-	}
-	recheck, err := recheckAfter(resp.GetRecheckAfter())
-	if err != nil {
-		return nil, err
-	}
-	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: resp.GetHealable(), RecheckAfter: recheck}, nil
+	return convertResult(resp.GetVolumeId(), resp.GetHealthStatuses(), resp.GetRecheckAfter(), resp.GetHealable())
 }
 
-// healResult converts a sidecar's heal answer, rejecting what breaks the protocol.
+// healResult converts a sidecar's heal answer, rejecting what breaks the protocol. A volume the
+// driver just healed is healable.
 func healResult(resp *healerv1alpha1.NodeHealVolumeResponse) (*Result, error) {
-	health, err := convertHealth(resp.GetHealthStatuses())
+	return convertResult(resp.GetVolumeId(), resp.GetHealthStatuses(), resp.GetRecheckAfter(), true)
+}
+
+func convertResult(volumeID string, entries []*csi.VolumeHealth_VolumeHealthEntry, recheck *durationpb.Duration, healable bool) (*Result, error) {
+	health, err := convertHealth(entries)
 	if err != nil {
 		return nil, err
 	}
-	recheck, err := recheckAfter(resp.GetRecheckAfter())
+	after, err := recheckAfter(recheck)
 	if err != nil {
 		return nil, err
 	}
-	return &Result{VolumeID: resp.GetVolumeId(), Health: health, Healable: true, RecheckAfter: recheck}, nil
+	return &Result{VolumeID: volumeID, Health: health, Healable: healable, RecheckAfter: after}, nil
 }
 
 // recheckAfter converts the driver's "check again after" hint; none is zero. When set it must be a

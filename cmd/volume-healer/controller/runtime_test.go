@@ -2,13 +2,7 @@ package controller
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -37,6 +31,7 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // recordingForgetter remembers what the event routing asked the sweeper and the client to forget.
@@ -402,10 +397,13 @@ func TestSidecarClientTLSSettings(t *testing.T) {
 		}
 		return p
 	}
-	certPEM, keyPEM := selfSigned(t)
-	ca := write("ca.crt", certPEM)
-	cert := write("tls.crt", certPEM)
-	key := write("tls.key", keyPEM)
+	certPEM, keyPEM, err := harness.SelfSigned("healer-sidecar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := write("ca.crt", string(certPEM))
+	cert := write("tls.crt", string(certPEM))
+	key := write("tls.key", string(keyPEM))
 	notPEM := write("garbage.crt", "not a certificate")
 
 	tests := map[string]struct {
@@ -436,24 +434,4 @@ func TestSidecarClientTLSSettings(t *testing.T) {
 			}
 		})
 	}
-}
-
-// selfSigned returns a PEM certificate and its PEM key.
-func selfSigned(t *testing.T) (string, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"healer-sidecar"}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
-		string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
 }
