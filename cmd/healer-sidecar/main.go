@@ -1,6 +1,9 @@
 // Command healer-sidecar runs in a CSI node plugin pod beside the driver. It serves the
 // volume-healer NodeHealer service to the controller over TCP with TLS and relays each call to
 // the driver's Healer service on its CSI-Addons UNIX socket. See docs/sidecar.md.
+//
+// It parses flags and hands over to package sidecar; it must not import the controller's packages
+// (scheduler, policy, probe, healer) nor test/.
 package main
 
 import (

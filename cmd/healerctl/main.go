@@ -1,5 +1,7 @@
 // Command healerctl is the operator's and driver author's tool for volume-healer: it tests and
 // evaluates policies, checks a driver against the healer protocol, and requests sweeps.
+//
+// It must not import test/: what it runs ships with it.
 package main
 
 import (

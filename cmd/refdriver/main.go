@@ -6,6 +6,9 @@
 //	    --control unix:///tmp/healer-control.sock
 //
 // The logic lives in package driver; this file only turns flags into its options.
+//
+// It parses flags and serves package driver; it must not import the controller's or the sidecar's
+// packages, nor test/.
 package main
 
 import (

@@ -1,6 +1,8 @@
 // Command volume-healer is the controller: it watches for node plugin restarts and periodic
 // schedules, asks the policy what to do with each affected volume, and probes and heals volumes
 // through the healer sidecars.
+//
+// It parses the configuration and hands over to package controller; it must not import test/.
 package main
 
 import (

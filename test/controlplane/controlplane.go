@@ -7,6 +7,8 @@
 //
 // The suites reach it through test/harness, which adds the controller's identity and everything
 // else a suite needs on top of it.
+//
+// It must not import the project's product packages: it starts the API server the others use.
 package controlplane
 
 import (

@@ -6,6 +6,8 @@
 // test/harness; this program owns the story and what it prints.
 //
 //	go run ./test/demo [--nodes 3] [--volumes 40] [--controller bin/volume-healer] [--hold]
+//
+// Like every suite, it reaches the product through test/harness and the binaries it builds.
 package main
 
 import (

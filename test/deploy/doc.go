@@ -2,4 +2,7 @@
 // the Prometheus rules and the Grafana dashboard. The manifests go to a real kube-apiserver as
 // server-side dry runs, the rules through promtool, and a heal that fails in a running controller
 // must fire the alert that names its claim. The tools come from hack/tools.sh.
+//
+// It reads deploy/ and the product's exported names (metrics, configuration); it starts no product
+// process but through test/harness.
 package deploy

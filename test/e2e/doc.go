@@ -14,4 +14,7 @@
 // node plugin made of two processes, the policy ConfigMaps and the invariants every test checks.
 // Under -short every test skips itself. docs/testing.md describes each test. The package contains
 // no code outside its tests.
+//
+// It must not import the product's packages beyond their exported API names: every part runs as
+// its own process, started through test/harness.
 package e2e

@@ -18,4 +18,6 @@
 //
 // What only a test can use takes a TB, which *testing.T satisfies; a program such as the demo
 // runs such code under RunScript. Everything else returns errors and may run in any goroutine.
+//
+// Product packages must never import it (nor anything under test/); the suites do.
 package harness

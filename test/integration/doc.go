@@ -13,4 +13,6 @@
 //	go test ./test/integration/ -run APIRequests -v -perf-report=/tmp/performance.md
 //
 // The package contains no code outside its tests.
+//
+// It reaches the product through test/harness; product packages must not import it.
 package integration

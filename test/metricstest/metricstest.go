@@ -1,5 +1,7 @@
 // Package metricstest helps tests see every metric a component registers: a vector is exposed only
 // once it has a child, so a Recorder remembers what was registered and gives each vector one.
+//
+// It must not import the product's packages.
 package metricstest
 
 import (

@@ -12,4 +12,7 @@
 //
 // The default run is small (a few hundred volumes) and checks that every figure can be computed;
 // the full run is asked for with -args -full or SCALE_FULL=1 and writes bench/results.json.
+//
+// It reaches the product through test/harness and the packages it measures; product packages
+// must not import it.
 package scale

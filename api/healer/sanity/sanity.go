@@ -6,6 +6,9 @@
 // Some promises can only be verified on a broken volume (a heal repairs it; a lost volume stays
 // lost). Breaking a volume on purpose is not part of the protocol, so the caller supplies a
 // VolumeControl for it; without one, those checks are skipped, and the report says so.
+//
+// It speaks only the wire protocol (api/healer/v1alpha1): it must not import the controller's or
+// the sidecar's packages, nor test/, so that a driver author can run it against any driver.
 package sanity
 
 import (

@@ -3,6 +3,8 @@
 // controller, and small helpers that every party needs to agree on. healer.pb.go and
 // healer_grpc.pb.go are generated from healer.proto by hack/generate.sh (make generate); the
 // helpers in protocol.go are written by hand.
+//
+// It is the contract every party imports: it must not import any other package of volume-healer.
 package healerv1alpha1
 
 import (
