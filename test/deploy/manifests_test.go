@@ -150,6 +150,7 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"sidecar watches PersistentVolumes":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
 		"sidecar reviews tokens":                           {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
 		"sidecar registers its CSIAddonsNode":              {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
+		"sidecar keeps its CSIAddonsNode registered":       {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
 		"sidecar watches node-stage Secrets":               {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), true},
 		"sidecar reads no Secrets of its own namespace":    {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "secrets", "ceph-csi"), false},
 		"sidecar lists no Secrets cluster-wide":            {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", ""), false},

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -55,7 +57,9 @@ func restartMarker(now time.Time, podUID string) string {
 
 // registrar creates or updates the sidecar's CSIAddonsNode once per start.
 type registrar struct {
-	client     client.Client
+	client client.Client
+	// watcher watches the registered object, to keep the annotations on it (keep). Nil: no keep.
+	watcher    client.WithWatch
 	namespace  string
 	name       string // CSIAddonsNodeName; empty: look up, then the default
 	nodeName   string
@@ -64,6 +68,19 @@ type registrar struct {
 	clock      clock.WithTicker
 	backoff    time.Duration
 	maxBackoff time.Duration
+
+	// mu guards the registration that keep maintains: the object and the marker of the latest
+	// successful run.
+	mu            sync.Mutex
+	currentName   string
+	currentMarker string
+}
+
+// current returns the object and marker of the latest successful registration.
+func (r *registrar) current() (name, marker string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.currentName, r.currentMarker
 }
 
 // run registers, retrying with exponential backoff until it works or ctx is done. The marker is
@@ -76,6 +93,9 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 		name, err := r.register(ctx, driverName, marker)
 		if err == nil {
 			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
+			r.mu.Lock()
+			r.currentName, r.currentMarker = name, marker
+			r.mu.Unlock()
 			return name, nil
 		}
 		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", wait)
@@ -87,6 +107,91 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 		case <-t.C():
 		}
 		wait = min(2*wait, r.maxBackoff)
+	}
+}
+
+// keep watches the registered CSIAddonsNode and puts the sidecar's annotations (the same marker
+// and endpoint) back whenever they go missing: a csi-addons sidecar recreates a deleted object
+// without them within a second, and an operator may remove them. Without them the controller
+// would lose this sidecar's endpoint and dial the csi-addons one. It returns when ctx ends.
+func (r *registrar) keep(ctx context.Context, driverName string) {
+	name, _ := r.current()
+	if r.watcher == nil || name == "" {
+		return
+	}
+	log := klog.FromContext(ctx).WithValues("csiAddonsNode", klog.KRef(r.namespace, name))
+	wait := r.backoff
+	for ctx.Err() == nil {
+		w, err := r.watcher.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{},
+			client.InNamespace(r.namespace), client.MatchingFields{"metadata.name": name})
+		if err != nil {
+			log.Error(err, "Cannot watch the CSIAddonsNode; retrying", "retryIn", wait)
+			if !r.sleep(ctx, wait) {
+				return
+			}
+			wait = min(2*wait, r.maxBackoff)
+			continue
+		}
+		wait = r.backoff
+		// The object may have changed while no watch ran.
+		r.restore(ctx, driverName)
+		r.follow(ctx, w, driverName, name)
+		w.Stop()
+	}
+}
+
+// follow handles the events of one watch until it ends.
+func (r *registrar) follow(ctx context.Context, w watch.Interface, driverName, name string) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok || ev.Type == watch.Error {
+				return
+			}
+			n, isNode := ev.Object.(*csiaddonsv1alpha1.CSIAddonsNode)
+			if !isNode || n.Name != name {
+				continue
+			}
+			switch {
+			case ev.Type == watch.Deleted:
+				// A csi-addons sidecar in the pod recreates its object at once; give it that
+				// moment, then put ours back (creating the object if nobody did).
+				if !r.sleep(ctx, r.backoff) {
+					return
+				}
+				r.restore(ctx, driverName)
+			default:
+				if _, marker := r.current(); n.Annotations[annotations.HealerRestart] != marker || n.Annotations[annotations.Endpoint] != r.endpoint {
+					r.restore(ctx, driverName)
+				}
+			}
+		}
+	}
+}
+
+// restore writes the sidecar's annotations again on the registered object, with the marker of
+// the latest registration.
+func (r *registrar) restore(ctx context.Context, driverName string) {
+	name, marker := r.current()
+	name, err := r.registerAs(ctx, driverName, marker, name)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot put the sidecar's annotations back on the CSIAddonsNode; trying again on its next change")
+		return
+	}
+	klog.FromContext(ctx).V(2).Info("CSIAddonsNode carries the sidecar's annotations", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker)
+}
+
+// sleep waits d, or returns false when ctx ends first.
+func (r *registrar) sleep(ctx context.Context, d time.Duration) bool {
+	t := r.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
 	}
 }
 
@@ -104,6 +209,12 @@ func (r *registrar) register(ctx context.Context, driverName, marker string) (st
 	if name == "" {
 		name = DefaultCSIAddonsNodeName(r.nodeName, driverName)
 	}
+	return r.registerAs(ctx, driverName, marker, name)
+}
+
+// registerAs merge-patches the restart marker and endpoint onto the CSIAddonsNode name, or
+// creates it.
+func (r *registrar) registerAs(ctx context.Context, driverName, marker, name string) (string, error) {
 	set := map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: r.endpoint}
 
 	var existing csiaddonsv1alpha1.CSIAddonsNode

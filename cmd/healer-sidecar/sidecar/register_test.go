@@ -221,3 +221,72 @@ func TestRegisterStopsWithContext(t *testing.T) {
 		t.Errorf("run: %v, want the context's error", err)
 	}
 }
+
+// The sidecar keeps its annotations on its CSIAddonsNode while it runs: the csi-addons sidecar
+// recreates a deleted object without them, and someone may strip them; either way they come
+// back with this start's marker, without a new restart of the sidecar.
+func TestRegistrationIsKept(t *testing.T) {
+	c := fakeClient(t, nil, csiAddonsNode("node-a-rbd", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"}))
+	r := newRegistrar(t, c, "")
+	r.watcher = c.(client.WithWatch)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	name, err := r.run(ctx, "rbd.csi.ceph.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, marker := r.current()
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		r.keep(ctx, "rbd.csi.ceph.com")
+	}()
+	carries := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var n csiaddonsv1alpha1.CSIAddonsNode
+			err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n)
+			if err == nil && n.Annotations[annotations.HealerRestart] == marker && n.Annotations[annotations.Endpoint] == "10.0.0.7:9070" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the CSIAddonsNode does not carry the sidecar's annotations again (%v, %v)", what, n.Annotations, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// Recreated by the csi-addons sidecar, without the healer's annotations.
+	if err := c.Delete(ctx, csiAddonsNode(name, "rbd.csi.ceph.com", "node-a", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, csiAddonsNode(name, "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"})); err != nil {
+		t.Fatal(err)
+	}
+	carries("recreated without them")
+
+	// Stripped by hand.
+	var n csiaddonsv1alpha1.CSIAddonsNode
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+		t.Fatal(err)
+	}
+	delete(n.Annotations, annotations.Endpoint)
+	if err := c.Update(ctx, &n); err != nil {
+		t.Fatal(err)
+	}
+	carries("stripped")
+
+	// Deleted and not recreated by anyone: the sidecar creates it again.
+	if err := c.Delete(ctx, &n); err != nil {
+		t.Fatal(err)
+	}
+	carries("deleted")
+
+	cancel()
+	select {
+	case <-kept:
+	case <-time.After(5 * time.Second):
+		t.Fatal("keep did not return after its context ended")
+	}
+}

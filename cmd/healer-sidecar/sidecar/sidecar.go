@@ -84,7 +84,7 @@ func New(opts Options) (*Sidecar, error) {
 	// every start.
 	mapper := meta.NewDefaultRESTMapper([]schema.GroupVersion{csiaddonsv1alpha1.GroupVersion})
 	mapper.Add(csiaddonsv1alpha1.GroupVersion.WithKind("CSIAddonsNode"), meta.RESTScopeNamespace)
-	crClient, err := client.New(opts.KubeConfig, client.Options{Scheme: scheme, Mapper: mapper})
+	crClient, err := client.NewWithWatch(opts.KubeConfig, client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
 		return nil, fmt.Errorf("CSIAddonsNode client: %w", err)
 	}
@@ -134,6 +134,7 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	s.reg = &registrar{
 		client:     crClient,
+		watcher:    crClient,
 		namespace:  opts.Namespace,
 		name:       opts.CSIAddonsNodeName,
 		nodeName:   opts.NodeName,
@@ -274,6 +275,7 @@ func (s *Sidecar) register(ctx context.Context) {
 		return
 	}
 	s.registeredOnce.Do(func() { close(s.registered) })
+	go s.reg.keep(ctx, info.name)
 	for {
 		select {
 		case <-ctx.Done():
