@@ -113,6 +113,10 @@ type Restart struct {
 	// Debounce is how long to wait after a restart is seen before sweeping, so that a plugin
 	// that restarts several times in a row is swept once. Default 2s.
 	Debounce time.Duration
+	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
+	// changed (same pod, same healer sidecar start): a restart of that container alone, which
+	// kills no mounter. Default false.
+	SweepCSIAddonsSidecarRestarts bool
 }
 
 // Budgets limits the probe and heal calls in flight at once. Every limit is at least 1, and

@@ -129,6 +129,12 @@ var settings = []setting{
 		allowed: "a duration >= 0",
 	},
 	{
+		path:    "restart.sweepCSIAddonsSidecarRestarts",
+		field:   func(c *Config) any { return &c.Restart.SweepCSIAddonsSidecarRestarts },
+		help:    "Also sweep when only the csi-addons sidecar container restarted (its lastUpdatedAt changed, the pod and the healer sidecar did not): it kills no mounter, and a driver restart is seen by the healer sidecar already.",
+		allowed: "true or false",
+	},
+	{
 		path:    "budgets.global",
 		field:   func(c *Config) any { return &c.Budgets.Global },
 		help:    "Most probe and heal calls in flight across the cluster.",

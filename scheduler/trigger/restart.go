@@ -3,6 +3,7 @@ package trigger
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +21,32 @@ import (
 
 // markerAnnotations make up the restart marker, in this order.
 var markerAnnotations = []string{annotations.CSIAddonsPod, annotations.CSIAddonsRestart, annotations.HealerRestart}
+
+// onlyCSIAddonsSidecarRestarted reports whether n's restart marker differs from the handled one
+// only in the csi-addons sidecar's lastUpdatedAt: the pod (its UID) and the healer sidecar's start
+// are the same, so only the csi-addons sidecar container restarted. The handled marker is the
+// joined form RestartMarker writes; its lastUpdatedAt is the part that is an RFC 3339 time
+// without a "/" (the healer's part carries "/<pod UID>").
+func onlyCSIAddonsSidecarRestarted(n *csiaddonsv1alpha1.CSIAddonsNode, handled string) bool {
+	current := n.Annotations[annotations.CSIAddonsRestart]
+	if handled == "" || current == "" || n.Annotations[annotations.HealerRestart] == "" {
+		return false
+	}
+	var rest []string
+	for _, part := range strings.Split(handled, "|") {
+		if _, err := time.Parse(time.RFC3339Nano, part); err == nil && !strings.Contains(part, "/") {
+			continue
+		}
+		rest = append(rest, part)
+	}
+	var want []string
+	for _, a := range []string{annotations.CSIAddonsPod, annotations.HealerRestart} {
+		if v := n.Annotations[a]; v != "" {
+			want = append(want, v)
+		}
+	}
+	return len(rest) < len(strings.Split(handled, "|")) && slices.Equal(rest, want)
+}
 
 // RestartMarker returns the value that identifies the current start of the node plugin behind a
 // CSIAddonsNode. A CSIAddonsNode with none of the marker annotations is identified by its UID, so
@@ -41,6 +68,11 @@ func RestartMarker(n *csiaddonsv1alpha1.CSIAddonsNode) string {
 type RestartOptions struct {
 	// Debounce folds marker changes that arrive within this window into one sweep. Default: 0.
 	Debounce time.Duration
+	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
+	// changed since the handled marker (a restart of that container alone). Default false: such
+	// a change kills no mounter, and a driver restart that made the csi-addons sidecar exit is
+	// marked by the healer sidecar, which sees the driver reconnect.
+	SweepCSIAddonsSidecarRestarts bool
 	// Clock tells time. Default: the real clock.
 	Clock clock.WithTicker
 	// Metrics counts triggers. Default: none.
@@ -83,7 +115,9 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 	marker := RestartMarker(n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n.DeletionTimestamp != nil || marker == n.Annotations[annotations.HandledMarker] || n.Spec.Driver.Name == "" {
+	handled := n.Annotations[annotations.HandledMarker]
+	if n.DeletionTimestamp != nil || marker == handled || n.Spec.Driver.Name == "" ||
+		(!r.opts.SweepCSIAddonsSidecarRestarts && onlyCSIAddonsSidecarRestarted(n, handled)) {
 		delete(r.pending, key)
 		return
 	}

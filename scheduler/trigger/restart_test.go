@@ -120,3 +120,46 @@ func TestRestartsSkipHandledAndDeleted(t *testing.T) {
 	fc2.Step(2 * time.Second)
 	expectNoSweep(t, sweeps2)
 }
+
+// A change of the csi-addons sidecar's lastUpdatedAt alone (same pod, same healer sidecar start)
+// is that container restarting, which kills no mounter: no sweep by default, one with the
+// setting. A new healer start or a new pod is a restart either way.
+func TestCSIAddonsSidecarRestartAlone(t *testing.T) {
+	handled := func(lastUpdated, healer string) map[string]string {
+		a := map[string]string{
+			annotations.CSIAddonsPod:     "0b1c2d3e-0000-4000-8000-000000000001",
+			annotations.CSIAddonsRestart: "2026-12-01T10:00:00Z",
+			annotations.HealerRestart:    "2026-12-01T10:00:01.5Z/0b1c2d3e-0000-4000-8000-000000000001",
+		}
+		a[annotations.HandledMarker] = RestartMarker(csiAddonsNode(a))
+		a[annotations.CSIAddonsRestart] = lastUpdated
+		a[annotations.HealerRestart] = healer
+		return a
+	}
+	const sameHealer = "2026-12-01T10:00:01.5Z/0b1c2d3e-0000-4000-8000-000000000001"
+	tests := map[string]struct {
+		annotations map[string]string
+		setting     bool
+		wantSweep   bool
+	}{
+		"csi-addons container restarted alone":             {annotations: handled("2026-12-01T10:05:00Z", sameHealer)},
+		"csi-addons container restarted alone, setting on": {annotations: handled("2026-12-01T10:05:00Z", sameHealer), setting: true, wantSweep: true},
+		"the healer sidecar saw the driver restart":        {annotations: handled("2026-12-01T10:05:00Z", "2026-12-01T10:04:59Z/0b1c2d3e-0000-4000-8000-000000000001"), wantSweep: true},
+		"only the healer marker changed":                   {annotations: handled("2026-12-01T10:00:00Z", "2026-12-01T10:04:59Z/0b1c2d3e-0000-4000-8000-000000000001"), wantSweep: true},
+		"nothing changed":                                  {annotations: handled("2026-12-01T10:00:00Z", sameHealer)},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			fc := clocktesting.NewFakeClock(epoch)
+			var got []scheduler.Sweep
+			r, err := NewRestarts(RestartOptions{Clock: fc, SweepCSIAddonsSidecarRestarts: tc.setting, Sweeps: func(s scheduler.Sweep) { got = append(got, s) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Observe(context.Background(), csiAddonsNode(tc.annotations))
+			if pending := r.Pending() > 0; pending != tc.wantSweep {
+				t.Errorf("restart pending = %v, want %v", pending, tc.wantSweep)
+			}
+		})
+	}
+}

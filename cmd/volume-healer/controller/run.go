@@ -209,8 +209,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 
 	restarts, err := trigger.NewRestarts(trigger.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
-		Metrics:  schedMetrics,
-		Sweeps:   sweeps.submit,
+
+		SweepCSIAddonsSidecarRestarts: cfg.Restart.SweepCSIAddonsSidecarRestarts,
+		Metrics:                       schedMetrics,
+		Sweeps:                        sweeps.submit,
 	})
 	if err != nil {
 		return err
