@@ -93,6 +93,7 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 		name, err := r.register(ctx, driverName, marker)
 		if err == nil {
 			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
+			r.converge(ctx, driverName, name)
 			r.mu.Lock()
 			r.currentName, r.currentMarker = name, marker
 			r.mu.Unlock()
@@ -252,18 +253,25 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 // driver and node, or "" when there is none. With several, the csi-addons sidecar's wins, then
 // the oldest.
 func (r *registrar) lookup(ctx context.Context, driverName string) (string, error) {
+	matches, err := r.matching(ctx, driverName)
+	if err != nil || len(matches) == 0 {
+		return "", err
+	}
+	return matches[0].Name, nil
+}
+
+// matching lists the CSIAddonsNodes of the namespace that name this driver and node, the one the
+// sidecar registers on first: the csi-addons sidecar's, then the oldest.
+func (r *registrar) matching(ctx context.Context, driverName string) ([]csiaddonsv1alpha1.CSIAddonsNode, error) {
 	var list csiaddonsv1alpha1.CSIAddonsNodeList
 	if err := r.client.List(ctx, &list, client.InNamespace(r.namespace)); err != nil {
-		return "", fmt.Errorf("list CSIAddonsNodes in %s: %w", r.namespace, err)
+		return nil, fmt.Errorf("list CSIAddonsNodes in %s: %w", r.namespace, err)
 	}
 	var matches []csiaddonsv1alpha1.CSIAddonsNode
 	for _, n := range list.Items {
 		if n.Spec.Driver.Name == driverName && n.Spec.Driver.NodeID == r.nodeName && n.DeletionTimestamp == nil {
 			matches = append(matches, n)
 		}
-	}
-	if len(matches) == 0 {
-		return "", nil
 	}
 	slices.SortFunc(matches, func(a, b csiaddonsv1alpha1.CSIAddonsNode) int {
 		_, aOwned := a.Annotations[annotations.CSIAddonsPod]
@@ -279,5 +287,29 @@ func (r *registrar) lookup(ctx context.Context, driverName string) (string, erro
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	return matches[0].Name, nil
+	return matches, nil
+}
+
+// converge takes this sidecar's endpoint off every other CSIAddonsNode of its driver and node
+// (one registered before the csi-addons sidecar created its own, say), so that one object says
+// where the sidecar listens. The restart marker stays on them: removing it would change their
+// marker and draw a needless sweep.
+func (r *registrar) converge(ctx context.Context, driverName, registered string) {
+	matches, err := r.matching(ctx, driverName)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot look for other CSIAddonsNodes of this driver and node")
+		return
+	}
+	for i := range matches {
+		n := &matches[i]
+		if n.Name == registered || n.Annotations[annotations.Endpoint] == "" {
+			continue
+		}
+		patch := annotations.MergePatch(nil, annotations.Endpoint)
+		if err := r.client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot take the sidecar's endpoint off a second CSIAddonsNode", "csiAddonsNode", klog.KRef(n.Namespace, n.Name))
+			continue
+		}
+		klog.FromContext(ctx).Info("Took the sidecar's endpoint off a second CSIAddonsNode of this driver and node", "csiAddonsNode", klog.KRef(n.Namespace, n.Name), "registered", registered)
+	}
 }

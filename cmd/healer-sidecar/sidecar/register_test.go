@@ -290,3 +290,35 @@ func TestRegistrationIsKept(t *testing.T) {
 		t.Fatal("keep did not return after its context ended")
 	}
 }
+
+// Two objects name this driver and node (the sidecar registered before the csi-addons sidecar
+// created its own): the sidecar registers on the csi-addons sidecar's and takes its endpoint off
+// the other, so that one object says where it listens; the other's marker is left alone.
+func TestRegisterConvergesOnOneObject(t *testing.T) {
+	stale := csiAddonsNode("node-a-rbd-csi-ceph-com", "rbd.csi.ceph.com", "node-a",
+		map[string]string{annotations.Endpoint: "10.0.0.3:9072", annotations.HealerRestart: "marker-1"})
+	theirs := csiAddonsNode("node-a-csiaddons", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"})
+	other := csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", map[string]string{annotations.Endpoint: "10.0.0.9:9072"})
+	c := fakeClient(t, nil, stale, theirs, other)
+	r := newRegistrar(t, c, "")
+	name, err := r.run(context.Background(), "rbd.csi.ceph.com")
+	if err != nil || name != "node-a-csiaddons" {
+		t.Fatalf("registered %q, %v; want the csi-addons sidecar's object", name, err)
+	}
+	get := func(name string) map[string]string {
+		var n csiaddonsv1alpha1.CSIAddonsNode
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n.Annotations
+	}
+	if a := get("node-a-csiaddons"); a[annotations.Endpoint] != "10.0.0.7:9070" {
+		t.Errorf("registered object's annotations %v, want the endpoint", a)
+	}
+	if a := get("node-a-rbd-csi-ceph-com"); a[annotations.Endpoint] != "" || a[annotations.HealerRestart] != "marker-1" {
+		t.Errorf("second object's annotations %v, want the endpoint gone and the marker kept", a)
+	}
+	if a := get("node-b-rbd"); a[annotations.Endpoint] != "10.0.0.9:9072" {
+		t.Errorf("another node's object changed: %v", a)
+	}
+}
