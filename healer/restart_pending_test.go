@@ -331,3 +331,27 @@ func TestPolicyRuntimeFailureSkipsThatVolume(t *testing.T) {
 		t.Errorf("handled marker %q, want the restart recorded", m)
 	}
 }
+
+// A volume the driver says is not staged on the node (unstaged since the planner saw it) is
+// nothing to act on: skipped, no failure reported, and the restart is complete.
+func TestNotStagedVolumeDoesNotKeepTheRestartPending(t *testing.T) {
+	f := newFixture(t, 2, false)
+	f.sidecars.notStaged = map[string]bool{"v1": true}
+	f.sidecars.health["v2"], f.sidecars.healable["v2"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
+	done := make(chan Summary, 1)
+	go func() { done <- f.sweeper.Run(context.Background(), f.restart()) }()
+	select {
+	case sum := <-done:
+		if sum.Incomplete != "" || sum.Healed != 1 || sum.Skipped != 1 || sum.Failed != 0 {
+			t.Fatalf("summary %+v, want v2 healed, v1 skipped, complete", sum)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restart sweep kept trying for a volume that is not staged")
+	}
+	if events := f.events(); strings.Contains(events, ReasonVolumeHealFailed) {
+		t.Errorf("a not-staged volume was reported as failed:\n%s", events)
+	}
+	if m := f.handledMarker(t); m != f.restart().Marker {
+		t.Errorf("handled marker %q, want the restart recorded", m)
+	}
+}

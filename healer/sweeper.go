@@ -452,6 +452,14 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 		}
 		task.Done = func(r dispatch.Result) {
 			defer tasks.Done()
+			if nothingToDo(r.Err) {
+				// The driver says the volume is not staged on the node (it was unstaged since the
+				// planner saw it) or that it does not do this call: nothing to act on, and no
+				// failure to report; a restart sweep is not kept pending for it.
+				klog.FromContext(ctx).V(2).Info("Nothing to do for the volume on its node", "pv", v.PVName, "node", v.NodeName, "reason", r.Err.Error())
+				t.add(outcomeSkipped)
+				return
+			}
 			if r.Err != nil {
 				s.failed(ctx, v, r.Err)
 				t.add(outcomeFailed)
@@ -466,6 +474,13 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 		batch = append(batch, *task)
 	}
 	return batch
+}
+
+// nothingToDo reports whether a task's error says that there is nothing to act on, rather than
+// that acting failed: the volume is not staged on the node, or the driver does not implement the
+// call.
+func nothingToDo(err error) bool {
+	return err != nil && (errors.Is(err, probe.ErrNotStaged) || errors.Is(err, probe.ErrUnsupported))
 }
 
 // byNode splits vols by driver and node, keeping the planner's order within and between nodes.

@@ -46,6 +46,8 @@ type fakeSidecars struct {
 	capsDown bool
 	// capsGate holds the capabilities calls of a node until its channel is closed.
 	capsGate map[string]chan struct{}
+	// notStaged are volumes the driver says are not staged on the node.
+	notStaged map[string]bool
 	// staged is what ListStaged answers, and stagedErr its error.
 	staged    []probe.StagedVolume
 	stagedErr error
@@ -94,6 +96,9 @@ func (f *fakeSidecars) Probe(_ context.Context, t probe.Target, pv string) (*pro
 	defer f.mu.Unlock()
 	if err := f.reach(t); err != nil {
 		return nil, err
+	}
+	if f.notStaged[pv] {
+		return nil, fmt.Errorf("%w: rpc error: code = FailedPrecondition", probe.ErrNotStaged)
 	}
 	f.probes[pv]++
 	return &probe.Result{Health: f.health[pv], Healable: f.healable[pv]}, nil
