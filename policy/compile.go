@@ -41,6 +41,26 @@ var forbiddenBuiltins = map[string]string{
 	"json.verify_schema": "it reads files and URLs named in a schema's $ref",
 }
 
+// allowedNondeterministic are the non-deterministic built-ins a policy may still call: the
+// clock, which maintenance windows and "not probed within the hour" need (decisions of a policy
+// that reads it are not memoized).
+var allowedNondeterministic = map[string]bool{"time.now_ns": true}
+
+// forbiddenReason says why a policy may not call the built-in name, or "" when it may. Besides the
+// built-ins that reach outside the process, every non-deterministic one is refused (random
+// numbers, UUIDs, signatures with fresh randomness, verification against the clock): a decision
+// must be the same for the same input, or the same volume would be healed on one evaluation and
+// left alone on the next, and validation on the canned inputs would prove nothing.
+func forbiddenReason(name string) string {
+	if why, ok := forbiddenBuiltins[name]; ok {
+		return why + ", and a policy must not reach outside the controller"
+	}
+	if b, ok := ast.BuiltinMap[name]; ok && b.Nondeterministic && !allowedNondeterministic[name] {
+		return "its result changes from call to call, and a policy must decide the same for the same input"
+	}
+	return ""
+}
+
 // CompileOptions tune how a revision is compiled and evaluated.
 type CompileOptions struct {
 	// EvalTimeout bounds one evaluation, including each validation run. Default DefaultEvalTimeout.
@@ -68,8 +88,7 @@ func (o CompileOptions) withDefaults() CompileOptions {
 func capabilities() *ast.Capabilities {
 	caps := ast.CapabilitiesForThisVersion()
 	caps.Builtins = slices.DeleteFunc(slices.Clone(caps.Builtins), func(b *ast.Builtin) bool {
-		_, forbidden := forbiddenBuiltins[b.Name]
-		return forbidden
+		return forbiddenReason(b.Name) != ""
 	})
 	caps.AllowNet = []string{}
 	return caps
@@ -155,9 +174,9 @@ func forbiddenCalls(mod *ast.Module) ast.Errors {
 			return false
 		}
 		name := ref.String()
-		if why, bad := forbiddenBuiltins[name]; bad {
+		if why := forbiddenReason(name); why != "" {
 			errs = append(errs, ast.NewError("rego_forbidden_builtin_error", t.Location,
-				"%s is not allowed in a volume-healer policy: %s, and a policy must not reach outside the controller", name, why))
+				"%s is not allowed in a volume-healer policy: %s", name, why))
 		}
 		return false
 	})
