@@ -3,7 +3,6 @@ package healer
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -98,7 +97,6 @@ func (m *TargetMap) Target(driver, node string) (probe.Target, *csiaddonsv1alpha
 	return t, chosen, err
 }
 
-// Nodes lists the nodes where driver has a CSIAddonsNode, sorted.
 // DeleteNode drops every target on node, a Node that was deleted: its CSIAddonsNodes may outlive
 // it, but no sidecar serves there any more. It returns the dropped objects and the endpoints whose
 // connections can be closed.
@@ -146,16 +144,14 @@ func fresher(a, b *csiaddonsv1alpha1.CSIAddonsNode) bool {
 
 // lastStart is the later of the two sidecars' last starts written on n; zero when neither says.
 func lastStart(n *csiaddonsv1alpha1.CSIAddonsNode) time.Time {
-	var last time.Time
-	healer, _, _ := strings.Cut(n.Annotations[annotations.HealerRestart], "/")
-	for _, v := range []string{healer, n.Annotations[annotations.CSIAddonsRestart]} {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && t.After(last) {
-			last = t
-		}
+	last, _ := annotations.HealerRestartTime(n.Annotations[annotations.HealerRestart])
+	if t, err := time.Parse(time.RFC3339Nano, n.Annotations[annotations.CSIAddonsRestart]); err == nil && t.After(last) {
+		last = t
 	}
 	return last
 }
 
+// Nodes lists the nodes where driver has a CSIAddonsNode, sorted.
 func (m *TargetMap) Nodes(driver string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -7,7 +7,28 @@
 // that wants to read the same keys, can import it for free.
 package annotations
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// HealerRestartValue is the value of HealerRestart for a start of the healer sidecar at t in the
+// pod podUID: the time in UTC, RFC 3339 with nanoseconds, then "/" and the pod UID when known.
+func HealerRestartValue(t time.Time, podUID string) string {
+	v := t.UTC().Format(time.RFC3339Nano)
+	if podUID != "" {
+		v += "/" + podUID
+	}
+	return v
+}
+
+// HealerRestartTime reads the start time out of a HealerRestart value; false when it holds none.
+func HealerRestartTime(v string) (time.Time, bool) {
+	at, _, _ := strings.Cut(v, "/")
+	t, err := time.Parse(time.RFC3339Nano, at)
+	return t, err == nil
+}
 
 // On a CSIAddonsNode: the restart marker and the sidecar's address.
 //

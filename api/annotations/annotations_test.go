@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+	"time"
 )
 
 func TestMergePatch(t *testing.T) {
@@ -45,5 +46,23 @@ func TestMergePatch(t *testing.T) {
 				t.Errorf("patch %s sets annotations %v, want %v", body, got.Metadata.Annotations, tc.want)
 			}
 		})
+	}
+}
+
+func TestHealerRestartValue(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.FixedZone("CET", 3600))
+	if got, want := HealerRestartValue(now, "0b1c"), "2026-03-01T11:00:00.123456789Z/0b1c"; got != want {
+		t.Errorf("value = %q, want %q", got, want)
+	}
+	if got, want := HealerRestartValue(now, ""), "2026-03-01T11:00:00.123456789Z"; got != want {
+		t.Errorf("value without a pod UID = %q, want %q", got, want)
+	}
+	for _, v := range []string{HealerRestartValue(now, "0b1c"), HealerRestartValue(now, "")} {
+		if got, ok := HealerRestartTime(v); !ok || !got.Equal(now) {
+			t.Errorf("HealerRestartTime(%q) = %v, %v; want %v", v, got, ok, now)
+		}
+	}
+	if _, ok := HealerRestartTime("r7"); ok {
+		t.Error("a value without a time read as one")
 	}
 }

@@ -46,15 +46,6 @@ func DefaultCSIAddonsNodeName(node, driver string) string {
 	return strings.TrimRight(base[:maxLen-len(suffix)-1], "-") + "-" + suffix
 }
 
-// restartMarker is the value of annotations.HealerRestart for a start at now.
-func restartMarker(now time.Time, podUID string) string {
-	m := now.UTC().Format(time.RFC3339Nano)
-	if podUID != "" {
-		m += "/" + podUID
-	}
-	return m
-}
-
 // registrar creates or updates the sidecar's CSIAddonsNode once per start.
 type registrar struct {
 	client client.Client
@@ -87,7 +78,7 @@ func (r *registrar) current() (name, marker string) {
 // chosen once, so that all retries write the same value.
 func (r *registrar) run(ctx context.Context, driverName string) (string, error) {
 	log := klog.FromContext(ctx)
-	marker := restartMarker(r.clock.Now(), r.podUID)
+	marker := annotations.HealerRestartValue(r.clock.Now(), r.podUID)
 	wait := r.backoff
 	for {
 		name, err := r.register(ctx, driverName, marker)

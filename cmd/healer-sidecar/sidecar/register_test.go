@@ -48,16 +48,6 @@ func TestDefaultCSIAddonsNodeName(t *testing.T) {
 	}
 }
 
-func TestRestartMarker(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.FixedZone("CET", 3600))
-	if got, want := restartMarker(now, "0b1c"), "2026-03-01T11:00:00.123456789Z/0b1c"; got != want {
-		t.Errorf("marker = %q, want %q", got, want)
-	}
-	if got, want := restartMarker(now, ""), "2026-03-01T11:00:00.123456789Z"; got != want {
-		t.Errorf("marker without a pod UID = %q, want %q", got, want)
-	}
-}
-
 func newRegistrar(t *testing.T, c client.Client, name string) *registrar {
 	t.Helper()
 	return &registrar{
