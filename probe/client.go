@@ -211,13 +211,19 @@ func (c *Client) Forget(endpoint string) {
 		_ = cc.Close()
 		delete(c.conns, endpoint)
 	}
+	c.dropCapabilitiesLocked(func(k capKey) bool { return k.endpoint == endpoint })
+}
+
+// dropCapabilitiesLocked forgets the capabilities, and the remembered failures to read them, of
+// the keys that match.
+func (c *Client) dropCapabilitiesLocked(match func(capKey) bool) {
 	for k := range c.caps {
-		if k.endpoint == endpoint {
+		if match(k) {
 			delete(c.caps, k)
 		}
 	}
 	for k := range c.capErrs {
-		if k.endpoint == endpoint {
+		if match(k) {
 			delete(c.capErrs, k)
 		}
 	}
@@ -228,16 +234,7 @@ func (c *Client) Forget(endpoint string) {
 func (c *Client) Refresh(driver, node string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k := range c.caps {
-		if k.driver == driver && k.node == node {
-			delete(c.caps, k)
-		}
-	}
-	for k := range c.capErrs {
-		if k.driver == driver && k.node == node {
-			delete(c.capErrs, k)
-		}
-	}
+	c.dropCapabilitiesLocked(func(k capKey) bool { return k.driver == driver && k.node == node })
 }
 
 // Close closes every connection.
