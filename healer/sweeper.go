@@ -611,22 +611,23 @@ func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv
 // unknown, and a restart sweep is not complete.
 func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped, error) {
 	target, _, err := s.opts.Targets.Target(driver, node)
+	var staged []probe.StagedVolume
 	if err == nil {
-		var staged []probe.StagedVolume
-		if staged, err = s.opts.Sidecars.ListStaged(ctx, target); err == nil {
-			var names []string
-			for _, v := range staged {
-				if v.PV != "" && (keep == nil || keep(v.PV)) {
-					names = append(names, v.PV)
-				}
-			}
-			vols, skipped := s.opts.Planner.StagedVolumes(driver, node, names)
-			return vols, skipped, nil
-		}
+		staged, err = s.opts.Sidecars.ListStaged(ctx, target)
 		s.opts.Metrics.callError(driver, err)
 	}
-	klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
-	return nil, nil, fmt.Errorf("the staged volumes of %s on node %s could not be listed: %w", driver, node, err)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
+		return nil, nil, fmt.Errorf("the staged volumes of %s on node %s could not be listed: %w", driver, node, err)
+	}
+	var names []string
+	for _, v := range staged {
+		if v.PV != "" && (keep == nil || keep(v.PV)) {
+			names = append(names, v.PV)
+		}
+	}
+	vols, skipped := s.opts.Planner.StagedVolumes(driver, node, names)
+	return vols, skipped, nil
 }
 
 func filterVolumes(vols []planner.Volume, keep func(planner.Volume) bool) []planner.Volume {
