@@ -21,10 +21,13 @@ fi
 
 mkdir -p "${bin}"
 echo "opa: building ${module} ${version} (a few minutes the first time)" >&2
-# Build beside the target and rename, so a concurrent run never executes a half-written binary.
-tmp="$(mktemp "${bin}/opa.XXXXXX")"
-trap 'rm -f "${tmp}"' EXIT
-CGO_ENABLED=0 go build -trimpath -o "${tmp}" "${module}"
-mv -f "${tmp}" "${bin}/opa"
+# go install module@version builds with opa's own go.mod, so this project's go.mod and go.sum (which
+# hold only what the project imports) need no entry for the opa command's own dependencies. A
+# throwaway GOBIN beside the target: a concurrent run never executes a half-written binary.
+work="$(mktemp -d "${bin}/.build-opa.XXXXXX")"
+trap 'rm -rf "${work}"' EXIT
+(cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+  go install -trimpath "${module}@${version}" >&2)
+mv -f "${work}/opa" "${bin}/opa"
 echo "${version}" > "${bin}/opa.version"
 echo "${bin}/opa"
