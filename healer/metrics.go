@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"driver", "result"}),
 		heals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_heals_total",
-			Help: "Heal calls, by driver and result (healed, failed, error, busy: the driver was busy with the volume).",
+			Help: "Heal calls, by driver and result (healed, failed, error, busy: the driver was busy with the volume, pods_must_restart: repaired on the node, but running pods still see the dead mount).",
 		}, []string{"driver", "result"}),
 		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "volume_healer_call_duration_seconds",
@@ -152,7 +152,7 @@ func (m *Metrics) startDriver(driver string) {
 	for _, r := range []string{"healthy", "unhealthy", "error", "busy"} {
 		m.probes.WithLabelValues(driver, r)
 	}
-	for _, r := range []string{"healed", "failed", "error", "busy"} {
+	for _, r := range []string{"healed", "failed", "error", "busy", "pods_must_restart"} {
 		m.heals.WithLabelValues(driver, r)
 	}
 	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not-staged", "unsupported", "not-found", "malformed", "other"} {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -213,6 +214,10 @@ const (
 	// ReasonRestartSweepPending: a restart sweep did not reach every volume of its node; it is
 	// tried again, and the restart stays unhandled until a try is complete.
 	ReasonRestartSweepPending = "RestartSweepPending"
+	// ReasonVolumePodsMustRestart: the volume works on its node again, but running pods still
+	// see its dead mount (the driver reports healerv1alpha1.ReasonStaleMountInPods): only
+	// restarting them gives them the volume back.
+	ReasonVolumePodsMustRestart = "VolumePodsMustRestart"
 	// ReasonManualSweepFinished reports a requested sweep's outcome on the object that asked.
 	ReasonManualSweepFinished = "ManualSweepFinished"
 )
@@ -754,6 +759,9 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		if res.Has(string(policy.HealthDataLoss)) {
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
+		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
+			s.podsMustRestart(v, res)
+		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
@@ -792,6 +800,16 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "failed")
 		return outcomeFailed, err
 	}
+	if healed.OnlyReason(healerv1alpha1.ReasonStaleMountInPods) && (confirm.Healthy() || confirm.OnlyReason(healerv1alpha1.ReasonStaleMountInPods)) {
+		// The node's mount is repaired; what is left is beyond any heal: the pods must restart.
+		// Nothing claims the volume healed, and the failing-heal alert fires until they do.
+		s.mem.recordFailure(pv)
+		s.count(v.Driver, false, "pods_must_restart")
+		s.writeStatus(ctx, v, statusUnhealthy, healed.Health, "")
+		s.setFailing(v, true)
+		s.podsMustRestart(v, healed)
+		return outcomeUnhealthy, nil
+	}
 	if !confirm.Healthy() || !healed.Healthy() {
 		s.mem.recordFailure(pv)
 		s.count(v.Driver, false, "failed")
@@ -803,6 +821,14 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	s.setFailing(v, false)
 	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeHealed, "Volume healed on node %s by driver %s; a probe after the heal found it healthy", v.NodeName, v.Driver)
 	return outcomeHealed, nil
+}
+
+// podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
+// mount and must be restarted.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result) {
+	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
+		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
+			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
 }
 
 // recheck returns why the volume must now be left alone, or "".

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -51,6 +53,8 @@ type fakeSidecars struct {
 	// staged is what ListStaged answers, and stagedErr its error.
 	staged    []probe.StagedVolume
 	stagedErr error
+	// afterHeal is a volume's health once healed, when a heal cannot make it healthy.
+	afterHeal map[string][]probe.Health
 }
 
 // reach fails a call to a dead endpoint as an unreachable sidecar does, and records the others.
@@ -113,6 +117,9 @@ func (f *fakeSidecars) Heal(_ context.Context, t probe.Target, pv string) (*prob
 	f.heals[pv]++
 	if f.healable[pv] && !hasStatus(f.health[pv], "DATA_LOSS") {
 		delete(f.health, pv)
+		if after, ok := f.afterHeal[pv]; ok {
+			f.health[pv] = after
+		}
 	}
 	return &probe.Result{Health: f.health[pv], Healable: true}, nil
 }
@@ -292,6 +299,38 @@ volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 1
 	}
 	if _, ok := pvc.Annotations[annotations.VolumeStatus]; ok {
 		t.Error("a healthy volume got a status annotation: a sweep would write every PVC")
+	}
+}
+
+func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
+	f := newFixture(t, 1, false)
+	f.sweeper.opts.Metrics = NewMetrics(prometheus.NewRegistry())
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
+	f.sidecars.afterHeal = map[string][]probe.Health{"v1": {{Status: "INACCESSIBLE", Reason: healerv1alpha1.ReasonStaleMountInPods, Message: "1 process in 1 mount namespace"}}}
+
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if sum.Healed != 0 || sum.Unhealthy != 1 || sum.Failed != 0 {
+		t.Fatalf("summary = %+v, want the volume unhealthy, neither healed nor failed", sum)
+	}
+	if f.sidecars.heals["v1"] != 1 {
+		t.Errorf("heals = %d, want 1: a second heal cannot reach the pods either", f.sidecars.heals["v1"])
+	}
+	events := f.events()
+	if !strings.Contains(events, ReasonVolumePodsMustRestart) || !strings.Contains(events, "restart the pods on node node-a") {
+		t.Errorf("events lack %s telling the operator to restart the pods:\n%s", ReasonVolumePodsMustRestart, events)
+	}
+	if strings.Contains(events, ReasonVolumeHealed) {
+		t.Errorf("a heal that running pods cannot see was reported healed:\n%s", events)
+	}
+	var pvc corev1.PersistentVolumeClaim
+	if err := f.client.Get(context.Background(), client.ObjectKey{Namespace: "app", Name: "claim-v1"}, &pvc); err != nil {
+		t.Fatal(err)
+	}
+	if st := pvc.Annotations[annotations.VolumeStatus]; !strings.Contains(st, `"result":"unhealthy"`) || !strings.Contains(st, healerv1alpha1.ReasonStaleMountInPods) {
+		t.Errorf("claim-v1 status = %q, want unhealthy with %s", st, healerv1alpha1.ReasonStaleMountInPods)
+	}
+	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.heals.WithLabelValues("rbd", "pods_must_restart")); got != 1 {
+		t.Errorf("heals_total{result=pods_must_restart} = %v, want 1", got)
 	}
 }
 

@@ -88,6 +88,26 @@ func (r *Result) Has(s string) bool {
 	return false
 }
 
+// HasReason reports whether the result lists an entry with the reason r.
+func (r *Result) HasReason(reason string) bool {
+	for _, h := range r.Health {
+		if h.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// OnlyReason reports whether every entry of an unhealthy result has the reason r.
+func (r *Result) OnlyReason(reason string) bool {
+	for _, h := range r.Health {
+		if h.Reason != reason {
+			return false
+		}
+	}
+	return len(r.Health) > 0
+}
+
 // Capabilities are what a driver's sidecar advertises.
 type Capabilities struct {
 	// Driver is the driver's name as it reports it.

@@ -25,6 +25,13 @@ const (
 	// DefaultKubeletCSIPluginDir is where kubelet keeps the per-driver folders of CSI volumes,
 	// and so the root of every staging path it hands to NodeStageVolume.
 	DefaultKubeletCSIPluginDir = "/var/lib/kubelet/plugins/kubernetes.io/csi"
+
+	// ReasonStaleMountInPods is the health reason (status INACCESSIBLE) with which a driver says
+	// that the volume works on the node, but running pods still see its dead mount: their mount
+	// propagation (None) keeps the repaired mount from reaching them, so only restarting those
+	// pods gives them the volume back. A heal cannot do more for such a volume; the controller
+	// tells the operator, on the PVC, that the pods using it must be restarted.
+	ReasonStaleMountInPods = "StaleMountInPods"
 )
 
 // StagingTargetPath returns the staging path that kubelet gives to NodeStageVolume for a volume:
