@@ -104,6 +104,26 @@ func Build(o BuildOptions) (Binaries, error) {
 	return b, nil
 }
 
+// BuildWorkload builds test/workload, the workload stand-in that test/kubelet's StartWorkload
+// runs in a mount namespace of its own, into BinDir as Build builds the other programs, once per
+// run, and returns its path.
+func BuildWorkload() (string, error) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(root, BinDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(filepath.Join(dir, ".lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	return build(root, dir, Plain, "./test/workload")
+}
+
 // build builds the main packages pkgs in flavor into dir/flavor and returns the path of the
 // first one's binary. The go command finds a binary there up to date and leaves it as it is;
 // otherwise it links a new one in its work folder, which GOTMPDIR puts on the same file system,

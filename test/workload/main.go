@@ -1,0 +1,206 @@
+// Command workload stands in for a container that uses a CSI volume. test/kubelet's StartWorkload
+// starts it in a new mount namespace (clone with CLONE_NEWNS); it sets that namespace up the way
+// runc sets up a container's, mounts the volume's publish path into it with the propagation a
+// pod asks for, then writes and reads a file on the volume every interval until it is killed or
+// gets SIGTERM.
+//
+// Each iteration writes one JSON line to standard output:
+//
+//	{"seq":1,"time":"2026-01-02T15:04:05.999999999Z","ok":false,"op":"open","err":"transport endpoint is not connected"}
+//
+// seq counts iterations from 1; time is when the iteration began; op names the step that failed
+// (open, write, fsync, close, read or compare) and err its error, the errno's text for a system
+// call. test/kubelet's Result parses these lines. Set-up failures go to standard error, and the
+// program exits with status 1.
+//
+// Nothing it mounts outlives it: its mounts belong to its namespace, which ends with it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "workload: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	target, dir, propagation, name string
+	interval                       time.Duration
+}
+
+func run() error {
+	var c config
+	fs := flag.NewFlagSet("workload", flag.ContinueOnError)
+	fs.StringVar(&c.target, "target", "", "host `path` to mount into the namespace: the volume's publish path (required)")
+	fs.StringVar(&c.dir, "dir", "", "`folder` to mount it at inside the namespace (required)")
+	fs.StringVar(&c.propagation, "propagation", "None", "mount propagation of the pod's volumeMount: HostToContainer, None or Bidirectional")
+	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "time between iterations")
+	fs.StringVar(&c.name, "name", "workload", "the data file is <dir>/<name>.data")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if c.target == "" || c.dir == "" {
+		return errors.New("both -target and -dir are required")
+	}
+	if c.interval <= 0 {
+		return fmt.Errorf("-interval %s: must be positive", c.interval)
+	}
+	flags, err := propagationFlags(c.propagation)
+	if err != nil {
+		return err
+	}
+	if err := setUpNamespace(c.target, c.dir, flags); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return loop(ctx, filepath.Join(c.dir, c.name+".data"), c.interval)
+}
+
+// propagationFlags maps a pod's volumeMount mountPropagation to the flags that set a mount's
+// propagation, as kubelet and the container runtime map it: kubelet's translateMountPropagation
+// (pkg/kubelet/kubelet_pods.go) turns None into CRI PROPAGATION_PRIVATE, HostToContainer into
+// PROPAGATION_HOST_TO_CONTAINER and Bidirectional into PROPAGATION_BIDIRECTIONAL; containerd's
+// CRI plugin (WithMounts, internal/cri/opts/spec_linux_opts.go) and CRI-O turn those into the
+// "rprivate", "rslave" and "rshared" options of the bind mount, which runc applies as
+// MS_REC|MS_PRIVATE, MS_REC|MS_SLAVE and MS_REC|MS_SHARED.
+func propagationFlags(mode string) (uintptr, error) {
+	switch mode {
+	case "None":
+		return syscall.MS_REC | syscall.MS_PRIVATE, nil
+	case "HostToContainer":
+		return syscall.MS_REC | syscall.MS_SLAVE, nil
+	case "Bidirectional":
+		return syscall.MS_REC | syscall.MS_SHARED, nil
+	}
+	return 0, fmt.Errorf("-propagation %q: want HostToContainer, None or Bidirectional", mode)
+}
+
+// setUpNamespace makes this mount namespace a container's: "/" recursively slave, as runc's
+// prepareRoot does when the spec sets no rootfs propagation, so that no mount made here reaches
+// the host; then target bound at dir with the propagation flags.
+//
+// For a Bidirectional mount containerd also sets the rootfs propagation to rshared, which would
+// let this bind appear in the host's namespace and outlive the process; the root stays slave
+// here. Dir still receives what the host mounts on target, which is what Bidirectional is used
+// for in these tests.
+func setUpNamespace(target, dir string, flags uintptr) error {
+	if err := requireOwnNamespace(); err != nil {
+		return err
+	}
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make / rslave: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount(target, dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s at %s: %w", target, dir, err)
+	}
+	if err := syscall.Mount("", dir, "", flags, ""); err != nil {
+		return fmt.Errorf("set the propagation of %s: %w", dir, err)
+	}
+	return nil
+}
+
+// requireOwnNamespace refuses to change mounts in the namespace of the process that started this
+// one: run by hand, without CLONE_NEWNS, the set-up would change the host's mounts.
+func requireOwnNamespace() error {
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
+	if err != nil {
+		return err
+	}
+	if self == parent {
+		return errors.New("not in a mount namespace of its own: start it with CLONE_NEWNS, as test/kubelet's StartWorkload does")
+	}
+	return nil
+}
+
+// report is one line of output; test/kubelet's Result reads it.
+type report struct {
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"`
+	OK   bool      `json:"ok"`
+	Op   string    `json:"op,omitempty"`
+	Err  string    `json:"err,omitempty"`
+}
+
+func loop(ctx context.Context, file string, interval time.Duration) error {
+	enc := json.NewEncoder(os.Stdout)
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for seq := int64(1); ; seq++ {
+		r := report{Seq: seq, Time: time.Now()}
+		line := fmt.Sprintf("%d %s\n", seq, r.Time.Format(time.RFC3339Nano))
+		if op, err := writeAndCheck(file, line); err != nil {
+			r.Op, r.Err = op, errText(err)
+		} else {
+			r.OK = true
+		}
+		// One Write per line; an error means whoever reads the lines is gone.
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// writeAndCheck replaces the contents of file with line, syncs it to the volume, and reads it
+// back. It returns the step that failed.
+func writeAndCheck(file, line string) (string, error) {
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return "open", err
+	}
+	if _, err := f.WriteString(line); err != nil {
+		_ = f.Close()
+		return "write", err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return "fsync", err
+	}
+	if err := f.Close(); err != nil {
+		return "close", err
+	}
+	got, err := os.ReadFile(file)
+	if err != nil {
+		return "read", err
+	}
+	if string(got) != line {
+		return "compare", fmt.Errorf("read back %q, wrote %q", got, line)
+	}
+	return "", nil
+}
+
+// errText is the errno's text for a failed system call ("transport endpoint is not connected"),
+// else the error.
+func errText(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	return err.Error()
+}
