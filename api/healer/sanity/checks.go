@@ -55,7 +55,8 @@ const (
 	// CheckHealBrokenVolume: HealVolume of a gone or read-only volume answers empty health and
 	// the next probe agrees.
 	CheckHealBrokenVolume = "heal-broken-volume"
-	// CheckHealDataLoss: HealVolume of a lost volume is OK and still reports DATA_LOSS.
+	// CheckHealDataLoss: HealVolume of a lost volume is OK and still reports DATA_LOSS, or, when
+	// the probe says the volume is not healable, is refused with FAILED_PRECONDITION.
 	CheckHealDataLoss = "heal-data-loss"
 	// CheckNotStagedVolume: calls on a volume not staged on the node are FAILED_PRECONDITION,
 	// and ListStagedVolumes leaves it out.
@@ -563,9 +564,26 @@ func (r *runner) checkHealDataLoss(ctx context.Context) {
 	if !r.setFault(ctx, CheckHealDataLoss, Lost, 0) {
 		return
 	}
-	resp, err := r.heal(ctx, r.volume, "")
+	// A driver may say that it cannot heal a lost volume at all (healable false): its heal must
+	// then be refused, as for any volume it cannot heal. One that offers to heal it must run the
+	// heal and report the loss that remains.
+	probed, err := r.probe(ctx, r.volume, "")
 	if err != nil {
-		r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume: %s, want OK with the DATA_LOSS that remains (a heal that ran is not an error)",
+		r.record(CheckHealDataLoss, Fail, "ProbeVolume(%q) of a lost volume: %s", r.volume, describeErr(err))
+		return
+	}
+	resp, err := r.heal(ctx, r.volume, "")
+	if !probed.GetHealable() {
+		if status.Code(err) != codes.FailedPrecondition {
+			r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume that the probe called not healable: %s, want FAILED_PRECONDITION",
+				r.volume, describeErr(err))
+			return
+		}
+		r.record(CheckHealDataLoss, Pass, "not healable, and HealVolume was refused with FAILED_PRECONDITION")
+		return
+	}
+	if err != nil {
+		r.record(CheckHealDataLoss, Fail, "HealVolume(%q) of a lost volume that the probe called healable: %s, want OK with the DATA_LOSS that remains (a heal that ran is not an error)",
 			r.volume, describeErr(err))
 		return
 	}

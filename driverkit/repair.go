@@ -1,0 +1,493 @@
+package driverkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"k8s.io/mount-utils"
+)
+
+// PublishTarget is one place a volume is published for a pod (NodePublishVolume's target path).
+type PublishTarget struct {
+	// Path is the target path kubelet gave NodePublishVolume.
+	Path string
+	// ReadOnly is the readonly flag of that NodePublishVolume call.
+	ReadOnly bool
+}
+
+// Repair describes the repair of one volume.
+type Repair struct {
+	// VolumeID names the volume in messages.
+	VolumeID string
+	// StagingPath is where the volume's mounter mounts it (NodeStageVolume's staging path).
+	StagingPath string
+	// Expect is what a healthy staging mount looks like.
+	Expect Expect
+	// PublishTargets are the volume's publish targets; each gets the repaired mount.
+	PublishTargets []PublishTarget
+	// Remount stops what is left of the volume's mounter (a frozen one must be killed) and starts
+	// a new one mounted at StagingPath. The kit calls it after the dead mount was detached from
+	// StagingPath, and checks the result itself.
+	Remount func(ctx context.Context) error
+}
+
+// RepairResult says what a repair did and what is still wrong.
+type RepairResult struct {
+	// Findings are what is still wrong after the repair: empty means the volume is healthy on the
+	// node and every running workload that can receive the new mount sees it. A volume whose
+	// staging mount was repaired but that running pods still see dead gives ReasonStaleMountInPods.
+	Findings []Finding
+	// Actions lists what was done, in order, for logs ("detached dead mount at ...").
+	Actions []string
+}
+
+// Repair repairs the volume's mounts:
+//  1. the staging mount is checked; a read-only one (the only finding) is remounted read-write;
+//     a gone, disconnected, hung or wrong one is detached (lazily, every stacked layer) and
+//     r.Remount starts the mounter again; the staging mount is checked again;
+//  2. every publish target that is not healthy or does not show the staging mount's device gets
+//     the staging mount bind-mounted on top of what is there, read-only where the target is. The
+//     dead mount is not detached first: a new mount stacked on the target propagates to the
+//     workloads' mount namespaces that are slaves of it (HostToContainer, Bidirectional), while a
+//     detach would not reach them;
+//  3. the mount namespaces under CheckerOptions.Proc are searched for mounts of the dead device
+//     that are still top-most at their mount point (pods with propagation None):
+//     ReasonStaleMountInPods, naming how many processes and namespaces.
+//
+// The returned error is for failures of the repair itself (Remount failed, a mount call failed);
+// the result still lists the findings known at that point.
+func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
+	var res RepairResult
+	staging := filepath.Clean(r.StagingPath)
+	opts := c.options()
+	// dead collects the devices of the mounts the repair replaces, for the search of pods that
+	// still see them.
+	dead := map[string]bool{}
+
+	findings := c.Check(ctx, staging, r.Expect)
+	switch {
+	case len(findings) == 0:
+	case onlyReasons(findings, ReasonReadOnlyMount):
+		if err := remountReadWrite(staging, opts.MountInfo); err != nil {
+			res.Findings = findings
+			return res, fmt.Errorf("volume %s: %w", r.VolumeID, err)
+		}
+		res.Actions = append(res.Actions, "remounted the read-only staging mount at "+staging+" read-write")
+		findings = c.Check(ctx, staging, r.Expect)
+	case ctx.Err() != nil || !onlyReasons(findings, ReasonMountGone, ReasonMountDisconnected, ReasonMountHung,
+		ReasonWrongMountSource, ReasonWrongFilesystemType, ReasonReadOnlyMount):
+		// A mount that could not be checked is not known to be broken: detaching it could
+		// take a working volume away from its pods.
+		res.Findings = findings
+		return res, fmt.Errorf("volume %s: the staging mount at %s could not be checked, so it is not repaired: %s",
+			r.VolumeID, staging, messages(findings))
+	default:
+		if dev, err := c.MountDevice(staging); err == nil && dev != "" {
+			dead[dev] = true
+		}
+		n, err := unmountAll(staging, opts.MountInfo)
+		if n > 0 {
+			res.Actions = append(res.Actions, fmt.Sprintf("detached %d broken mount(s) at %s (%s)", n, staging, messages(findings)))
+		}
+		if err != nil {
+			res.Findings = findings
+			return res, fmt.Errorf("volume %s: %w", r.VolumeID, err)
+		}
+		if err := r.Remount(ctx); err != nil {
+			res.Findings = c.Check(ctx, staging, r.Expect)
+			return res, fmt.Errorf("volume %s: start its mounter again at %s: %w", r.VolumeID, staging, err)
+		}
+		res.Actions = append(res.Actions, "started the mounter of volume "+r.VolumeID+" again at "+staging)
+		findings = c.Check(ctx, staging, r.Expect)
+	}
+	if len(findings) > 0 {
+		// Stacking a broken staging mount on the publish targets would help no pod.
+		res.Findings = findings
+		return res, nil
+	}
+	stagingDev, err := c.MountDevice(staging)
+	if err != nil {
+		return res, fmt.Errorf("volume %s: %w", r.VolumeID, err)
+	}
+
+	var errs []error
+	for _, t := range r.PublishTargets {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("volume %s: publish targets left unrepaired: %w", r.VolumeID, context.Cause(ctx)))
+			break
+		}
+		target := filepath.Clean(t.Path)
+		want := r.Expect
+		want.ReadOnly = t.ReadOnly
+		dev, err := c.MountDevice(target)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("volume %s: %w", r.VolumeID, err))
+			continue
+		}
+		tf := c.Check(ctx, target, want)
+		if len(tf) == 0 && dev == stagingDev {
+			continue
+		}
+		if dev != "" && hasReason(tf, ReasonMountDisconnected, ReasonMountHung) {
+			dead[dev] = true
+		}
+		if _, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
+			// kubelet creates and removes publish targets; one that is gone belongs to no
+			// pod any more, and the finding says so.
+			res.Findings = append(res.Findings, tf...)
+			continue
+		}
+		if err := BindMount(staging, target, t.ReadOnly); err != nil {
+			res.Findings = append(res.Findings, tf...)
+			errs = append(errs, fmt.Errorf("volume %s: %w", r.VolumeID, err))
+			continue
+		}
+		how := ""
+		if t.ReadOnly {
+			how = " read-only"
+		}
+		res.Actions = append(res.Actions, fmt.Sprintf("mounted the staging mount%s on top of publish target %s (%s)", how, target, whyRestack(tf)))
+		res.Findings = append(res.Findings, c.Check(ctx, target, want)...)
+	}
+
+	delete(dead, stagingDev)
+	if len(dead) > 0 {
+		if f, ok := c.staleFinding(r.VolumeID, slices.Sorted(maps.Keys(dead))); ok {
+			res.Findings = append(res.Findings, f)
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// staleFinding searches the mount namespaces of other processes for mounts of the dead devices
+// that nothing was stacked on, and reports them (ok) as ReasonStaleMountInPods. A search that
+// fails is reported too: the repair cannot claim that every pod sees the repaired volume.
+func (c *Checker) staleFinding(volumeID string, devices []string) (Finding, bool) {
+	return c.staleFindingOf(volumeID, strings.Join(devices, ", "), deviceIn(devices))
+}
+
+// staleFindingOf is staleFinding for the mounts match selects; what names them in messages.
+func (c *Checker) staleFindingOf(volumeID, what string, match func(*mountInfo) bool) (Finding, bool) {
+	opts := c.options()
+	s, scanErr := c.scanStale(match)
+	own, err := os.Readlink(filepath.Join(opts.Proc, "self", "ns", "mnt"))
+	if err != nil {
+		scanErr = errors.Join(scanErr, fmt.Errorf("find the checker's own mount namespace: %w", err))
+	}
+	var others []StaleMount
+	procs, namespaces := 0, map[string]bool{}
+	for _, m := range s.mounts {
+		if m.Namespace == own {
+			continue
+		}
+		others = append(others, m)
+		if !namespaces[m.Namespace] {
+			namespaces[m.Namespace] = true
+			procs += s.procs[m.Namespace]
+		}
+	}
+	if len(others) == 0 && scanErr == nil {
+		return Finding{}, false
+	}
+	if len(others) == 0 {
+		return Finding{Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: ReasonMountCheckFailed,
+			Message: fmt.Sprintf("volume %s was repaired on the node, but whether running pods still see its dead mount (%s) is unknown: %v; "+
+				"restart the pods that use the volume if they cannot read it", volumeID, what, scanErr)}, true
+	}
+	var examples []string
+	for _, m := range others[:min(len(others), 3)] {
+		examples = append(examples, fmt.Sprintf("%s at %s in process %d", m.Device, m.MountPoint, m.PID))
+	}
+	if len(others) > 3 {
+		examples = append(examples, fmt.Sprintf("and %d more", len(others)-3))
+	}
+	msg := fmt.Sprintf("volume %s was repaired on the node, but %d process(es) in %d other mount namespace(s) still see its dead mount (%s): "+
+		"their mount propagation is None, so they cannot receive the repaired mount; restart those pods",
+		volumeID, procs, len(namespaces), strings.Join(examples, ", "))
+	if scanErr != nil {
+		msg += fmt.Sprintf(" (the search was incomplete: %v)", scanErr)
+	}
+	if s.hidden > 0 {
+		msg += fmt.Sprintf(" (%d process(es) could not be searched: permission denied)", s.hidden)
+	}
+	return Finding{Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: ReasonStaleMountInPods, Message: msg}, true
+}
+
+// StaleInPods reports (ok) the running processes in other mount namespaces that still see an
+// old mount of the volume: a mount with the volume's source and filesystem type (want.Source and
+// want.FSType, which must both be set and the source unique to the volume) whose device is not the
+// one of the live staging mount at stagingPath, with nothing stacked on it. It finds what a pod
+// with mount propagation None keeps after any repair, also one made before this process started,
+// so a probe reports it too. Without a live staging mount it reports nothing: the staging
+// findings say what is wrong then.
+func (c *Checker) StaleInPods(volumeID, stagingPath string, want Expect) (Finding, bool) {
+	if want.Source == "" || want.FSType == "" {
+		return Finding{}, false
+	}
+	live, err := c.MountDevice(filepath.Clean(stagingPath))
+	if err != nil || live == "" {
+		return Finding{}, false
+	}
+	return c.staleFindingOf(volumeID, "source "+want.Source+", not device "+live, func(m *mountInfo) bool {
+		return m.Source == want.Source && m.FsType == want.FSType && device(m) != live
+	})
+}
+
+// maxLayers bounds UnmountAll, so that a path that cannot be unmounted ends the loop.
+const maxLayers = 16
+
+// UnmountAll detaches every mount stacked at path (lazily: MNT_DETACH, so a dead or hung mount
+// cannot block it) and returns how many it detached. Nothing mounted is not an error. A driver's
+// NodeUnpublishVolume and NodeUnstageVolume use it, since a repaired target holds two layers.
+func UnmountAll(path string) (int, error) {
+	return unmountAll(path, selfMountInfo)
+}
+
+func unmountAll(path, table string) (int, error) {
+	path = filepath.Clean(path)
+	for n := 0; n < maxLayers; n++ {
+		infos, err := readMountTable(table)
+		if err != nil {
+			return n, err
+		}
+		if topMount(infos, path) == nil {
+			return n, nil
+		}
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			return n, fmt.Errorf("detach the mount at %s: %w", path, err)
+		}
+	}
+	return maxLayers, fmt.Errorf("%s is still a mount point after %d detaches", path, maxLayers)
+}
+
+// BindMount bind-mounts source onto target, on top of whatever is mounted there, read-only when
+// readOnly is set. A driver's NodePublishVolume uses it.
+func BindMount(source, target string, readOnly bool) error {
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount %s on %s: %w", source, target, err)
+	}
+	if !readOnly {
+		return nil
+	}
+	// A bind mount takes its per-mount flags from the source; the read-only remount must keep
+	// them (nosuid, nodev, ...), since a remount replaces them all.
+	flags := uintptr(unix.MS_RDONLY)
+	if infos, err := readMountTable(selfMountInfo); err == nil {
+		if top := topMount(infos, target); top != nil {
+			flags |= perMountFlags(top.MountOptions)
+		}
+	}
+	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
+		// Leave no writable mount where a read-only one was asked for.
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		return fmt.Errorf("make the bind mount of %s on %s read-only: %w", source, target, err)
+	}
+	return nil
+}
+
+// remountReadWrite makes the top-most mount at path read-write: its filesystem when that is
+// read-only (a filesystem remounted read-only after errors), and its own flag when that is (a
+// read-only bind mount). The result is checked in the mount table.
+func remountReadWrite(path, table string) error {
+	top, err := topMountIn(table, path)
+	if err != nil {
+		return err
+	}
+	flags := perMountFlags(top.MountOptions) &^ unix.MS_RDONLY
+	if slices.Contains(top.SuperOptions, "ro") {
+		if err := unix.Mount("", path, "", unix.MS_REMOUNT|flags, ""); err != nil {
+			return fmt.Errorf("remount the filesystem at %s read-write: %w", path, err)
+		}
+		if top, err = topMountIn(table, path); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(top.MountOptions, "ro") {
+		if err := unix.Mount("", path, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
+			return fmt.Errorf("remount the mount at %s read-write: %w", path, err)
+		}
+		if top, err = topMountIn(table, path); err != nil {
+			return err
+		}
+	}
+	if readOnly(top) {
+		return fmt.Errorf("%s is still read-only after a read-write remount (mount options %s, filesystem options %s)",
+			path, strings.Join(top.MountOptions, ","), strings.Join(top.SuperOptions, ","))
+	}
+	return nil
+}
+
+func topMountIn(table, path string) (*mountInfo, error) {
+	infos, err := readMountTable(table)
+	if err != nil {
+		return nil, err
+	}
+	top := topMount(infos, path)
+	if top == nil {
+		return nil, fmt.Errorf("nothing is mounted at %s", path)
+	}
+	return top, nil
+}
+
+// StaleMount is a mount of a dead device that a process in some mount namespace still sees.
+type StaleMount struct {
+	// PID is one process of the namespace.
+	PID int
+	// Namespace is the namespace's identity (the target of /proc/PID/ns/mnt).
+	Namespace string
+	// MountPoint is where the dead mount is mounted in that namespace.
+	MountPoint string
+	// Device is the dead device, "major:minor".
+	Device string
+}
+
+// StaleMounts returns, for each mount namespace under CheckerOptions.Proc, the mounts of one of
+// devices that are top-most at their mount point there (nothing is stacked on them), once per
+// namespace and mount point. The checker's own namespace is included. Processes that exit during
+// the scan are skipped, and so are processes whose namespace the checker may not read.
+func (c *Checker) StaleMounts(devices []string) ([]StaleMount, error) {
+	s, err := c.scanStale(deviceIn(devices))
+	return s.mounts, err
+}
+
+// staleScan is what one search of the mount namespaces found.
+type staleScan struct {
+	// mounts are the stale mounts, ordered by namespace and mount point.
+	mounts []StaleMount
+	// procs counts the processes of each namespace that has stale mounts.
+	procs map[string]int
+	// hidden counts the processes whose mount namespace the checker may not read. A node
+	// plugin that heals runs privileged in the host's PID namespace, where every pod's
+	// processes are readable; what it cannot read (a process of a sandbox outside its user
+	// namespace) is not a pod it serves.
+	hidden int
+}
+
+// deviceIn matches the mounts of one of devices.
+func deviceIn(devices []string) func(*mountInfo) bool {
+	want := map[string]bool{}
+	for _, d := range devices {
+		want[d] = true
+	}
+	return func(m *mountInfo) bool { return want[device(m)] }
+}
+
+// scanStale searches every mount namespace for the mounts match selects that nothing is stacked
+// on.
+func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
+	proc := c.options().Proc
+	s := staleScan{procs: map[string]int{}}
+	entries, err := os.ReadDir(proc)
+	if err != nil {
+		return s, fmt.Errorf("list processes: %w", err)
+	}
+	scanned := map[string]bool{}
+	procs := map[string]int{}
+	var errs []error
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		ns, err := os.Readlink(filepath.Join(proc, e.Name(), "ns", "mnt"))
+		if err != nil {
+			if denied(err) {
+				s.hidden++
+				continue
+			}
+			if !vanished(err) {
+				errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
+			}
+			continue
+		}
+		procs[ns]++
+		if scanned[ns] {
+			continue
+		}
+		infos, err := mount.ParseMountInfo(filepath.Join(proc, e.Name(), "mountinfo"))
+		if err != nil {
+			if denied(err) {
+				s.hidden++
+				continue
+			}
+			if !vanished(err) {
+				errs = append(errs, fmt.Errorf("process %d: read its mount table: %w", pid, err))
+			}
+			continue
+		}
+		if len(infos) == 0 {
+			// A process that is exiting shows an empty table; another one of its namespace
+			// will do.
+			continue
+		}
+		scanned[ns] = true
+		points := map[string]bool{}
+		for i := range infos {
+			m := &infos[i]
+			if !match(m) || points[m.MountPoint] || hasChildAt(infos, m) {
+				continue
+			}
+			points[m.MountPoint] = true
+			s.mounts = append(s.mounts, StaleMount{PID: pid, Namespace: ns, MountPoint: unescapeMountPath(m.MountPoint), Device: device(m)})
+		}
+	}
+	for _, m := range s.mounts {
+		s.procs[m.Namespace] = procs[m.Namespace]
+	}
+	slices.SortFunc(s.mounts, func(a, b StaleMount) int {
+		return strings.Compare(a.Namespace+"\x00"+a.MountPoint, b.Namespace+"\x00"+b.MountPoint)
+	})
+	return s, errors.Join(errs...)
+}
+
+// denied reports whether err says the checker may not read the process.
+func denied(err error) bool {
+	return errors.Is(err, fs.ErrPermission)
+}
+
+// vanished reports whether err says the process being read has exited.
+func vanished(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH)
+}
+
+// onlyReasons reports whether every finding has one of reasons.
+func onlyReasons(findings []Finding, reasons ...string) bool {
+	for _, f := range findings {
+		if !slices.Contains(reasons, f.Reason) {
+			return false
+		}
+	}
+	return true
+}
+
+// hasReason reports whether a finding has one of reasons.
+func hasReason(findings []Finding, reasons ...string) bool {
+	return slices.ContainsFunc(findings, func(f Finding) bool { return slices.Contains(reasons, f.Reason) })
+}
+
+// messages joins the findings' messages for an action or an error.
+func messages(findings []Finding) string {
+	msgs := make([]string, 0, len(findings))
+	for _, f := range findings {
+		msgs = append(msgs, f.Message)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// whyRestack says why a publish target gets the staging mount stacked on it.
+func whyRestack(findings []Finding) string {
+	if len(findings) == 0 {
+		return "it showed another mount"
+	}
+	return messages(findings)
+}
