@@ -1,17 +1,24 @@
-// Command refdriver is the volume-healer reference driver: a simulated CSI driver node plugin
-// that serves the CSI-Addons Identity service and the Healer service on a UNIX socket, for
-// tests, the demo, and driver authors who want to see the protocol implemented.
+// Command refdriver is the volume-healer reference driver, in one of two modes:
 //
-//	go run ./cmd/refdriver --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state \
+//	refdriver --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state \
 //	    --control unix:///tmp/healer-control.sock
+//	refdriver --mode simulated --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state
 //
-// The logic lives in package driver; this file only turns flags into its options.
+// Real mode (the default) is a CSI driver node plugin with real mounts (package plugin). Its
+// volumes are folders under --state-dir, mounted at the staging path by a FUSE mounter process
+// (`refdriver mounter`, package mounter) and bind-mounted at each publish target. It serves CSI
+// Identity, Controller and Node on --csi-endpoint, and the CSI-Addons Identity and Healer
+// services (package driverkit) on --endpoint. It needs root and /dev/fuse.
 //
-// It parses flags and serves package driver; it must not import the controller's or the sidecar's
-// packages, nor test/.
+// Simulated mode is the simulated driver (package driver): volumes are JSON records, faults are
+// flags on them, and nothing is mounted; for tests and the demo that play many nodes.
+//
+// The logic lives in packages plugin, mounter and driver; this file only turns flags into
+// their options. It must not import the controller's or the sidecar's packages, nor test/.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,30 +34,39 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "refdriver:", err)
 		os.Exit(1)
 	}
 }
 
 func run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "mounter" {
+		return runMounter(ctx, args[1:])
+	}
 	fs := flag.NewFlagSet("refdriver", flag.ContinueOnError)
 	var (
-		endpoint     = fs.String("endpoint", "", "CSI-Addons socket to serve Identity and Healer on, unix:///path (required)")
-		control      = fs.String("control", "", "socket for the HTTP control interface, unix:///path (default: none)")
-		stateDir     = fs.String("state-dir", "", "folder that keeps one JSON file per volume across restarts (required)")
-		driverName   = fs.String("driver-name", "healer.example.com", "driver name reported by GetIdentity and used in staging paths")
-		nodeID       = fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest")
-		stagingRoot  = fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "kubelet CSI plugin folder that staging paths start with")
-		volumes      = fs.String("volumes", "", "volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)")
-		healMounters = fs.String("heal-mounters", "rbd-nbd,fuse", "mounters whose volumes this driver can heal; advertised as the attribute healMounters")
-		capabilities = fs.String("capabilities", "probe,heal,list", "Healer RPCs to advertise and serve: any of probe, heal, list")
-		defaultHang  = fs.Duration("default-hang", 30*time.Second, "how long calls on a hung volume block when no duration was given")
+		mode        = fs.String("mode", "real", "real: a CSI node plugin with real FUSE mounts; simulated: volumes are records and nothing is mounted")
+		endpoint    = fs.String("endpoint", "", "CSI-Addons socket to serve Identity and Healer on, unix:///path (required)")
+		csiEndpoint = fs.String("csi-endpoint", "", "real mode: CSI socket to serve Identity, Controller and Node on, unix:///path (default: the --endpoint socket)")
+		control     = fs.String("control", "", "socket for the HTTP control interface, unix:///path (default: none)")
+		stateDir    = fs.String("state-dir", "", "folder that keeps the volumes and their state across restarts (required)")
+		driverName  = fs.String("driver-name", "healer.example.com", "driver name reported by GetIdentity (and GetPluginInfo)")
+		nodeID      = fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest (and NodeGetInfo)")
+		statTimeout = fs.Duration("stat-timeout", 5*time.Second, "real mode: how long a stat of a mount may take before the mount counts as hung")
+		caps        = fs.String("capabilities", "probe,heal,list", "Healer RPCs to advertise and serve: any of probe, heal, list")
+
+		stagingRoot  = fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with")
+		volumes      = fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)")
+		healMounters = fs.String("heal-mounters", "rbd-nbd,fuse", "simulated mode: mounters whose volumes this driver can heal; advertised as the attribute healMounters")
+		defaultHang  = fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -58,43 +74,130 @@ func run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (the only subcommand is \"mounter\")", fs.Args())
+	}
 	if *endpoint == "" || *stateDir == "" {
 		return errors.New("--endpoint and --state-dir are required")
 	}
-
-	seeds, err := parseVolumes(*volumes)
-	if err != nil {
-		return err
-	}
-	caps, err := parseCapabilities(*capabilities)
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	capabilities, err := parseCapabilities(*caps)
 	if err != nil {
 		return err
 	}
 	log := klog.Background()
-	d, err := driver.New(driver.Options{
-		StateDir:     *stateDir,
-		DriverName:   *driverName,
-		NodeID:       *nodeID,
-		StagingRoot:  *stagingRoot,
-		HealMounters: splitList(*healMounters),
-		Capabilities: caps,
-		SeedVolumes:  seeds,
-		DefaultHang:  *defaultHang,
-		Logger:       log,
-	})
-	if err != nil {
-		return err
-	}
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: *endpoint, ControlEndpoint: *control, Logger: log})
-	if err != nil {
-		return err
-	}
-	log.Info("Serving", "endpoint", *endpoint, "control", *control, "driver", *driverName, "node", *nodeID, "volumes", len(d.Volumes()))
-	if err := srv.Start(ctx); err != nil {
-		return err
+
+	switch *mode {
+	case "real":
+		if err := rejectFlags(set, "real", "staging-root", "volumes", "heal-mounters", "default-hang"); err != nil {
+			return err
+		}
+		p, err := plugin.New(plugin.Options{
+			StateDir:     *stateDir,
+			DriverName:   *driverName,
+			NodeID:       *nodeID,
+			StatTimeout:  *statTimeout,
+			Capabilities: capabilities,
+			Logger:       log,
+		})
+		if err != nil {
+			return err
+		}
+		srv, err := plugin.NewServer(p, plugin.ServerOptions{Endpoint: *endpoint, CSIEndpoint: *csiEndpoint, ControlEndpoint: *control, Logger: log})
+		if err != nil {
+			return err
+		}
+		log.Info("Serving", "mode", "real", "endpoint", *endpoint, "csiEndpoint", cmp.Or(*csiEndpoint, *endpoint), "control", *control,
+			"driver", *driverName, "node", *nodeID, "statTimeout", *statTimeout)
+		if err := srv.Start(ctx); err != nil {
+			return err
+		}
+	case "simulated":
+		if err := rejectFlags(set, "simulated", "csi-endpoint", "stat-timeout"); err != nil {
+			return err
+		}
+		seeds, err := parseVolumes(*volumes)
+		if err != nil {
+			return err
+		}
+		d, err := driver.New(driver.Options{
+			StateDir:     *stateDir,
+			DriverName:   *driverName,
+			NodeID:       *nodeID,
+			StagingRoot:  *stagingRoot,
+			HealMounters: splitList(*healMounters),
+			Capabilities: capabilities,
+			SeedVolumes:  seeds,
+			DefaultHang:  *defaultHang,
+			Logger:       log,
+		})
+		if err != nil {
+			return err
+		}
+		srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: *endpoint, ControlEndpoint: *control, Logger: log})
+		if err != nil {
+			return err
+		}
+		log.Info("Serving a SIMULATED driver: volumes are records in the state folder and nothing is mounted",
+			"mode", "simulated", "endpoint", *endpoint, "control", *control, "driver", *driverName, "node", *nodeID, "volumes", len(d.Volumes()))
+		if err := srv.Start(ctx); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--mode %q: want real or simulated", *mode)
 	}
 	log.Info("Stopped")
 	return nil
+}
+
+// rejectFlags fails when a flag that means nothing in mode was given.
+func rejectFlags(set map[string]bool, mode string, names ...string) error {
+	var bad []string
+	for _, name := range names {
+		if set[name] {
+			bad = append(bad, "--"+name)
+		}
+	}
+	switch len(bad) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%s means nothing in %s mode; drop it, or pick the other --mode", bad[0], mode)
+	default:
+		return fmt.Errorf("%s mean nothing in %s mode; drop them, or pick the other --mode", strings.Join(bad, ", "), mode)
+	}
+}
+
+// runMounter is the `refdriver mounter` subcommand: the process the real mode's plugin starts
+// for each staged volume.
+func runMounter(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("refdriver mounter", flag.ContinueOnError)
+	var (
+		source  = fs.String("source", "", "folder to serve (required)")
+		target  = fs.String("target", "", "mount point (required)")
+		fsName  = fs.String("fsname", "", "source of the mount in the mount table (default: --source)")
+		readyFD = fs.Int("ready-fd", 1, "file descriptor to write \"ready\" to once mounted; it is closed then")
+	)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *source == "" || *target == "" {
+		return errors.New("mounter: --source and --target are required")
+	}
+	if *readyFD < 1 {
+		return fmt.Errorf("mounter: --ready-fd %d: want a descriptor the parent opened, such as 1 or 3", *readyFD)
+	}
+	return mounter.Run(ctx, mounter.Options{
+		Source: *source,
+		Target: *target,
+		FsName: *fsName,
+		Ready:  os.NewFile(uintptr(*readyFD), "ready"),
+		Logger: klog.Background().WithValues("fsName", *fsName),
+	})
 }
 
 // parseVolumes reads --volumes: empty means the driver's default set.

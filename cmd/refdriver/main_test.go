@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -52,6 +54,60 @@ func TestParseCapabilities(t *testing.T) {
 			}
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("parseCapabilities(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRunRejectsFlags(t *testing.T) {
+	base := []string{"--endpoint", "unix:///nonexistent/refdriver.sock", "--state-dir", "/nonexistent/refdriver-state"}
+	tests := map[string]struct {
+		args []string
+		want []string
+	}{
+		"real mode has no seed volumes": {
+			args: append([]string{"--volumes", "3"}, base...),
+			want: []string{"--volumes", "real mode"},
+		},
+		"real mode names every meaningless flag": {
+			args: append([]string{"--mode", "real", "--heal-mounters", "fuse", "--default-hang", "1s", "--staging-root", "/x"}, base...),
+			want: []string{"--staging-root", "--heal-mounters", "--default-hang", "real mode"},
+		},
+		"simulated mode has no CSI socket": {
+			args: append([]string{"--mode", "simulated", "--csi-endpoint", "unix:///nonexistent/csi.sock"}, base...),
+			want: []string{"--csi-endpoint", "simulated mode"},
+		},
+		"simulated mode stats nothing": {
+			args: append([]string{"--mode", "simulated", "--stat-timeout", "1s"}, base...),
+			want: []string{"--stat-timeout", "simulated mode"},
+		},
+		"an unknown mode": {
+			args: append([]string{"--mode", "fake"}, base...),
+			want: []string{`"fake"`, "real or simulated"},
+		},
+		"no endpoint": {
+			args: []string{"--state-dir", "/nonexistent"},
+			want: []string{"--endpoint and --state-dir are required"},
+		},
+		"a stray argument": {
+			args: append(slices.Clone(base), "mount"),
+			want: []string{"unexpected arguments", "mounter"},
+		},
+		"a mounter without a source": {
+			args: []string{"mounter", "--target", "/nonexistent"},
+			want: []string{"--source and --target are required"},
+		},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := run(context.Background(), tt.args)
+			if err == nil {
+				t.Fatalf("run(%q) = nil, want an error", tt.args)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("run(%q) = %q, want it to mention %q", tt.args, err, w)
+				}
 			}
 		})
 	}

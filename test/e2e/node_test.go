@@ -108,6 +108,7 @@ func (n *node) launchDriver() error {
 		return fmt.Errorf("the driver of %s started twice", n.name)
 	}
 	args := []string{
+		"--mode", "simulated",
 		"--endpoint", n.endpoint(),
 		"--control", "unix://" + filepath.Join(n.sockDir, "control.sock"),
 		"--state-dir", n.stateDir,

@@ -1,0 +1,246 @@
+package plugin_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/driverkit"
+)
+
+// TestGroupKillAndHeal plays the failure volume-healer exists for: the node plugin's container
+// dies with its mounters, the published volume answers ENOTCONN, the plugin comes back, and a
+// heal makes the volume readable and writable again where the pod has it.
+func TestGroupKillAndHeal(t *testing.T) {
+	e := newEnv(t)
+	p := e.start()
+	v := p.createStagePublish(e, "pvc-restart")
+	t.Logf("NodeStageVolume took %s", v.stageTook.Round(time.Millisecond))
+	if err := writeRead(v.target, "before", "written before the kill"); err != nil {
+		t.Fatalf("write through the publish target: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(e.stateDir, "volumes", v.id, "before")); err != nil || string(got) != "written before the kill" {
+		t.Fatalf("the file is not in the volume's backing folder: %q, %v", got, err)
+	}
+
+	killed := time.Now()
+	p.killGroup()
+	if _, err := os.ReadFile(filepath.Join(v.target, "before")); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("reading through the target after the group kill: %v, want ENOTCONN", err)
+	}
+
+	p = e.start()
+	restarted := time.Now()
+	probe, err := p.healer.ProbeVolume(ctx(t), &healerv1alpha1.ProbeVolumeRequest{VolumeId: v.id, PublishTargetPaths: []string{v.target}})
+	if err != nil {
+		t.Fatalf("ProbeVolume after the restart: %v", err)
+	}
+	if !hasHealth(probe.GetHealthStatuses(), csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected) || !probe.GetHealable() {
+		t.Fatalf("ProbeVolume after the restart = %v healable=%t, want INACCESSIBLE/%s and healable",
+			probe.GetHealthStatuses(), probe.GetHealable(), driverkit.ReasonMountDisconnected)
+	}
+	healStart := time.Now()
+	heal, err := p.healer.HealVolume(ctx(t), &healerv1alpha1.HealVolumeRequest{VolumeId: v.id})
+	if err != nil {
+		t.Fatalf("HealVolume: %v", err)
+	}
+	healTook := time.Since(healStart)
+	if len(heal.GetHealthStatuses()) > 0 {
+		t.Fatalf("HealVolume left %v", heal.GetHealthStatuses())
+	}
+	got, err := os.ReadFile(filepath.Join(v.target, "before"))
+	if err != nil || string(got) != "written before the kill" {
+		t.Fatalf("reading through the target after the heal: %q, %v", got, err)
+	}
+	readable := time.Since(killed)
+	if err := writeRead(v.target, "after", "written after the heal"); err != nil {
+		t.Fatalf("writing through the target after the heal: %v", err)
+	}
+	t.Logf("group kill -> healed, readable target: %s (plugin restart until it answered %s, probe %s, heal %s)",
+		readable.Round(time.Millisecond), restarted.Sub(killed).Round(time.Millisecond),
+		healStart.Sub(restarted).Round(time.Millisecond), healTook.Round(time.Millisecond))
+
+	if probe, err := p.healer.ProbeVolume(ctx(t), &healerv1alpha1.ProbeVolumeRequest{VolumeId: v.id}); err != nil || len(probe.GetHealthStatuses()) > 0 {
+		t.Errorf("ProbeVolume after the heal = %v, %v; want healthy", probe.GetHealthStatuses(), err)
+	}
+	p.teardown(v)
+	e.expectNothingLeft()
+}
+
+// TestPluginKilledAlone kills the plugin but not its mounters (a crash of the plugin process
+// only): the volume keeps working, the restarted plugin finds it healthy without adopting the
+// old mounter, and unstaging still stops that mounter, which is no child of the new run.
+func TestPluginKilledAlone(t *testing.T) {
+	e := newEnv(t)
+	p := e.start()
+	v := p.createStagePublish(e, "pvc-alone")
+	old := p.status(v.id).MounterPID
+	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	if err := writeRead(v.target, "f", "the mounter outlived the plugin"); err != nil {
+		t.Fatalf("write through the target with the plugin dead: %v", err)
+	}
+
+	p = e.start()
+	if vs := p.status(v.id); vs.MounterPID != old || !vs.MounterRunning || vs.Condition != driver.Healthy {
+		t.Errorf("after the restart the control reports %+v, want the healthy volume with mounter %d", vs, old)
+	}
+	if probe, err := p.healer.ProbeVolume(ctx(t), &healerv1alpha1.ProbeVolumeRequest{VolumeId: v.id}); err != nil || len(probe.GetHealthStatuses()) > 0 {
+		t.Errorf("ProbeVolume = %v, %v; want healthy", probe.GetHealthStatuses(), err)
+	}
+	p.teardown(v)
+	e.expectNothingLeft()
+}
+
+// TestFaults breaks a published volume in each way the control interface can, at the level of
+// the mounts, and checks what a workload would notice, what a probe reports, and what a heal
+// repairs.
+func TestFaults(t *testing.T) {
+	e := newEnv(t)
+	p := e.start()
+
+	t.Run("mounter killed", func(t *testing.T) {
+		v := p.createStagePublish(e, "pvc-killed")
+		defer p.teardown(v)
+		vs := p.status(v.id)
+		if !vs.MounterRunning {
+			t.Fatalf("the control reports no running mounter: %+v", vs)
+		}
+		if err := syscall.Kill(vs.MounterPID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the mounter to die", func() bool { return !p.status(v.id).MounterRunning })
+		// A listing reaches the mounter; a stat may be answered from the kernel's cache.
+		if _, err := os.ReadDir(v.target); !errors.Is(err, syscall.ENOTCONN) {
+			t.Fatalf("listing the target: %v, want ENOTCONN", err)
+		}
+		expectCondition(t, p, v, driver.Gone)
+		expectProbe(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected, true)
+		expectHealed(t, p, v)
+	})
+
+	t.Run("read-only", func(t *testing.T) {
+		v := p.createStagePublish(e, "pvc-readonly")
+		defer p.teardown(v)
+		if err := unix.Mount("", v.staging, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			t.Fatalf("remount the staging mount read-only: %v", err)
+		}
+		if err := writeRead(v.target, "f", "x"); !errors.Is(err, syscall.EROFS) {
+			t.Fatalf("write through the target: %v, want EROFS", err)
+		}
+		expectCondition(t, p, v, driver.ReadOnly)
+		expectProbe(t, p, v, csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount, true)
+		expectHealed(t, p, v)
+	})
+
+	t.Run("hung", func(t *testing.T) {
+		v := p.createStagePublish(e, "pvc-hung")
+		defer p.teardown(v)
+		if err := writeRead(v.target, "f", "before the freeze"); err != nil {
+			t.Fatal(err)
+		}
+		vs := p.status(v.id)
+		if err := syscall.Kill(vs.MounterPID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		// Nothing in this process touches the frozen mount: it would hang until the heal.
+		start := time.Now()
+		expectProbe(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountHung, true)
+		if took := time.Since(start); took < e.statTimeout || took > 3*e.statTimeout {
+			t.Errorf("the probe of the hung volume took %s, want about the stat timeout %s", took, e.statTimeout)
+		}
+		expectHealed(t, p, v)
+		if got, err := os.ReadFile(filepath.Join(v.target, "f")); err != nil || string(got) != "before the freeze" {
+			t.Errorf("read through the target after the heal: %q, %v", got, err)
+		}
+	})
+
+	t.Run("data lost", func(t *testing.T) {
+		v := p.createStagePublish(e, "pvc-lost")
+		defer p.teardown(v)
+		vs := p.status(v.id)
+		if err := os.RemoveAll(vs.BackingPath); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.ReadDir(v.target); err == nil {
+			t.Errorf("listing the target of a volume whose data is gone succeeded")
+		}
+		expectCondition(t, p, v, driver.Lost)
+		expectProbe(t, p, v, csi.VolumeHealthErrorType_DATA_LOSS, driverkit.ReasonDataLoss, false)
+		_, err := p.healer.HealVolume(ctx(t), &healerv1alpha1.HealVolumeRequest{VolumeId: v.id})
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("HealVolume of a lost volume: %v, want FAILED_PRECONDITION", err)
+		}
+		if _, err := os.Stat(vs.BackingPath); err == nil {
+			t.Errorf("the refused heal made a new backing folder, which would pass an empty volume for the lost one")
+		}
+	})
+
+	e.expectNothingLeft()
+}
+
+func hasHealth(entries []*csi.VolumeHealth_VolumeHealthEntry, s csi.VolumeHealthErrorType, reason string) bool {
+	return slices.ContainsFunc(entries, func(e *csi.VolumeHealth_VolumeHealthEntry) bool {
+		return e.GetStatus() == s && e.GetReason() == reason
+	})
+}
+
+func expectProbe(t *testing.T, p *proc, v *volume, s csi.VolumeHealthErrorType, reason string, healable bool) {
+	t.Helper()
+	resp, err := p.healer.ProbeVolume(ctx(t), &healerv1alpha1.ProbeVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+	if err != nil {
+		t.Fatalf("ProbeVolume: %v", err)
+	}
+	if !hasHealth(resp.GetHealthStatuses(), s, reason) || resp.GetHealable() != healable {
+		t.Fatalf("ProbeVolume = %v healable=%t, want %s/%s healable=%t", resp.GetHealthStatuses(), resp.GetHealable(), s, reason, healable)
+	}
+}
+
+// expectCondition checks what the control interface observes.
+func expectCondition(t *testing.T, p *proc, v *volume, want driver.Condition) {
+	t.Helper()
+	if vs := p.status(v.id); vs.Condition != want {
+		t.Errorf("the control reports condition %q, want %q (findings %+v)", vs.Condition, want, vs.Findings)
+	}
+}
+
+// expectHealed heals the volume and checks that it is writable through its target again.
+func expectHealed(t *testing.T, p *proc, v *volume) {
+	t.Helper()
+	resp, err := p.healer.HealVolume(ctx(t), &healerv1alpha1.HealVolumeRequest{VolumeId: v.id})
+	if err != nil {
+		t.Fatalf("HealVolume: %v", err)
+	}
+	if len(resp.GetHealthStatuses()) > 0 {
+		t.Fatalf("HealVolume left %v", resp.GetHealthStatuses())
+	}
+	if err := writeRead(v.target, "after-heal", strings.Repeat("healed ", 100)); err != nil {
+		t.Fatalf("write through the target after the heal: %v", err)
+	}
+	expectCondition(t, p, v, driver.Healthy)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

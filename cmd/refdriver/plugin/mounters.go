@@ -1,0 +1,181 @@
+package plugin
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+)
+
+// readyFD is the descriptor a mounter reports readiness on: the first of exec.Cmd.ExtraFiles.
+const readyFD = 3
+
+// child is a mounter this run of the plugin started; done closes once it is reaped.
+type child struct {
+	done chan struct{}
+}
+
+// mounterArgs are the flags that start the mounter of a volume. isMounterOf finds the same
+// flags in /proc/PID/cmdline.
+func mounterArgs(backing string, r *record) []string {
+	return []string{"--source", backing, "--target", r.StagingPath, "--fsname", r.FsName, "--ready-fd", strconv.Itoa(readyFD)}
+}
+
+// startMounter starts the mounter of r's volume at r.StagingPath and waits until it has
+// mounted. The mounter stays in the plugin's process group on purpose (no Setpgid): whoever
+// kills the group kills the mounters with it, as a container runtime kills ceph-fuse with its
+// node plugin container. It is reaped in the background.
+func (p *Plugin) startMounter(ctx context.Context, r *record) (pid int, err error) {
+	readR, readW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMounter, err)
+	}
+	defer func() { _ = readR.Close() }()
+
+	name := p.opts.MounterCommand[0]
+	args := append(slices.Clone(p.opts.MounterCommand[1:]), mounterArgs(p.store.backing(r.VolumeID), r)...)
+	cmd := exec.Command(name, args...)
+	cmd.ExtraFiles = []*os.File{readW}
+	cmd.Stdout, cmd.Stderr = p.opts.MounterOutput, p.opts.MounterOutput
+	err = cmd.Start()
+	// The child holds its own copy; without closing ours the read below never sees the end.
+	_ = readW.Close()
+	if err != nil {
+		return 0, fmt.Errorf("%w: start %s: %w", ErrMounter, name, err)
+	}
+	c := &child{done: make(chan struct{})}
+	pid = cmd.Process.Pid
+	p.mu.Lock()
+	p.children[pid] = c
+	p.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		p.mu.Lock()
+		delete(p.children, pid)
+		p.mu.Unlock()
+		close(c.done)
+	}()
+
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(readR).ReadString('\n')
+		line <- s
+	}()
+	timer := time.NewTimer(p.opts.ReadyTimeout)
+	defer timer.Stop()
+	var why string
+	select {
+	case s := <-line:
+		if s == mounter.ReadyLine {
+			return pid, nil
+		}
+		why = "exited before it mounted"
+	case <-timer.C:
+		why = fmt.Sprintf("did not mount within %s", p.opts.ReadyTimeout)
+	case <-ctx.Done():
+		why = "was abandoned: " + ctx.Err().Error()
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	<-c.done
+	return 0, fmt.Errorf("%w: the mounter of volume %s at %s %s (its output is in the plugin's log)", ErrMounter, r.VolumeID, r.StagingPath, why)
+}
+
+// isMounterOf tells whether pid is alive and is the mounter of r's volume at r's staging path,
+// from its command line: a PID recorded by an earlier run may have been reused by any other
+// process since, which must never be signalled. A zombie has no command line and does not count.
+func isMounterOf(pid int, r *record) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	args := bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0})
+	has := func(flag, value string) bool {
+		for i := 0; i+1 < len(args); i++ {
+			if string(args[i]) == flag && string(args[i+1]) == value {
+				return true
+			}
+		}
+		return false
+	}
+	return has("--target", r.StagingPath) && has("--fsname", r.FsName)
+}
+
+// signalMounter sends sig to r's recorded mounter when it is still that volume's mounter;
+// sent is false when there is none.
+func signalMounter(r *record, sig syscall.Signal) (sent bool, err error) {
+	if !isMounterOf(r.MounterPID, r) {
+		return false, nil
+	}
+	if err := syscall.Kill(r.MounterPID, sig); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return false, nil
+		}
+		return false, fmt.Errorf("%w: signal %s to the mounter of volume %s (PID %d): %w", ErrMounter, sig, r.VolumeID, r.MounterPID, err)
+	}
+	return true, nil
+}
+
+// stopMounter ends r's recorded mounter. With grace, it asks it to unmount and exit (SIGTERM,
+// and SIGCONT in case it is stopped) and waits StopTimeout; then, or without grace, it kills it.
+// A mounter that is already gone, or a PID that is no longer this volume's mounter, is left
+// alone.
+func (p *Plugin) stopMounter(r *record, grace bool) error {
+	if grace {
+		sent, err := signalMounter(r, syscall.SIGTERM)
+		if err != nil || !sent {
+			return err
+		}
+		_, _ = signalMounter(r, syscall.SIGCONT)
+		if p.waitMounterGone(r, p.opts.StopTimeout) {
+			return nil
+		}
+	}
+	sent, err := signalMounter(r, syscall.SIGKILL)
+	if err != nil || !sent {
+		return err
+	}
+	if !p.waitMounterGone(r, 10*time.Second) {
+		return fmt.Errorf("%w: the mounter of volume %s (PID %d) is still there after SIGKILL", ErrMounter, r.VolumeID, r.MounterPID)
+	}
+	return nil
+}
+
+// waitMounterGone waits until r's mounter has exited: reaped, when this run started it, or no
+// longer found in /proc otherwise.
+func (p *Plugin) waitMounterGone(r *record, timeout time.Duration) bool {
+	p.mu.Lock()
+	c := p.children[r.MounterPID]
+	p.mu.Unlock()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	if c != nil {
+		select {
+		case <-c.done:
+			return true
+		case <-timer.C:
+			return false
+		}
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for isMounterOf(r.MounterPID, r) {
+		select {
+		case <-tick.C:
+		case <-timer.C:
+			return false
+		}
+	}
+	return true
+}

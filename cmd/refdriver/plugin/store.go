@@ -1,0 +1,232 @@
+package plugin
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/driverkit"
+)
+
+// volumeIDPattern is the shape of the IDs CreateVolume hands out. Any other ID is unknown,
+// which also keeps IDs that could escape the state folder ("../x") away from the disk.
+var volumeIDPattern = regexp.MustCompile(`^vol-[0-9a-f]{24}$`)
+
+// volumeIDFor derives a volume's ID from its name, so that a retried CreateVolume finds the
+// volume its first attempt created.
+func volumeIDFor(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "vol-" + hex.EncodeToString(sum[:12])
+}
+
+// volumeMeta describes a volume created by CreateVolume: <state>/volumes/<id>.json, next to its
+// backing folder <state>/volumes/<id>/.
+type volumeMeta struct {
+	ID            string `json:"id"`
+	Name          string `json:"name"`
+	CapacityBytes int64  `json:"capacityBytes"`
+	// Parked is the staging of a volume that the control interface unstaged on purpose, kept
+	// so that it can stage the volume again where it was.
+	Parked *record `json:"parked,omitempty"`
+}
+
+// record is what the plugin knows of a volume staged on this node: <state>/staged/<id>.json.
+type record struct {
+	VolumeID      string            `json:"volumeId"`
+	StagingPath   string            `json:"stagingPath"`
+	VolumeContext map[string]string `json:"volumeContext,omitempty"`
+	// FsName is the mount source the volume's mounter gives its mount.
+	FsName         string   `json:"fsName"`
+	PublishTargets []target `json:"publishTargets,omitempty"`
+	// MounterPID is the mounter started last for the volume, by this run of the plugin or an
+	// earlier one; 0 while none was started yet.
+	MounterPID int `json:"mounterPid,omitempty"`
+}
+
+// target is one publish target of a staged volume.
+type target struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+func (r *record) clone() *record {
+	c := *r
+	c.PublishTargets = slices.Clone(r.PublishTargets)
+	c.VolumeContext = maps.Clone(r.VolumeContext)
+	return &c
+}
+
+func (r *record) target(path string) (target, bool) {
+	for _, t := range r.PublishTargets {
+		if t.Path == path {
+			return t, true
+		}
+	}
+	return target{}, false
+}
+
+func (r *record) withoutTarget(path string) *record {
+	c := r.clone()
+	c.PublishTargets = slices.DeleteFunc(c.PublishTargets, func(t target) bool { return t.Path == path })
+	return c
+}
+
+// expect is what the volume's healthy staging mount looks like.
+func (r *record) expect() driverkit.Expect {
+	return driverkit.Expect{Source: r.FsName, FSType: mounter.FSType}
+}
+
+// kitVolume is the record as driverkit sees it.
+func (r *record) kitVolume() driverkit.Volume {
+	v := driverkit.Volume{
+		ID:            r.VolumeID,
+		StagingPath:   r.StagingPath,
+		VolumeContext: r.clone().VolumeContext,
+		Expect:        r.expect(),
+	}
+	for _, t := range r.PublishTargets {
+		v.PublishTargets = append(v.PublishTargets, driverkit.PublishTarget{Path: t.Path, ReadOnly: t.ReadOnly})
+	}
+	return v
+}
+
+// store keeps the plugin's state in files. Every write replaces its file atomically (write, then
+// rename), so that a plugin killed mid-write leaves the previous state.
+type store struct {
+	dir string
+}
+
+func (s store) volumesDir() string { return filepath.Join(s.dir, "volumes") }
+func (s store) stagedDir() string  { return filepath.Join(s.dir, "staged") }
+
+// backing is the folder that holds a volume's data.
+func (s store) backing(id string) string { return filepath.Join(s.volumesDir(), id) }
+
+func (s store) metaFile(id string) string { return filepath.Join(s.volumesDir(), id+".json") }
+
+func (s store) recordFile(id string) string {
+	// PathEscape keeps "/" out of the name, whatever the ID.
+	return filepath.Join(s.stagedDir(), url.PathEscape(id)+".json")
+}
+
+func (s store) init() error {
+	for _, dir := range []string{s.volumesDir(), s.stagedDir()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("%w: create %s: %w", ErrState, dir, err)
+		}
+	}
+	return nil
+}
+
+// meta reads a volume's description; found is false for a volume CreateVolume did not create
+// (or DeleteVolume deleted).
+func (s store) meta(id string) (m *volumeMeta, found bool, err error) {
+	if !volumeIDPattern.MatchString(id) {
+		return nil, false, nil
+	}
+	m = &volumeMeta{}
+	found, err = readFile(s.metaFile(id), m)
+	if !found || err != nil {
+		return nil, found, err
+	}
+	return m, true, nil
+}
+
+func (s store) saveMeta(m *volumeMeta) error {
+	return writeFile(s.metaFile(m.ID), m)
+}
+
+// deleteVolume removes the volume's data, then its description, so that a deletion cut short
+// is finished by the next attempt.
+func (s store) deleteVolume(id string) error {
+	if err := os.RemoveAll(s.backing(id)); err != nil {
+		return fmt.Errorf("%w: remove the data of volume %s: %w", ErrState, id, err)
+	}
+	if err := os.Remove(s.metaFile(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: remove volume %s: %w", ErrState, id, err)
+	}
+	return nil
+}
+
+// records reads every staging record.
+func (s store) records() (map[string]*record, error) {
+	entries, err := os.ReadDir(s.stagedDir())
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %w", ErrState, s.stagedDir(), err)
+	}
+	out := make(map[string]*record, len(entries))
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		path := filepath.Join(s.stagedDir(), e.Name())
+		r := &record{}
+		if _, err := readFile(path, r); err != nil {
+			return nil, err
+		}
+		if r.VolumeID == "" || r.StagingPath == "" {
+			return nil, fmt.Errorf("%w: %s has no volume ID or staging path", ErrState, path)
+		}
+		out[r.VolumeID] = r
+	}
+	return out, nil
+}
+
+func (s store) saveRecord(r *record) error {
+	return writeFile(s.recordFile(r.VolumeID), r)
+}
+
+func (s store) removeRecord(id string) error {
+	if err := os.Remove(s.recordFile(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: remove the record of volume %s: %w", ErrState, id, err)
+	}
+	return nil
+}
+
+func readFile(path string, into any) (found bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: read %s: %w", ErrState, path, err)
+	}
+	if err := json.Unmarshal(b, into); err != nil {
+		return false, fmt.Errorf("%w: parse %s: %w", ErrState, path, err)
+	}
+	return true, nil
+}
+
+func writeFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("%w: encode %s: %w", ErrState, path, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("%w: write %s: %w", ErrState, path, err)
+	}
+	_, werr := tmp.Write(append(b, '\n'))
+	serr := tmp.Sync()
+	cerr := tmp.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("%w: write %s: %w", ErrState, tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("%w: write %s: %w", ErrState, path, err)
+	}
+	return nil
+}
