@@ -173,6 +173,23 @@ func (p *Process) Kill() error {
 	}
 }
 
+// KillGroup ends the process and every process of its group with SIGKILL, as a container runtime
+// ends a container, and waits for the process itself to exit. Every child leads a group of its
+// own, so the group is the process and what it started without a group of its own.
+func (p *Process) KillGroup() error {
+	if p.Running() {
+		if err := syscall.Kill(-p.Pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("%s: kill its process group: %w", p.Name, err)
+		}
+	}
+	select {
+	case <-p.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%s did not exit within 30s of SIGKILL", p.Name)
+	}
+}
+
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but
 // nothing answers. Stop and Kill end a paused process too.
 func (p *Process) Pause() error { return p.Signal(syscall.SIGSTOP) }

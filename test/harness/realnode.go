@@ -1,0 +1,439 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/test/kubelet"
+)
+
+// RealNodeOptions describe a node whose volumes are really mounted.
+type RealNodeOptions struct {
+	// Node is the node's name. Required.
+	Node string
+	// Driver is the CSI driver's name. Required.
+	Driver string
+	// Namespace holds the node's CSIAddonsNode. Required.
+	Namespace string
+	// Kube is the sidecar's client configuration. Required.
+	Kube *rest.Config
+	// Dir holds the kubelet root, the driver's state and logs. Required.
+	Dir string
+	// DriverBinary is cmd/refdriver (Build with NodePlugin). Required.
+	DriverBinary string
+	// WorkloadBinary is test/workload (BuildWorkload); needed by StartWorkload only.
+	WorkloadBinary string
+	// StatTimeout is the driver's deadline for a stat of a mount: longer, the mount counts as
+	// hung. Default: 1s.
+	StatTimeout time.Duration
+	// KeepPort keeps the sidecar's port from start to start, as PluginOptions.KeepPort does.
+	KeepPort bool
+	// RegisterTimeout bounds how long Start waits for the sidecar to register. Default: 2m.
+	RegisterTimeout time.Duration
+	// Logger, when set, is the sidecar's logger; else klog's global one.
+	Logger *klog.Logger
+}
+
+// RealNode is one node with real mounts on this machine: a kubelet stand-in (test/kubelet) under
+// Dir, the reference driver in its real mode as a process that leads its own process group (its
+// FUSE mounters run in that group, as a node plugin container's do), and the healer sidecar in
+// this process in front of it. Each Start is a start of the node plugin pod; Kill is its death,
+// the driver's whole process group killed at once, which leaves every mount it served answering
+// ENOTCONN.
+type RealNode struct {
+	opts     RealNodeOptions
+	kubelet  *kubelet.Kubelet
+	procs    *Processes
+	stateDir string
+	sockDir  string
+	socket   string
+	control  string
+
+	mu        sync.Mutex
+	addr      string
+	starts    int
+	drv       *Process
+	sc        *Sidecar
+	workloads []*kubelet.Workload
+}
+
+// NewRealNode prepares the node: its kubelet root is made (a shared bind mount, as kubelet makes
+// it); nothing runs yet.
+func NewRealNode(o RealNodeOptions) (*RealNode, error) {
+	if o.Node == "" || o.Driver == "" || o.Namespace == "" || o.Kube == nil || o.Dir == "" || o.DriverBinary == "" {
+		return nil, errors.New("real node: Node, Driver, Namespace, Kube, Dir and DriverBinary are required")
+	}
+	if o.StatTimeout == 0 {
+		o.StatTimeout = time.Second
+	}
+	if o.RegisterTimeout == 0 {
+		o.RegisterTimeout = 2 * time.Minute
+	}
+	n := &RealNode{opts: o, procs: NewProcesses(), stateDir: filepath.Join(o.Dir, "driver")}
+	if err := os.MkdirAll(n.stateDir, 0o755); err != nil {
+		return nil, err
+	}
+	// UNIX socket paths must stay short: they live in a folder of their own under /tmp.
+	dir, err := os.MkdirTemp("", "vh-node")
+	if err != nil {
+		return nil, err
+	}
+	n.sockDir, n.socket, n.control = dir, filepath.Join(dir, "csi.sock"), filepath.Join(dir, "control.sock")
+	if n.kubelet, err = kubelet.New(filepath.Join(o.Dir, "kubelet")); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if o.KeepPort {
+		if n.addr, err = FreeAddr(); err != nil {
+			return nil, errors.Join(err, n.kubelet.Close(), os.RemoveAll(dir))
+		}
+	}
+	return n, nil
+}
+
+// Node is the node's name.
+func (n *RealNode) Node() string { return n.opts.Node }
+
+// Kubelet is the node's kubelet stand-in.
+func (n *RealNode) Kubelet() *kubelet.Kubelet { return n.kubelet }
+
+// Control reaches the driver's control socket (the current start's: the client dials per call).
+func (n *RealNode) Control() *driver.ControlClient {
+	c, err := driver.NewControlClient("unix://" + n.control)
+	if err != nil {
+		// The endpoint is built here and always valid.
+		panic(err)
+	}
+	return c
+}
+
+// DriverLog is the file the driver's output goes to, every start appended.
+func (n *RealNode) DriverLog() string { return filepath.Join(n.opts.Dir, "refdriver.log") }
+
+// Start starts the node plugin pod: the driver, then the sidecar, and returns once the sidecar has
+// registered its CSIAddonsNode (a new restart marker).
+func (n *RealNode) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.drv != nil {
+		return fmt.Errorf("the node plugin on %s started twice", n.opts.Node)
+	}
+	for _, s := range []string{n.socket, n.control} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	drv, err := n.procs.Start("refdriver-"+n.opts.Node, n.opts.DriverBinary, []string{
+		"--mode=real", "--endpoint=unix://" + n.socket, "--control=unix://" + n.control,
+		"--state-dir=" + n.stateDir, "--driver-name=" + n.opts.Driver, "--node-id=" + n.opts.Node,
+		"--stat-timeout=" + n.opts.StatTimeout.String(),
+	}, nil, n.DriverLog())
+	if err != nil {
+		return err
+	}
+	if err := n.waitSocket(ctx, drv); err != nil {
+		_ = drv.KillGroup()
+		return err
+	}
+	n.starts++
+	runCtx := context.WithoutCancel(ctx)
+	if n.opts.Logger != nil {
+		runCtx = klog.NewContext(runCtx, *n.opts.Logger)
+	}
+	addr := n.addr
+	if !n.opts.KeepPort {
+		addr = "127.0.0.1:0"
+	}
+	sc, err := StartSidecar(runCtx, sidecar.Options{
+		KubeConfig:     n.opts.Kube,
+		NodeName:       n.opts.Node,
+		Namespace:      n.opts.Namespace,
+		PodUID:         fmt.Sprintf("%s-real-start-%d", n.opts.Node, n.starts),
+		DriverEndpoint: "unix://" + n.socket,
+		KubeletDir:     n.kubelet.Root(),
+		ListenAddress:  addr,
+		Insecure:       true,
+		MetricsAddress: "0",
+	})
+	if err != nil {
+		_ = drv.KillGroup()
+		return err
+	}
+	n.drv, n.sc = drv, sc
+	select {
+	case <-sc.Registered():
+		return nil
+	case <-sc.Done():
+		return fmt.Errorf("the sidecar on %s stopped before it registered its CSIAddonsNode: %v", n.opts.Node, sc.Err())
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(n.opts.RegisterTimeout):
+		return fmt.Errorf("the sidecar on %s did not register its CSIAddonsNode within %s", n.opts.Node, n.opts.RegisterTimeout)
+	}
+}
+
+// waitSocket waits until the driver serves its socket, or fails with its log when it exits.
+func (n *RealNode) waitSocket(ctx context.Context, drv *Process) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(n.socket); err == nil {
+			if _, err := os.Stat(n.control); err == nil {
+				return nil
+			}
+		}
+		select {
+		case <-drv.Exited():
+			return fmt.Errorf("the driver on %s exited at start (%s): %s", n.opts.Node, drv.ExitStatus(), drv.LogTail(20))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the driver on %s did not serve %s within 30s: %s", n.opts.Node, n.socket, drv.LogTail(20))
+		}
+	}
+}
+
+// Kill ends the node plugin pod as an OOM kill or a node plugin crash does: the driver's process
+// group (the driver and every mounter) gets SIGKILL, and the sidecar stops.
+func (n *RealNode) Kill() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.killLocked()
+}
+
+func (n *RealNode) killLocked() error {
+	var errs []error
+	if n.drv != nil {
+		errs = append(errs, n.drv.KillGroup())
+	}
+	if n.sc != nil {
+		if err := n.sc.Stop(10 * time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("sidecar on %s: %w", n.opts.Node, err))
+		}
+	}
+	n.drv, n.sc = nil, nil
+	return errors.Join(errs...)
+}
+
+// Running tells whether the driver process runs.
+func (n *RealNode) Running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.drv != nil && n.drv.Running()
+}
+
+// dial connects to the driver's CSI socket (the current start's).
+func (n *RealNode) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	return kubelet.Dial(ctx, "unix://"+n.socket)
+}
+
+// Provision creates the volume with the driver's CreateVolume, as the external-provisioner does,
+// and sets v.Handle to the volume ID the driver gives it, before the PV is created.
+func (n *RealNode) Provision(ctx context.Context, v *Volume) error {
+	conn, err := n.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	resp, err := csi.NewControllerClient(conn).CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name:          v.PV,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}},
+		Parameters: map[string]string{"mounter": v.Mounter},
+	})
+	if err != nil {
+		return fmt.Errorf("CreateVolume %s on %s: %w", v.PV, n.opts.Node, err)
+	}
+	v.Handle = resp.GetVolume().GetVolumeId()
+	return nil
+}
+
+// kubeletVolume is the volume as the kubelet stand-in stages and publishes it.
+func (n *RealNode) kubeletVolume(v *Volume) kubelet.Volume {
+	return kubelet.Volume{DriverName: n.opts.Driver, Handle: v.Handle, PVName: v.PV, VolumeContext: v.Attributes()}
+}
+
+// Mount stages the volume and publishes it for the pod podUID, as kubelet does when the pod
+// starts, and returns the publish path.
+func (n *RealNode) Mount(ctx context.Context, v *Volume, podUID string) (string, error) {
+	conn, err := n.dial(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = conn.Close() }()
+	kv := n.kubeletVolume(v)
+	if err := n.kubelet.Stage(ctx, conn, kv); err != nil {
+		return "", fmt.Errorf("stage %s on %s: %w", v.PV, n.opts.Node, err)
+	}
+	target, err := n.kubelet.Publish(ctx, conn, kv, podUID)
+	if err != nil {
+		return "", fmt.Errorf("publish %s on %s: %w", v.PV, n.opts.Node, err)
+	}
+	return target, nil
+}
+
+// StagingPath is where kubelet stages the volume on this node.
+func (n *RealNode) StagingPath(v *Volume) string { return n.kubelet.StagingPath(n.opts.Driver, v.Handle) }
+
+// StartWorkload starts a workload stand-in that does I/O on the publish target through a mount
+// of the given propagation (HostToContainer or None) in its own mount namespace.
+func (n *RealNode) StartWorkload(ctx context.Context, name, target string, propagation corev1.MountPropagationMode) (*kubelet.Workload, error) {
+	if n.opts.WorkloadBinary == "" {
+		return nil, errors.New("real node: WorkloadBinary is required for workloads")
+	}
+	w, err := kubelet.StartWorkload(ctx, kubelet.WorkloadOptions{
+		Bin: n.opts.WorkloadBinary, Target: target, Propagation: propagation, Name: name,
+		Dir: filepath.Join(n.opts.Dir, "workloads", name),
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	n.workloads = append(n.workloads, w)
+	n.mu.Unlock()
+	return w, nil
+}
+
+// Close stops the workloads and the node plugin, unmounts everything under the kubelet root and
+// checks that no mount and no process of the node is left.
+func (n *RealNode) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var errs []error
+	for _, w := range n.workloads {
+		errs = append(errs, w.Stop())
+	}
+	n.workloads = nil
+	errs = append(errs, n.killLocked())
+	// A mounter started by a driver that was killed alone is not in a group anyone kills.
+	errs = append(errs, killProcessesUnder(n.opts.Dir))
+	errs = append(errs, n.kubelet.Close(), os.RemoveAll(n.sockDir))
+	errs = append(errs, Leftovers(n.opts.Dir))
+	return errors.Join(errs...)
+}
+
+// Leftovers fails when a mount point or a process's command line lies under dir: what a suite
+// must not leave behind.
+func Leftovers(dir string) error {
+	var problems []string
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && underDir(fields[4], dir) {
+			problems = append(problems, "mount at "+fields[4])
+		}
+	}
+	for _, pid := range processesUnder(dir) {
+		problems = append(problems, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("left behind under %s: %s", dir, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func underDir(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// processesUnder lists the processes (other than this one) whose command line names a path under
+// dir: the driver, its mounters and the workloads of a node.
+func processesUnder(dir string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		for _, arg := range bytes.Split([]byte(cmdline(pid)), []byte(" ")) {
+			a := string(arg)
+			if i := strings.IndexByte(a, '='); i >= 0 {
+				a = a[i+1:]
+			}
+			if underDir(a, dir) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func cmdline(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte(" "))))
+}
+
+// killProcessesUnder kills what processesUnder finds and waits for it to go.
+func killProcessesUnder(dir string) error {
+	pids := processesUnder(dir)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(processesUnder(dir)) > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes under %s survived SIGKILL: %v", dir, processesUnder(dir))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// RealMountsUnavailable says why this machine cannot run real mounts ("" when it can): they need
+// root and /dev/fuse.
+func RealMountsUnavailable() string {
+	if os.Geteuid() != 0 {
+		return "real mounts need root"
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return "real mounts need /dev/fuse: " + err.Error()
+	}
+	return ""
+}
+
+// RequireRealMounts skips the test on a machine without root or /dev/fuse, except in CI (CI=true),
+// where the machine has both and a missing one fails the test instead of hiding it.
+func RequireRealMounts(t testing.TB) {
+	t.Helper()
+	why := RealMountsUnavailable()
+	switch {
+	case why == "":
+	case os.Getenv("CI") == "true":
+		t.Fatalf("%s, and CI (CI=true) must run the real-mount tests", why)
+	default:
+		t.Skip(why)
+	}
+}
