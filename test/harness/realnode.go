@@ -295,7 +295,9 @@ func (n *RealNode) Mount(ctx context.Context, v *Volume, podUID string) (string,
 }
 
 // StagingPath is where kubelet stages the volume on this node.
-func (n *RealNode) StagingPath(v *Volume) string { return n.kubelet.StagingPath(n.opts.Driver, v.Handle) }
+func (n *RealNode) StagingPath(v *Volume) string {
+	return n.kubelet.StagingPath(n.opts.Driver, v.Handle)
+}
 
 // StartWorkload starts a workload stand-in that does I/O on the publish target through a mount
 // of the given propagation (HostToContainer or None) in its own mount namespace.
