@@ -42,8 +42,9 @@ type CheckerOptions struct {
 
 // Checker checks mounts. It is safe for concurrent use. A stat that hangs on a mount whose
 // mounter does not answer keeps one goroutine blocked; a Checker never starts a second stat of a
-// path while one is still blocked (it reports the path hung at once), so a hung mount never costs
-// more than one goroutine however often it is probed.
+// path while one is still running (a check made meanwhile waits for that stat's answer, and once
+// the stat is past its deadline reports the path hung at once), so a hung mount never costs more
+// than one goroutine however often it is probed.
 type Checker struct {
 	opts CheckerOptions
 
@@ -142,14 +143,17 @@ func (c *Checker) statFinding(ctx context.Context, key, path string) (f Finding,
 		return Finding{Path: path, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: reason,
 			Message: fmt.Sprintf(format, args...)}, false
 	}
+	timeout := c.options().StatTimeout
 	call, running := c.startStat(key, path)
-	if running {
+	if running && time.Since(call.started) >= timeout {
 		return inaccessible(ReasonMountHung,
 			"%s does not answer: a stat of its mount started %s ago has not returned yet; its mounter is frozen or unreachable",
 			path, time.Since(call.started).Round(time.Millisecond))
 	}
-	timeout := c.options().StatTimeout
-	timer := time.NewTimer(timeout)
+	// A stat still within its deadline is another check's, made at the same moment: its answer
+	// is this check's too, by the same deadline, so that two checks at once (a probe and a
+	// kubelet call) do not take each other's stat for a hang.
+	timer := time.NewTimer(time.Until(call.started.Add(timeout)))
 	defer timer.Stop()
 	select {
 	case <-call.done:

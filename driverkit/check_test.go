@@ -111,6 +111,46 @@ func TestCheckDeadFUSEMountIsDisconnected(t *testing.T) {
 	}
 }
 
+// TestCheckSharesAStatInFlight: a check made while another check's stat of the same mount is
+// still within its deadline (a probe and a kubelet call at once, on a mount slow to answer) waits
+// for that stat's answer rather than reporting the mount hung: a false MountHung makes a healer
+// restart a mounter that works.
+func TestCheckSharesAStatInFlight(t *testing.T) {
+	requireMounts(t, true)
+	dir := t.TempDir()
+	mnt := mkdir(t, dir, "staging")
+	vol := newFUSEVolume(t, mnt)
+	c := driverkit.NewChecker(driverkit.CheckerOptions{StatTimeout: 5 * time.Second})
+	if got := c.Check(context.Background(), mnt, driverkit.Expect{}); len(got) != 0 {
+		t.Fatalf("Check of a served FUSE mount = %+v, want healthy", got)
+	}
+
+	// The daemon pauses for a moment, well within the stat timeout.
+	vol.signalDaemon(syscall.SIGSTOP)
+	started := driverkit.StatsStarted(c)
+	results := make(chan []driverkit.Finding, 2)
+	go func() { results <- c.Check(context.Background(), mnt, driverkit.Expect{}) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for driverkit.StatsStarted(c) == started {
+		if time.Now().After(deadline) {
+			t.Fatal("the first check started no stat")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	go func() { results <- c.Check(context.Background(), mnt, driverkit.Expect{}) }()
+	time.Sleep(200 * time.Millisecond)
+	vol.signalDaemon(syscall.SIGCONT)
+
+	for range 2 {
+		if got := <-results; len(got) != 0 {
+			t.Errorf("Check of a mount whose daemon paused for 200ms = %+v, want healthy", got)
+		}
+	}
+	if n := driverkit.StatsStarted(c) - started; n != 1 {
+		t.Errorf("two checks at once started %d stat goroutines, want 1", n)
+	}
+}
+
 func TestCheckHungFUSEMount(t *testing.T) {
 	requireMounts(t, true)
 	dir := t.TempDir()

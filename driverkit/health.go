@@ -16,7 +16,8 @@ const (
 	// ReasonMountGone (INACCESSIBLE): nothing is mounted at the path, or the path does not exist.
 	ReasonMountGone = "MountGone"
 	// ReasonMountDisconnected (INACCESSIBLE): the mount is there but every access fails with a
-	// corrupted-mount error (ENOTCONN, ESTALE, EIO, EHOSTDOWN, EACCES): its mounter died.
+	// corrupted-mount error, as k8s.io/mount-utils' IsCorruptedMnt defines it (ENOTCONN, ESTALE, EIO,
+	// EACCES, EHOSTDOWN, EWOULDBLOCK, ENODEV): its mounter died.
 	ReasonMountDisconnected = "MountDisconnected"
 	// ReasonMountHung (INACCESSIBLE): a stat of the path did not return before the deadline: the
 	// mounter is alive but does not answer.

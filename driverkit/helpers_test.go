@@ -138,7 +138,7 @@ func startHelper(mode string, env []string, attr *syscall.SysProcAttr) (*helper,
 	}
 	h := &helper{exited: make(chan struct{})}
 	h.cmd = exec.Command(exe)
-	h.cmd.Env = append(append(os.Environ(), helperEnv+"="+mode), env...)
+	h.cmd.Env = append(append(os.Environ(), helperEnv+"="+mode, sourceEnv+"="+testSource), env...)
 	h.cmd.SysProcAttr = attr
 	h.cmd.Stderr = &lockedWriter{w: &h.stderr, mu: &h.mu}
 	out, err := h.cmd.StdoutPipe()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +30,10 @@ const (
 	workloadDirEnv     = "DRIVERKIT_TEST_WORKLOAD_DIR"
 	workloadPrivateEnv = "DRIVERKIT_TEST_WORKLOAD_PRIVATE"
 
-	// testSource and fuseName mark every mount the tests make, so that TestMain can find any
-	// left behind.
-	testSource = "driverkit-test"
+	// sourceEnv passes testSource to the helpers.
+	sourceEnv = "DRIVERKIT_TEST_SOURCE"
+
+	// fuseName is the type of the tests' FUSE mounts.
 	fuseName   = "driverkit-test"
 	fuseFSType = "fuse." + fuseName
 
@@ -41,15 +43,39 @@ const (
 	dataFile = "hello"
 )
 
+// testSource is the source of every mount the tests make: one of this run's own, as a volume's
+// source is its own, so that a search for a volume's mounts by source never finds those of a run
+// beside it.
+var testSource = "driverkit-test-" + strconv.Itoa(os.Getpid())
+
 func TestMain(m *testing.M) {
+	if s := os.Getenv(sourceEnv); s != "" {
+		testSource = s
+	}
 	switch os.Getenv(helperEnv) {
 	case helperFUSE:
 		os.Exit(runFUSEDaemon())
 	case helperWorkload:
 		os.Exit(runWorkload())
 	}
+	// Every folder the tests mount on lies under a root of this process's own (t.TempDir
+	// follows TMPDIR), so that the check below sees this run's mounts only, not those of a
+	// run beside it.
+	root, err := os.MkdirTemp("", "driverkit-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.Setenv("TMPDIR", root); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
-	if left := leftoverMounts(); len(left) > 0 {
+	left := leftoverMounts(root)
+	if len(left) == 0 {
+		_ = os.RemoveAll(root)
+	}
+	if len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "the tests left mounts behind:\n%s\n", strings.Join(left, "\n"))
 		if code == 0 {
 			code = 1
@@ -121,14 +147,15 @@ func runWorkload() int {
 }
 
 // leftoverMounts lists the mounts of this namespace that the tests made and did not remove.
-func leftoverMounts() []string {
+func leftoverMounts(root string) []string {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
 	var left []string
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.Contains(line, " - "+fuseFSType+" ") || strings.Contains(line, " "+testSource+" ") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && strings.HasPrefix(fields[4], root+"/") {
 			left = append(left, line)
 		}
 	}

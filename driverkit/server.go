@@ -203,13 +203,13 @@ func (s *identityServer) Probe(context.Context, *identity.ProbeRequest) (*identi
 //
 //  1. the RPC is advertised                                   else UNIMPLEMENTED
 //  2. volume_id is set                                         else INVALID_ARGUMENT
-//  3. no other call holds the volume's lock                    else ABORTED
-//  4. the driver knows the volume                              else NOT_FOUND
+//  3. the driver knows the volume                              else NOT_FOUND
+//  4. no other call holds the volume's lock                    else ABORTED
 //  5. the volume is staged here (at the path given)            else FAILED_PRECONDITION
 //  6. HealVolume only: Driver.Inspect says it can be healed    else FAILED_PRECONDITION
 //
-// The lock is taken before the driver's record is read, so that the record a call acts on
-// cannot change under it (a NodeUnstageVolume holds the same lock).
+// The record the call acts on is read again once the lock is taken, so that it cannot change
+// under the call (a NodeUnstageVolume holds the same lock).
 type healerServer struct {
 	healerv1alpha1.UnimplementedHealerServer
 	d    Driver
