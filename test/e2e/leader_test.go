@@ -36,6 +36,10 @@ func TestLeaderKilledMidSweep(t *testing.T) {
 		"LEADER_ELECTION_LEASE_DURATION": "6s",
 		"LEADER_ELECTION_RENEW_DEADLINE": "4s",
 		"LEADER_ELECTION_RETRY_PERIOD":   "500ms",
+		"LEADER_ELECTION_CALL_MARGIN":    "1s",
+		// At most the lease duration less the retry period and the margin.
+		"TIMEOUTS_PROBE": "4s",
+		"TIMEOUTS_HEAL":  "4s",
 	})
 	leader := f.startController("leader-a", settings)
 	harness.Eventually(t, time.Minute, "the first replica to lead", func() (bool, string) {
