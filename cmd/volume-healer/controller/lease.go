@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 	"github.com/volume-healer/volume-healer/config"
-	"github.com/volume-healer/volume-healer/leader"
 )
 
 // newLease makes the leader election Lease lock as controller-runtime's manager would (identity

@@ -30,9 +30,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/leader"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/volume-healer/volume-healer/leader"
+	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 )
 
 const self = "replica-a"
