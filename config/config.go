@@ -58,14 +58,20 @@ type LeaderElection struct {
 	Namespace string
 	// LeaseName names the Lease; a DNS-1123 subdomain. Default "volume-healer".
 	LeaseName string
-	// LeaseDuration is how long other replicas wait after the last renewal before taking over.
-	// Must exceed RenewDeadline. Default 15s.
+	// LeaseDuration is how long other replicas wait after the last renewal before taking over;
+	// every call of the leader ends CallMargin before that. Must exceed RenewDeadline, and be
+	// whole seconds (the Lease records it in seconds). Default 60s.
 	LeaseDuration time.Duration
 	// RenewDeadline is how long the leader keeps trying to renew before it steps down. Must
-	// exceed RetryPeriod. Default 10s.
+	// exceed RetryPeriod. Default 40s.
 	RenewDeadline time.Duration
-	// RetryPeriod is the wait between attempts to acquire or renew the Lease. Default 2s.
+	// RetryPeriod is the wait between attempts to acquire or renew the Lease. Default 5s.
 	RetryPeriod time.Duration
+	// CallMargin is how long before another replica could take the Lease over every call of
+	// the leader must have ended. It covers clocks that run at slightly different rates, the
+	// network delay of a call's deadline on its way to the sidecar and the driver, and the time
+	// they take to stop once it passes. Default 2s.
+	CallMargin time.Duration
 }
 
 // Metrics configures the Prometheus metrics endpoint.
@@ -131,11 +137,13 @@ type Budgets struct {
 	PerNode int
 }
 
-// Timeouts bounds each call to a sidecar.
+// Timeouts bounds each call to a sidecar. With leader election enabled each is at most
+// LeaderElection.LeaseDuration - RetryPeriod - CallMargin: the least time a call has before
+// another replica could take the Lease over, which ends every call of the leader.
 type Timeouts struct {
 	// Probe is the deadline of one probe call. Default 10s.
 	Probe time.Duration
-	// Heal is the deadline of one heal call. Default 2m.
+	// Heal is the deadline of one heal call. Default 45s.
 	Heal time.Duration
 }
 
@@ -200,9 +208,10 @@ func Default() Config {
 			Enabled:       true,
 			Namespace:     "volume-healer",
 			LeaseName:     "volume-healer",
-			LeaseDuration: 15 * time.Second,
-			RenewDeadline: 10 * time.Second,
-			RetryPeriod:   2 * time.Second,
+			LeaseDuration: 60 * time.Second,
+			RenewDeadline: 40 * time.Second,
+			RetryPeriod:   5 * time.Second,
+			CallMargin:    2 * time.Second,
 		},
 		Metrics: Metrics{BindAddress: ":8080"},
 		Health:  Health{BindAddress: ":8081"},
@@ -218,7 +227,7 @@ func Default() Config {
 		},
 		Restart:  Restart{Debounce: 2 * time.Second},
 		Budgets:  Budgets{Global: 64, PerDriver: 32, PerNode: 4},
-		Timeouts: Timeouts{Probe: 10 * time.Second, Heal: 2 * time.Minute},
+		Timeouts: Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
 		Backoff:  Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
 			TLS:  SidecarTLS{Enabled: true},

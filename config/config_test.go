@@ -106,7 +106,7 @@ func TestLoadPrecedence(t *testing.T) {
 		"duration: default":              {got: probe, want: 10 * time.Second},
 		"duration: file over default":    {file: probeFile, got: probe, want: 20 * time.Second},
 		"duration: env over file":        {file: probeFile, env: map[string]string{"VOLUME_HEALER_TIMEOUTS_PROBE": "30s"}, got: probe, want: 30 * time.Second},
-		"duration: flag over env":        {file: probeFile, env: map[string]string{"VOLUME_HEALER_TIMEOUTS_PROBE": "30s"}, args: []string{"--timeouts-probe=1m30s"}, got: probe, want: 90 * time.Second},
+		"duration: flag over env":        {file: probeFile, env: map[string]string{"VOLUME_HEALER_TIMEOUTS_PROBE": "30s"}, args: []string{"--timeouts-probe=45s"}, got: probe, want: 45 * time.Second},
 		"int: default":                   {got: global, want: 64},
 		"int: file over default":         {file: globalFile, got: global, want: 100},
 		"int: env over file":             {file: globalFile, env: map[string]string{"VOLUME_HEALER_BUDGETS_GLOBAL": "200"}, got: global, want: 200},
@@ -180,12 +180,34 @@ func TestLoadInvalidValues(t *testing.T) {
 			want: []string{"leaderElection.retryPeriod (file ", "line 2): 0s is not allowed", "> 0"},
 		},
 		"renew deadline not below lease duration": {
-			file: "leaderElection:\n  renewDeadline: 15s\n",
-			want: []string{"leaderElection.renewDeadline (file ", "line 2): 15s is not allowed", "must be less than leaderElection.leaseDuration (15s)"},
+			file: "leaderElection:\n  renewDeadline: 1m\n",
+			want: []string{"leaderElection.renewDeadline (file ", "line 2): 1m is not allowed", "must be less than leaderElection.leaseDuration (1m)"},
 		},
 		"retry period not below renew deadline": {
-			args: []string{"--leader-election-retry-period=20s"},
-			want: []string{"leaderElection.retryPeriod (flag --leader-election-retry-period): 20s is not allowed", "must be less than leaderElection.renewDeadline (10s)"},
+			args: []string{"--leader-election-retry-period=45s"},
+			want: []string{"leaderElection.retryPeriod (flag --leader-election-retry-period): 45s is not allowed", "must be less than leaderElection.renewDeadline (40s)"},
+		},
+		"lease duration not whole seconds": {
+			env:  map[string]string{"VOLUME_HEALER_LEADER_ELECTION_LEASE_DURATION": "59500ms"},
+			want: []string{"leaderElection.leaseDuration (env VOLUME_HEALER_LEADER_ELECTION_LEASE_DURATION): 59.5s is not allowed", "must be whole seconds, such as 60s"},
+		},
+		"call margin not positive": {
+			args: []string{"--leader-election-call-margin=0s"},
+			want: []string{"leaderElection.callMargin (flag --leader-election-call-margin): 0s is not allowed", "must be a duration > 0"},
+		},
+		"call margin leaves no time for a call": {
+			file: "leaderElection:\n  callMargin: 55s\n",
+			want: []string{"leaderElection.callMargin (file ", "line 2): 55s is not allowed", "must be less than leaderElection.leaseDuration (1m) - leaderElection.retryPeriod (5s)"},
+		},
+		"heal longer than the lease leaves": {
+			file: "timeouts:\n  heal: 2m\n",
+			want: []string{"timeouts.heal (file ", "line 2): 2m is not allowed", "must be at most 53s with leader election enabled",
+				"leaderElection.leaseDuration (1m) - leaderElection.retryPeriod (5s) - leaderElection.callMargin (2s)", "lower timeouts.heal, or raise leaderElection.leaseDuration"},
+		},
+		"probe longer than a short lease leaves": {
+			env: map[string]string{"VOLUME_HEALER_LEADER_ELECTION_LEASE_DURATION": "12s", "VOLUME_HEALER_LEADER_ELECTION_RENEW_DEADLINE": "8s",
+				"VOLUME_HEALER_LEADER_ELECTION_RETRY_PERIOD": "2s", "VOLUME_HEALER_TIMEOUTS_HEAL": "8s"},
+			want: []string{"timeouts.probe (default): 10s is not allowed", "must be at most 8s with leader election enabled"},
 		},
 		"lease namespace not a DNS label": {
 			env:  map[string]string{"VOLUME_HEALER_LEADER_ELECTION_NAMESPACE": "Volume_Healer"},
@@ -365,6 +387,8 @@ func TestLoadAcceptsEdgeValues(t *testing.T) {
 		"comments only":                       {file: "# all defaults\n"},
 		"verbosity 10":                        {env: map[string]string{"VOLUME_HEALER_LOG_VERBOSITY": "10"}},
 		"anchors and aliases":                 {file: "timeouts:\n  probe: &t 30s\n  heal: *t\n"},
+		"timeouts that fill the lease":        {file: "leaderElection:\n  leaseDuration: 15s\n  renewDeadline: 10s\n  retryPeriod: 2s\n  callMargin: 1s\ntimeouts:\n  probe: 12s\n  heal: 12s\n"},
+		"long heals without leader election":  {file: "leaderElection:\n  enabled: false\n  leaseDuration: 1500ms\n  renewDeadline: 1s\n  retryPeriod: 500ms\ntimeouts:\n  heal: 10m\n"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -584,7 +608,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 		Kubeconfig: "/home/op/.kube/config",
 		LeaderElection: LeaderElection{
 			Enabled: false, Namespace: "ops", LeaseName: "healer.lease",
-			LeaseDuration: time.Minute, RenewDeadline: 45 * time.Second, RetryPeriod: 1500 * time.Millisecond,
+			LeaseDuration: time.Minute, RenewDeadline: 45 * time.Second, RetryPeriod: 1500 * time.Millisecond, CallMargin: 750 * time.Millisecond,
 		},
 		Metrics: Metrics{BindAddress: "0"},
 		Health:  Health{BindAddress: "[::1]:9443"},

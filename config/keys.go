@@ -59,8 +59,8 @@ var settings = []setting{
 	{
 		path:    "leaderElection.leaseDuration",
 		field:   func(c *Config) any { return &c.LeaderElection.LeaseDuration },
-		help:    "How long other replicas wait after the leader's last renewal before taking over.",
-		allowed: "a duration > 0 and > leaderElection.renewDeadline",
+		help:    "How long other replicas wait after the leader's last renewal before taking over; every call of the leader to a sidecar ends leaderElection.callMargin before then.",
+		allowed: "a duration > 0 and > leaderElection.renewDeadline; whole seconds when leader election is enabled",
 	},
 	{
 		path:    "leaderElection.renewDeadline",
@@ -73,6 +73,12 @@ var settings = []setting{
 		field:   func(c *Config) any { return &c.LeaderElection.RetryPeriod },
 		help:    "Wait between attempts to acquire or renew the Lease.",
 		allowed: "a duration > 0 and < leaderElection.renewDeadline",
+	},
+	{
+		path:    "leaderElection.callMargin",
+		field:   func(c *Config) any { return &c.LeaderElection.CallMargin },
+		help:    "How long before another replica could take the Lease over every call of the leader must have ended: covers clocks running at slightly different rates, the network delay of a call's deadline to the sidecar and driver, and the time they take to stop.",
+		allowed: "a duration > 0 and < leaderElection.leaseDuration - leaderElection.retryPeriod",
 	},
 	{
 		path:    "metrics.bindAddress",
@@ -156,13 +162,13 @@ var settings = []setting{
 		path:    "timeouts.probe",
 		field:   func(c *Config) any { return &c.Timeouts.Probe },
 		help:    "Deadline of one probe call to a sidecar.",
-		allowed: "a duration > 0",
+		allowed: "a duration > 0; with leader election enabled, at most leaderElection.leaseDuration - leaderElection.retryPeriod - leaderElection.callMargin",
 	},
 	{
 		path:    "timeouts.heal",
 		field:   func(c *Config) any { return &c.Timeouts.Heal },
 		help:    "Deadline of one heal call to a sidecar.",
-		allowed: "a duration > 0",
+		allowed: "a duration > 0; with leader election enabled, at most leaderElection.leaseDuration - leaderElection.retryPeriod - leaderElection.callMargin",
 	},
 	{
 		path:    "backoff.base",

@@ -99,9 +99,28 @@ func (c *Config) validate() []issue {
 			fmt.Sprintf("must be less than leaderElection.renewDeadline (%s), or the leader gets no second try to renew", formatDuration(le.RenewDeadline)),
 			"leaderElection.renewDeadline")
 	}
+	v.positive("leaderElection.callMargin", le.CallMargin)
+	// callTime is the least time a call has before another replica could take the Lease over: a
+	// call starts at most a retry period after the last renewal, and must end the margin before
+	// the Lease's duration from it has passed. Zero: not known, or nothing.
+	var callTime time.Duration
 	if le.Enabled {
 		v.dnsLabel("leaderElection.namespace", le.Namespace)
 		v.dnsSubdomain("leaderElection.leaseName", le.LeaseName)
+		if le.LeaseDuration > 0 && le.LeaseDuration%time.Second != 0 {
+			v.add("leaderElection.leaseDuration", formatDuration(le.LeaseDuration),
+				"must be whole seconds, such as 60s, with leader election enabled: the Lease records its duration in seconds, and the other replicas wait that long",
+				"leaderElection.enabled")
+		}
+		if le.LeaseDuration > 0 && le.RetryPeriod > 0 && le.CallMargin > 0 {
+			callTime = le.LeaseDuration.Truncate(time.Second) - le.RetryPeriod - le.CallMargin
+			if callTime <= 0 {
+				v.add("leaderElection.callMargin", formatDuration(le.CallMargin),
+					fmt.Sprintf("must be less than leaderElection.leaseDuration (%s) - leaderElection.retryPeriod (%s), or no call to a sidecar has any time",
+						formatDuration(le.LeaseDuration), formatDuration(le.RetryPeriod)),
+					"leaderElection.enabled", "leaderElection.leaseDuration", "leaderElection.retryPeriod")
+			}
+		}
 	}
 
 	if c.Metrics.BindAddress != "0" {
@@ -153,6 +172,18 @@ func (c *Config) validate() []issue {
 
 	v.positive("timeouts.probe", c.Timeouts.Probe)
 	v.positive("timeouts.heal", c.Timeouts.Heal)
+	for _, t := range []struct {
+		key     string
+		timeout time.Duration
+	}{{"timeouts.probe", c.Timeouts.Probe}, {"timeouts.heal", c.Timeouts.Heal}} {
+		if callTime > 0 && t.timeout > callTime {
+			v.add(t.key, formatDuration(t.timeout), fmt.Sprintf(
+				"must be at most %s with leader election enabled: leaderElection.leaseDuration (%s) - leaderElection.retryPeriod (%s) - leaderElection.callMargin (%s), "+
+					"the least time the leader is sure to hold the Lease when a call starts, and every call ends by then; lower %s, or raise leaderElection.leaseDuration (docs/operations.md)",
+				formatDuration(callTime), formatDuration(le.LeaseDuration), formatDuration(le.RetryPeriod), formatDuration(le.CallMargin), t.key),
+				"leaderElection.enabled", "leaderElection.leaseDuration", "leaderElection.retryPeriod", "leaderElection.callMargin")
+		}
+	}
 
 	v.positive("backoff.base", c.Backoff.Base)
 	if c.Backoff.Base > 0 && c.Backoff.Max < c.Backoff.Base {

@@ -9,6 +9,7 @@ package probe
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -147,6 +148,13 @@ type Options struct {
 	CapabilityFailureTTL time.Duration
 	// Clock tells time for the token cache and the capability failures. Default real.
 	Clock clock.PassiveClock
+	// Guard, when set, is asked before every call, once the call's timeout is set: it returns
+	// the context the call runs under (a child of the one it is given, which may end sooner) and
+	// a function to call once the call has returned, or an error that refuses the call
+	// (ErrRefused). The controller guards its calls with its leader election Lease (package
+	// leader), so that no call outlives the time the controller is known to lead. Default nil:
+	// every call runs under the caller's context and its own timeout.
+	Guard func(ctx context.Context) (context.Context, func(), error)
 }
 
 func (o *Options) defaults() {
@@ -197,6 +205,21 @@ type capFailure struct {
 func New(opts Options) *Client {
 	opts.defaults()
 	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}, capErrs: map[capKey]capFailure{}}
+}
+
+// callContext bounds one call: by timeout, then by the Guard. end must be called once the call
+// has returned.
+func (c *Client) callContext(ctx context.Context, timeout time.Duration) (_ context.Context, end func(), _ error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	if c.opts.Guard == nil {
+		return ctx, cancel, nil
+	}
+	guarded, done, err := c.opts.Guard(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	return guarded, func() { done(); cancel() }, nil
 }
 
 // conn returns the pooled connection to endpoint, creating it on first use.
@@ -282,8 +305,8 @@ func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, err
 	}
 	caps, err := c.fetchCapabilities(ctx, t)
 	if err != nil {
-		// A call cut short by the caller's own context says nothing of the sidecar.
-		if ctx.Err() == nil {
+		// A call cut short by the caller's own context, or never made, says nothing of the sidecar.
+		if ctx.Err() == nil && !errors.Is(err, ErrRefused) {
 			c.mu.Lock()
 			c.capErrs[key] = capFailure{err: err, expires: c.opts.Clock.Now().Add(c.opts.CapabilityFailureTTL)}
 			c.mu.Unlock()
@@ -303,8 +326,11 @@ func (c *Client) fetchCapabilities(ctx context.Context, t Target) (*Capabilities
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
-	defer cancel()
+	ctx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, err)
+	}
+	defer end()
 	resp, err := client.GetHealerCapabilities(ctx, &healerv1alpha1.NodeGetHealerCapabilitiesRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, Classify(err))
@@ -333,8 +359,11 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
-	defer cancel()
+	ctx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, err)
+	}
+	defer end()
 	resp, err := client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv})
 	if err != nil {
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, Classify(err))
@@ -391,8 +420,11 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.HealTimeout)
-	defer cancel()
+	ctx, end, err := c.callContext(ctx, c.opts.HealTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
+	}
+	defer end()
 	resp, err := client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: pv})
 	if err != nil {
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, Classify(err))
@@ -417,9 +449,12 @@ func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, erro
 		if page > 10000 {
 			return nil, fmt.Errorf("%w: list of %s on node %s: more than 10000 pages", ErrMalformed, t.Driver, t.Node)
 		}
-		callCtx, cancel := context.WithTimeout(ctx, c.opts.ProbeTimeout)
+		callCtx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, err)
+		}
 		resp, err := client.ListStagedVolumes(callCtx, &healerv1alpha1.NodeListStagedVolumesRequest{StartingToken: token})
-		cancel()
+		end()
 		if err != nil {
 			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, Classify(err))
 		}

@@ -38,6 +38,8 @@ type fakeSidecar struct {
 	// capsHang holds each capabilities call this long, or until the caller gives up.
 	capsHang time.Duration
 	pages    map[string]*healerv1alpha1.NodeListStagedVolumesResponse
+	// deadlines holds, per call seen, the time its deadline left it when it arrived.
+	deadlines []time.Duration
 }
 
 func (f *fakeSidecar) seen(ctx context.Context) {
@@ -45,6 +47,11 @@ func (f *fakeSidecar) seen(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tokens = append(f.tokens, md.Get("authorization")...)
+	if deadline, ok := ctx.Deadline(); ok {
+		f.deadlines = append(f.deadlines, time.Until(deadline))
+	} else {
+		f.deadlines = append(f.deadlines, 0)
+	}
 }
 
 func (f *fakeSidecar) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
@@ -386,5 +393,114 @@ func TestTargetFor(t *testing.T) {
 				t.Fatalf("target = %+v, %v; want endpoint %s", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// guard is a Guard as the controller's leader election Lease is one: it lets calls run only until
+// a time, and counts them in and out.
+type guard struct {
+	mu       sync.Mutex
+	left     time.Duration
+	refuse   error
+	started  int
+	returned int
+}
+
+func (g *guard) guard(ctx context.Context) (context.Context, func(), error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refuse != nil {
+		return nil, nil, g.refuse
+	}
+	g.started++
+	ctx, cancel := context.WithTimeout(ctx, g.left)
+	return ctx, func() {
+		cancel()
+		g.mu.Lock()
+		g.returned++
+		g.mu.Unlock()
+	}, nil
+}
+
+// A Guard that ends calls sooner than their timeout cuts them at its time: the sidecar gets that
+// deadline with the call. Every call it let start is counted out when it returns.
+func TestGuardBoundsEveryCall(t *testing.T) {
+	f := &fakeSidecar{hang: time.Minute, probe: &healerv1alpha1.NodeProbeVolumeResponse{}, pages: map[string]*healerv1alpha1.NodeListStagedVolumesResponse{"": {}}}
+	target, _ := serve(t, f)
+	g := &guard{left: 300 * time.Millisecond}
+	c := New(Options{ProbeTimeout: time.Minute, HealTimeout: time.Minute, Guard: g.guard})
+	defer c.Close()
+	ctx := context.Background()
+
+	start := time.Now()
+	if _, err := c.Probe(ctx, target, "pvc-1"); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a probe of a hung volume: %v, want ErrTimeout at the Guard's time", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the probe took %s; the Guard gave it 300ms", took)
+	}
+	if _, err := c.Capabilities(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ListStaged(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Heal(ctx, target, "pvc-1"); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("heal: %v, want ErrUnsupported from the fake sidecar", err)
+	}
+	f.mu.Lock()
+	deadlines := append([]time.Duration(nil), f.deadlines...)
+	f.mu.Unlock()
+	if len(deadlines) != 3 {
+		t.Fatalf("the sidecar saw %d calls with a handler, want 3", len(deadlines))
+	}
+	for i, d := range deadlines {
+		if d <= 0 || d > 300*time.Millisecond {
+			t.Errorf("call %d reached the sidecar with %s left, want at most the Guard's 300ms", i, d)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.started != 4 || g.returned != 4 {
+		t.Errorf("the Guard let %d calls start and saw %d return, want 4 and 4", g.started, g.returned)
+	}
+}
+
+// A call the Guard refuses is not made, and a refused capabilities call is not remembered as the
+// sidecar's failure.
+func TestGuardRefusesCalls(t *testing.T) {
+	f := &fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{}}
+	target, _ := serve(t, f)
+	g := &guard{left: time.Minute, refuse: errors.New("not the leader")}
+	c := New(Options{Guard: g.guard})
+	defer c.Close()
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"probe":        func() error { _, err := c.Probe(ctx, target, "pvc-1"); return err },
+		"heal":         func() error { _, err := c.Heal(ctx, target, "pvc-1"); return err },
+		"capabilities": func() error { _, err := c.Capabilities(ctx, target); return err },
+		"list":         func() error { _, err := c.ListStaged(ctx, target); return err },
+	}
+	for name, call := range calls {
+		err := call()
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "not the leader") || !strings.Contains(err.Error(), "node-a") {
+			t.Errorf("%s: %v, want ErrRefused with the Guard's reason and the node", name, err)
+		}
+		if !Retryable(err) {
+			t.Errorf("%s: a refused call is not retryable", name)
+		}
+	}
+	f.mu.Lock()
+	seen := len(f.deadlines) + f.capsCalls
+	f.mu.Unlock()
+	if seen != 0 {
+		t.Errorf("the sidecar saw %d calls the Guard refused", seen)
+	}
+
+	g.mu.Lock()
+	g.refuse = nil
+	g.mu.Unlock()
+	if _, err := c.Capabilities(ctx, target); err != nil {
+		t.Errorf("capabilities once the Guard lets calls start: %v; the refusal was remembered", err)
 	}
 }

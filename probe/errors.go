@@ -35,6 +35,9 @@ var (
 	ErrNoEndpoint = errors.New("no sidecar endpoint")
 	// ErrCall: any other failure of the call (INTERNAL, UNKNOWN, ...). Retry with backoff.
 	ErrCall = errors.New("call failed")
+	// ErrRefused: the client's Guard refused the call, which was not made: the controller does
+	// not hold its leader election Lease now. Retry once it does.
+	ErrRefused = errors.New("call refused before it was made")
 )
 
 // Classify wraps a gRPC error in the sentinel that says how to handle it. A nil error stays nil.

@@ -86,6 +86,20 @@ type Options struct {
 	Clock clock.WithTicker
 	// Metrics records budgets, queue and retries. Default: none.
 	Metrics *Metrics
+	// Lease, when set, holds calls to the time this replica is known to lead: no call starts once
+	// the time Lease.Until returns has passed (by Clock), and a call that fails then, perhaps
+	// only because the Lease ran out under it, is queued again without counting as an attempt, to
+	// start once the Lease is renewed or to end with ErrDispatcherStopped when the Dispatcher
+	// stops. Default nil: calls start whenever the budgets allow.
+	Lease Lease
+}
+
+// Lease tells until when this replica may make calls; the controller's leader election Lease
+// (package leader) is one.
+type Lease interface {
+	// Until returns the time by which every call must have ended, zero when none may start, and
+	// a channel that is closed when that changes.
+	Until() (time.Time, <-chan struct{})
 }
 
 // Defaults of Options.
@@ -345,6 +359,11 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		}
 	}()
 	for ctx.Err() == nil {
+		// Taken before dispatching, so that a renewal of the Lease from now on wakes the loop.
+		var leaseChanged <-chan struct{}
+		if d.opts.Lease != nil {
+			_, leaseChanged = d.opts.Lease.Until()
+		}
 		d.mu.Lock()
 		now := d.opts.Clock.Now()
 		d.promoteLocked(now)
@@ -375,6 +394,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.wake:
+		case <-leaseChanged:
 		case <-fire:
 			timer, timerAt = nil, time.Time{}
 		}
@@ -539,6 +559,11 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 	case errors.Is(err, ErrPermanent):
 	case !d.running:
 		result = fmt.Errorf("%w (not retried: %w)", err, errStopped)
+	case !d.leaseHeld(now):
+		// The Lease ran out during the call, which may have failed for that alone (its deadline
+		// came, or it was refused): that is no failed attempt on the volume.
+		final = false
+		d.log.V(2).Info("Call failed after the Lease ran out; queued until it is renewed", "pv", j.task.Volume, "driver", j.task.Driver, "node", j.task.Node, "err", err)
 	case errors.Is(err, ErrRetryLater):
 		j.busy++
 		vol.retryAt = now.Add(d.opts.BackoffBase)
@@ -674,6 +699,9 @@ func (d *Dispatcher) pushReadyLocked(j *job, since time.Time) {
 // node until it frees a slot, so the lanes behind it are reached.
 func (d *Dispatcher) dispatchLocked(now time.Time) []call {
 	var out []call
+	if !d.leaseHeld(now) {
+		return nil
+	}
 	for d.running && d.inFlight < d.opts.Global {
 		var best *lane
 		for _, ds := range d.driverList {
@@ -701,6 +729,15 @@ func (d *Dispatcher) dispatchLocked(now time.Time) []call {
 		d.laneChangedLocked(best)
 	}
 	return out
+}
+
+// leaseHeld reports whether calls may start at now: there is no Lease, or its time lies ahead.
+func (d *Dispatcher) leaseHeld(now time.Time) bool {
+	if d.opts.Lease == nil {
+		return true
+	}
+	until, _ := d.opts.Lease.Until()
+	return now.Before(until)
 }
 
 // startLocked counts a call of j against every budget and returns it for a goroutine to make.

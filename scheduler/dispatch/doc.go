@@ -1,8 +1,9 @@
 // Package dispatch runs tasks, one per volume and sweep, under budgets: a bound on calls in
 // flight globally, per driver and per node; at most one call per volume at any time, across
 // sweeps (a second task for a busy volume is merged into the queued one); restart sweeps before
-// manual before periodic ones; per-volume exponential backoff after failures; and a timeout on
-// every call. A DaemonSet rollout, where every node plugin restarts at once, becomes an orderly
+// manual before periodic ones; per-volume exponential backoff after failures; a timeout on every
+// call; and, given the leader election Lease, no call once the time this replica is known to lead
+// has passed. A DaemonSet rollout, where every node plugin restarts at once, becomes an orderly
 // queue instead of a heal storm.
 //
 // Files: dispatcher.go (the Dispatcher, its loop and the life of a call), queue.go (volume and

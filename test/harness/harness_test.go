@@ -2,6 +2,8 @@ package harness
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -109,4 +111,67 @@ func TestProcesses(t *testing.T) {
 		t.Errorf("LogTail(1) = %q, want the last line", got)
 	}
 	ps.KillAll() // nothing left: returns at once
+}
+
+// A Proxy relays until it is cut; a cut resets the connections in relay and refuses new ones
+// until Restore.
+func TestProxy(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	p, err := StartProxy(echo.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	roundTrip := func(c net.Conn) error {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return err
+		}
+		if string(buf) != "ping" {
+			return fmt.Errorf("read %q, want ping", buf)
+		}
+		return nil
+	}
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+
+	open := dial()
+	if err := roundTrip(open); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.Cut()
+	if err := roundTrip(open); err == nil {
+		t.Error("a connection in relay still worked after the cut")
+	}
+	if err := roundTrip(dial()); err == nil {
+		t.Error("a new connection worked while the proxy was cut")
+	}
+	p.Restore()
+	if err := roundTrip(dial()); err != nil {
+		t.Errorf("a new connection after Restore: %v", err)
+	}
 }

@@ -194,6 +194,10 @@ func (p *Process) KillGroup() error {
 // nothing answers. Stop and Kill end a paused process too.
 func (p *Process) Pause() error { return p.Signal(syscall.SIGSTOP) }
 
+// Resume lets a paused process run again (SIGCONT), as if it had never stopped: its timers fire
+// late, all at once.
+func (p *Process) Resume() error { return p.Signal(syscall.SIGCONT) }
+
 // ExitStatus describes how the process ended, or says that it runs.
 func (p *Process) ExitStatus() string {
 	if p.Running() {

@@ -27,7 +27,11 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 		"LEADER_ELECTION_LEASE_DURATION": "3s",
 		"LEADER_ELECTION_RENEW_DEADLINE": "2s",
 		"LEADER_ELECTION_RETRY_PERIOD":   "500ms",
-		"BUDGETS_PER_NODE":               "2",
+		"LEADER_ELECTION_CALL_MARGIN":    "500ms",
+		// At most the lease duration less the retry period and the margin.
+		"TIMEOUTS_PROBE":   "2s",
+		"TIMEOUTS_HEAL":    "2s",
+		"BUDGETS_PER_NODE": "2",
 	}
 	first := startController(t, "failover-a", settings)
 	// Only the leader sweeps: the first replica leads once the plugin's first start is swept.

@@ -8,6 +8,8 @@
 //   - events.go: informer events routed to the sidecar targets and the triggers;
 //   - sweeps.go: the runner that starts each sweep a trigger fires, once caches and policy are
 //     ready;
+//   - lease.go: the leader election Lease lock, wrapped in the leader.Lease that bounds every call
+//     to the sidecars;
 //   - sidecars.go: the client of the sidecars (TLS, token) from the configuration;
 //   - metrics.go: the /metrics server of the controller's own registry.
 //

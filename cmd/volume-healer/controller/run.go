@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/policy"
@@ -67,8 +68,21 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	schedMetrics := trigger.NewMetrics(reg)
 
+	clientset, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	// The policy source, the sweeper and the periodic trigger record core/v1 Events through a
+	// record.EventRecorder. The manager's GetEventRecorderFor is deprecated, so the controller runs
+	// the broadcaster behind it itself, and stops it after the manager, as the manager did.
+	broadcaster := record.NewBroadcaster(record.WithContext(context.WithoutCancel(ctx)))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")})
+	broadcaster.StartStructuredLogging(1)
+	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"})
+
 	grace := shutdownTimeout
-	mgr, err := ctrl.NewManager(restCfg, manager.Options{
+	mgrOpts := manager.Options{
 		Scheme: scheme,
 		Logger: logger,
 		// Metrics are served from the controller's own registry (metricsServer below).
@@ -82,7 +96,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		RetryPeriod:                   &cfg.LeaderElection.RetryPeriod,
 		LeaderElectionReleaseOnCancel: true,
 		GracefulShutdownTimeout:       &grace,
-	})
+	}
+	// With leader election, every call to a sidecar ends before another replica could take the
+	// Lease over, and the Lease is released only after the calls in flight returned
+	// (docs/operations.md, "Leader election and calls in flight").
+	var lease *leader.Lease
+	if cfg.LeaderElection.Enabled {
+		if lease, err = newLease(restCfg, cfg.LeaderElection, broadcaster, scheme); err != nil {
+			return err
+		}
+		mgrOpts.LeaderElectionResourceLockInterface = lease
+	}
+	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
@@ -95,18 +120,6 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		}
 	}
 
-	clientset, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	// The policy source, the sweeper and the periodic trigger record core/v1 Events through a
-	// record.EventRecorder. The manager's GetEventRecorderFor is deprecated, so the controller runs
-	// the broadcaster behind it itself, and stops it after the manager, as the manager did.
-	broadcaster := record.NewBroadcaster(record.WithContext(context.WithoutCancel(ctx)))
-	defer broadcaster.Shutdown()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")})
-	broadcaster.StartStructuredLogging(1)
-	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"})
 	// The controller reads the API through the one shared informer factory below; this client
 	// only writes (patches, and the CSIAddonsNode informer's list and watch), it has no cache.
 	apiClient, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
@@ -148,11 +161,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 
-	sidecars, err := sidecarClient(cfg)
-	if err != nil {
-		return err
-	}
-	dispatcher, err := dispatch.New(dispatch.Options{
+	dispatchOpts := dispatch.Options{
 		Global:      cfg.Budgets.Global,
 		PerDriver:   cfg.Budgets.PerDriver,
 		PerNode:     cfg.Budgets.PerNode,
@@ -161,7 +170,17 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		// A task is a probe, a heal and a confirming probe.
 		DefaultTimeout: 2*cfg.Timeouts.Probe + cfg.Timeouts.Heal,
 		Metrics:        dispatch.NewMetrics(reg),
-	})
+	}
+	var guard func(context.Context) (context.Context, func(), error)
+	if lease != nil {
+		dispatchOpts.Lease = lease
+		guard = lease.Guard
+	}
+	sidecars, err := sidecarClient(cfg, guard)
+	if err != nil {
+		return err
+	}
+	dispatcher, err := dispatch.New(dispatchOpts)
 	if err != nil {
 		return err
 	}
@@ -271,7 +290,18 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	}
 
 	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun)
-	return mgr.Start(ctx)
+	err = mgr.Start(ctx)
+	if lease != nil {
+		// Leadership is over, whether the process stops or the Lease was lost. When it was lost,
+		// the manager returns without waiting for the leader's parts: their calls to sidecars are
+		// cancelled here, and the process exits only once they have returned.
+		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		if endErr := lease.End(endCtx); endErr != nil {
+			logger.Error(endErr, "Exiting while calls to sidecars are in flight")
+		}
+		cancel()
+	}
+	return err
 }
 
 // informersSynced reports whether the shared informers have started and filled their caches.

@@ -57,6 +57,9 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 			"VOLUME_HEALER_LEADER_ELECTION_LEASE_DURATION": "4s",
 			"VOLUME_HEALER_LEADER_ELECTION_RENEW_DEADLINE": "3s",
 			"VOLUME_HEALER_LEADER_ELECTION_RETRY_PERIOD":   "500ms",
+			"VOLUME_HEALER_LEADER_ELECTION_CALL_MARGIN":    "500ms",
+			"VOLUME_HEALER_TIMEOUTS_PROBE":                 "2s",
+			"VOLUME_HEALER_TIMEOUTS_HEAL":                  "2s",
 		}[k]
 		return v, ok
 	})
@@ -75,6 +78,15 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 			}
 		case <-time.After(shutdownTimeout + 5*time.Second):
 			t.Error("Run did not return after its context ended")
+			return
+		}
+		// A controller that stops releases the Lease, so that another replica need not wait out
+		// its duration.
+		var lease coordinationv1.Lease
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "volume-healer", Name: "volume-healer"}, &lease); err != nil {
+			t.Error(err)
+		} else if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+			t.Errorf("the Lease still names holder %q after the controller stopped", *h)
 		}
 	}()
 

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -10,12 +11,14 @@ import (
 	"github.com/volume-healer/volume-healer/probe"
 )
 
-// sidecarClient builds the client of the sidecars from the configuration.
-func sidecarClient(cfg *config.Config) (*probe.Client, error) {
+// sidecarClient builds the client of the sidecars from the configuration; guard, when not nil,
+// bounds every call (probe.Options.Guard).
+func sidecarClient(cfg *config.Config, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, error) {
 	opts := probe.Options{
 		TokenFile:    cfg.Sidecar.Auth.TokenFile,
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
+		Guard:        guard,
 	}
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
