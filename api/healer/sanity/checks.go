@@ -675,8 +675,10 @@ func (r *runner) checkConcurrentCallsAborted(ctx context.Context) {
 	var healErr error
 	healTried := false
 	if r.advertises(healerv1alpha1.HealerCapability_RPC_HEAL) && r.healable && len(first) == 0 {
-		healTried = true
 		_, healErr = r.heal(ctx, r.volume, "")
+		// Only a heal that came back while the first call was still held proves anything: one
+		// that found the first call over (a slow machine) was free to run.
+		healTried = len(first) == 0 || status.Code(healErr) == codes.Aborted
 	}
 	a := <-first
 	if a.err == nil {
