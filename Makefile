@@ -59,19 +59,25 @@ generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alp
 DEMO_FLAGS ?=
 
 .PHONY: demo
-demo: build ## Run the demo: local control plane, simulated nodes, controller, a node plugin restart healed.
-	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer $(DEMO_FLAGS)
+demo: build ## Run the demo: local control plane, nodes with real FUSE mounts (simulated without root or /dev/fuse), controller, a node plugin killed and healed.
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver $(DEMO_FLAGS)
 
 .PHONY: demo-hold
 demo-hold: ## Run the demo and keep its cluster up afterwards to look with kubectl (make demo-down ends it).
 	$(MAKE) demo DEMO_FLAGS=--hold
 
 .PHONY: demo-down
-demo-down: ## Stop a demo that is still running and remove its state (.demo/).
-	@for f in .demo/demo.pid .demo/controller.pid; do \
-	  if [ -f $$f ]; then kill "$$(cat $$f)" 2>/dev/null || true; fi; \
+demo-down: ## Stop a demo that is still running, unmount what it left and remove its state (.demo/).
+	@if [ -f .demo/demo.pid ] && kill "$$(cat .demo/demo.pid)" 2>/dev/null; then \
+	  for i in $$(seq 60); do kill -0 "$$(cat .demo/demo.pid)" 2>/dev/null || break; sleep 1; done; \
+	fi
+	@if [ -f .demo/controller.pid ]; then kill "$$(cat .demo/controller.pid)" 2>/dev/null || true; fi
+	@# A demo killed without its cleanups leaves its mounts (deepest first; stacked ones take rounds).
+	@for i in 1 2 3 4 5; do \
+	  mounts="$$(awk -v d="$(CURDIR)/.demo" '$$5 == d || index($$5, d "/") == 1 { print $$5 }' /proc/self/mountinfo | sort -r)"; \
+	  [ -n "$$mounts" ] || break; \
+	  for m in $$mounts; do umount -l "$$m" 2>/dev/null || true; done; \
 	done
-	@sleep 2
 	rm -rf .demo
 
 .PHONY: bench

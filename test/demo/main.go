@@ -1,11 +1,22 @@
 // Command healer-demo shows volume-healer at work on one machine: a real kube-apiserver and etcd,
-// a few simulated nodes each with the reference driver behind a real healer sidecar, and the
-// controller as its own process. It breaks volumes, restarts one node plugin, and shows the
-// restart sweep probe and heal them, then a periodic sweep. It exits 0 only when every healable
-// broken volume was healed. The cluster, the node plugins and the controller process come from
-// test/harness; this program owns the story and what it prints.
+// a few nodes each with the reference driver behind a real healer sidecar, and the controller as
+// its own process. It breaks volumes, restarts one node plugin, and shows the restart sweep probe
+// and heal them, then a periodic sweep. It exits 0 only when every promise held: every healable
+// broken volume healed, and what cannot be healed reported. The cluster, the node plugins and the
+// controller process come from test/harness; this program owns the story and what it prints.
 //
-//	go run ./test/demo [--nodes 3] [--volumes 40] [--controller bin/volume-healer] [--hold]
+//	go run ./test/demo [--mode auto|real|simulated] [--nodes N] [--volumes N] [--hold]
+//
+// It runs in one of two modes:
+//
+//   - real (auto's choice where the machine allows: root and /dev/fuse): every node is a kubelet
+//     stand-in, the reference driver as a real CSI node plugin whose volumes are FUSE mounts
+//     served by mounter processes in its process group, and the sidecar. Volumes are provisioned
+//     through CSI, staged and published for one pod each, and used by a workload stand-in in a
+//     mount namespace of its own. The node plugin is killed for real, its mounts answer ENOTCONN,
+//     and the demo measures how long the workloads were without their volumes.
+//   - simulated: the reference driver keeps its volumes as records and nothing is mounted, so
+//     that many nodes and volumes fit one machine.
 //
 // Like every suite, it reaches the product through test/harness and the binaries it builds.
 package main
@@ -20,18 +31,15 @@ import (
 	"time"
 )
 
-const (
-	driverName      = "rbd.csi.ceph.com"
-	pluginNamespace = "csi-rbd"
-	appNamespace    = "shop"
-)
-
 func main() {
 	opts := options{}
-	flag.IntVar(&opts.nodes, "nodes", 3, "simulated nodes, each with a node plugin (driver and sidecar)")
-	flag.IntVar(&opts.volumes, "volumes", 80, "volumes per node")
+	flag.StringVar(&opts.mode, "mode", modeAuto, "real: real FUSE mounts, killed and healed (needs root and /dev/fuse); simulated: volumes are records; auto: real where the machine allows")
+	flag.IntVar(&opts.nodes, "nodes", 0, "nodes, each with a node plugin (driver and sidecar) (default: 2 real, 3 simulated)")
+	flag.IntVar(&opts.volumes, "volumes", 0, "volumes per node (default: 8 real, 80 simulated)")
 	flag.StringVar(&opts.controller, "controller", "bin/volume-healer", "the controller binary to run")
+	flag.StringVar(&opts.refdriver, "refdriver", "bin/refdriver", "real mode: the reference driver binary each node plugin runs")
 	flag.StringVar(&opts.dir, "dir", ".demo", "folder for the demo's state, logs and kubeconfig")
+	flag.StringVar(&opts.schedule, "schedule", "@every 10s", "the periodic schedule the demo sets on a StorageClass")
 	flag.BoolVar(&opts.hold, "hold", false, "keep the cluster running after the summary until Ctrl-C, to look with kubectl")
 	flag.DurationVar(&opts.timeout, "timeout", 5*time.Minute, "give up when the volumes are not healed by then")
 	flag.Parse()
@@ -44,9 +52,23 @@ func main() {
 	}
 }
 
+// The modes of --mode.
+const (
+	modeAuto      = "auto"
+	modeReal      = "real"
+	modeSimulated = "simulated"
+)
+
 type options struct {
-	nodes, volumes  int
-	controller, dir string
-	hold            bool
-	timeout         time.Duration
+	// mode is modeAuto, modeReal or modeSimulated.
+	mode string
+	// nodes and volumes (per node) are 0 for the mode's default.
+	nodes, volumes int
+	// controller and refdriver are the binaries run as processes; refdriver only in real mode.
+	controller, refdriver string
+	dir                   string
+	// schedule is the periodic schedule set on a StorageClass.
+	schedule string
+	hold     bool
+	timeout  time.Duration
 }

@@ -2,182 +2,193 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
+// appNamespace holds the claims in both modes.
+const appNamespace = "shop"
+
+// inProcessLog is the file, in the demo's folder, that the parts running in this process (the
+// sidecars, the API clients) log to, so that their lines do not cut into the tables.
+const inProcessLog = "demo-process.log"
+
 func run(ctx context.Context, o options) error {
-	if err := os.RemoveAll(o.dir); err != nil {
+	mode, err := resolveMode(o.mode)
+	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+	setDefaults(&o, mode)
+	if err := o.validate(mode); err != nil {
 		return err
 	}
 	dir, err := filepath.Abs(o.dir)
 	if err != nil {
 		return err
 	}
+	if err := earlierDemo(dir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	// make demo-down stops a demo held open (or left behind) through these.
 	if err := os.WriteFile(filepath.Join(dir, "demo.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
 		return err
 	}
+	restore, err := logToFile(filepath.Join(dir, inProcessLog))
+	if err != nil {
+		return err
+	}
+	defer restore()
 	// The harness's cluster helpers fail a test; under RunScript they end the demo with an error.
 	// What the demo starts is stopped when it ends, last started first.
-	return harness.RunScript(ctx, "demo", func(s *harness.Script) error { return demo(s, dir, o) })
+	return harness.RunScript(ctx, "demo", func(s *harness.Script) error {
+		if mode == modeReal {
+			return realDemo(s, dir, o)
+		}
+		return simulatedDemo(s, dir, o)
+	})
 }
 
-func demo(s *harness.Script, dir string, o options) error {
-	ctx := s.Context()
-	step("Starting a local control plane (kube-apiserver and etcd)")
-	cluster, err := harness.StartCluster(ctx, harness.ClusterOptions{Dir: dir})
-	if err != nil {
-		return err
-	}
-	s.Cleanup(func() { _ = cluster.Stop() })
-	fmt.Printf("  kubeconfig: %s   (kubectl --kubeconfig %s get pvc -A)\n", cluster.Kubeconfig, cluster.Kubeconfig)
-
-	vols, plugins, err := setUp(s, cluster, dir, o)
-	if err != nil {
-		return err
-	}
-
-	step("Starting the controller (%s)", o.controller)
-	ctrl, err := startController(cluster, dir, o.controller)
-	if err != nil {
-		return err
-	}
-	s.Cleanup(func() { _ = ctrl.Stop(40 * time.Second) })
-	events := newEventPrinter(cluster.Clientset)
-	if err := harness.WaitFor(ctx, time.Minute, "the first restart sweeps (the plugins' first start)", func() (bool, string) {
-		return allHandled(ctx, cluster.Client)
-	}); err != nil {
-		return fmt.Errorf("%w (controller log: %s)", err, ctrl.LogPath)
-	}
-	fmt.Printf("  every node plugin's first start swept: %d volumes healthy\n", len(vols))
-	events.skipExisting(ctx)
-
-	// The node plugin on the second node restarts (an upgrade, an OOM kill): its rbd-nbd mounters
-	// die with it, so those volumes go dead under their pods; krbd volumes live in the kernel and
-	// survive. One volume had lost its data already.
-	victim := plugins[len(plugins)/2]
-	var broken, lost []*harness.Volume
-	for _, v := range vols {
-		if v.Node != victim.Node() {
-			continue
-		}
-		switch {
-		case v.Mounter == "rbd-nbd" && len(lost) == 0:
-			lost = append(lost, v)
-		case v.Mounter == "rbd-nbd":
-			broken = append(broken, v)
+// earlierDemo fails when a demo still runs in dir, or one killed without its cleanups left mounts
+// there: removing the folder would fail on a dead mount, and remove a volume's data through a
+// live one.
+func earlierDemo(dir string) error {
+	if b, err := os.ReadFile(filepath.Join(dir, "demo.pid")); err == nil {
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && pid != os.Getpid() && strings.Contains(string(cmd), "demo") {
+			return fmt.Errorf("a demo still runs in %s (pid %d); `make demo-down` ends it", dir, pid)
 		}
 	}
-	step("Restarting the node plugin on %s: its %d rbd-nbd mounters die with it, one volume has lost its data", victim.Node(), len(broken)+len(lost))
-	if err := victim.Stop(); err != nil {
-		return err
-	}
-	for _, v := range broken {
-		v.SetCondition(s, driver.Gone, 0)
-	}
-	lost[0].SetCondition(s, driver.Lost, 0)
-	restartedAt := time.Now()
-	if err := victim.Start(ctx); err != nil {
-		return err
-	}
-
-	healed := func() bool { return countCondition(ctx, broken, driver.Healthy) == len(broken) }
-	err = watch(ctx, o.timeout, plugins, vols, events, healed)
-	healTime := time.Since(restartedAt)
-	if err != nil {
-		return fmt.Errorf("restart sweep: %w (controller log: %s)", err, ctrl.LogPath)
-	}
-	fmt.Printf("  restart to last heal: %s\n", healTime.Round(10*time.Millisecond))
-
-	// A periodic sweep finds what no restart announced: a mount on another node turned read-only.
-	other := plugins[0]
-	var degraded []*harness.Volume
-	for _, v := range vols {
-		if v.Node == other.Node() && v.Mounter == "rbd-nbd" {
-			degraded = append(degraded, v)
-			break
-		}
-	}
-	step("A mount on %s turns read-only; StorageClass %s gets a periodic schedule of @every 10s", other.Node(), degraded[0].StorageClass)
-	degraded[0].SetCondition(s, driver.ReadOnly, 0)
-	var sc storagev1.StorageClass
-	if err := cluster.Client.Get(ctx, client.ObjectKey{Name: degraded[0].StorageClass}, &sc); err != nil {
-		return err
-	}
-	sc.Annotations = map[string]string{annotations.Schedule: "@every 10s"}
-	if err := cluster.Client.Update(ctx, &sc); err != nil {
-		return err
-	}
-	if err := watch(ctx, o.timeout, plugins, vols, events, func() bool {
-		return countCondition(ctx, degraded, driver.Healthy) == 1
-	}); err != nil {
-		return fmt.Errorf("periodic sweep: %w (controller log: %s)", err, ctrl.LogPath)
-	}
-
-	summary(ctx, plugins, vols, broken, lost, degraded, healTime)
-	if o.hold {
-		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
-		<-ctx.Done()
+	if mounts := mountsUnder(dir); len(mounts) > 0 {
+		return fmt.Errorf("an earlier demo left %d mounts under %s (%s); `make demo-down` removes them", len(mounts), dir, mounts[0])
 	}
 	return nil
 }
 
-func step(format string, args ...any) {
-	fmt.Printf("\n==> "+format+"\n", args...)
+// mountsUnder lists the mount points at or below dir in this process's mount namespace.
+func mountsUnder(dir string) []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// The fifth field is the mount point.
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
 }
 
-// setUp creates the cluster objects and starts the node plugins: on each node, every fourth volume
-// is krbd, the others rbd-nbd.
-func setUp(s *harness.Script, cluster *harness.Cluster, dir string, o options) ([]*harness.Volume, []*harness.Plugin, error) {
-	step("Creating %d nodes, %d volumes each (rbd-nbd and krbd), with their PVs, PVCs and VolumeAttachments", o.nodes, o.volumes)
-	f := harness.NewFixture(s, cluster.Env, harness.FixtureOptions{Name: "demo", Driver: driverName, PluginNamespace: pluginNamespace, AppNamespace: appNamespace})
-	nbd := f.StorageClass("ceph-rbd-nbd", "rbd-nbd", nil)
-	krbd := f.StorageClass("ceph-rbd", "", nil)
-	var vols []*harness.Volume
-	var plugins []*harness.Plugin
-	for n := 1; n <= o.nodes; n++ {
-		node := fmt.Sprintf("node-%d", n)
-		f.CreateNode(node)
-		p, err := harness.NewPlugin(harness.PluginOptions{
-			Node: node, Driver: f.Driver, Namespace: f.PluginNS, Kube: cluster.Config,
-			Dir: filepath.Join(dir, node), KeepPort: true,
-		})
-		if err != nil {
-			return nil, nil, err
+// resolveMode turns --mode into modeReal or modeSimulated, and says why when auto cannot have
+// real mounts.
+func resolveMode(mode string) (string, error) {
+	why := harness.RealMountsUnavailable()
+	switch mode {
+	case modeReal:
+		if why != "" {
+			return "", fmt.Errorf("--mode real: %s; run the demo as root on a machine with /dev/fuse, or use --mode simulated", why)
 		}
-		s.Cleanup(func() { _ = p.Close() })
-		plugins = append(plugins, p)
-		nodeVols := f.NewVolumes(node, p.Control(), nbd, "rbd-nbd", node, o.volumes-o.volumes/4)
-		nodeVols = append(nodeVols, f.NewVolumes(node, p.Control(), krbd, "krbd", node+"-krbd", o.volumes/4)...)
-		p.AddVolumes(harness.Specs(nodeVols)...)
-		vols = append(vols, nodeVols...)
+		return modeReal, nil
+	case modeSimulated:
+		return modeSimulated, nil
+	case modeAuto, "":
+		if why != "" {
+			fmt.Printf("Real mounts are not possible on this machine: %s.\n", why)
+			fmt.Println("Running the simulated story instead: the reference driver keeps its volumes as records and nothing is mounted.")
+			return modeSimulated, nil
+		}
+		return modeReal, nil
 	}
-	f.CreateVolumes(vols, true)
-	for _, p := range plugins {
-		if err := p.Start(s.Context()); err != nil {
-			return nil, nil, fmt.Errorf("node plugin on %s: %w", p.Node(), err)
+	return "", fmt.Errorf("--mode %q: want auto, real or simulated", mode)
+}
+
+// setDefaults fills in the mode's size: a real node runs a mounter and a workload process per
+// volume, so a real demo is smaller.
+func setDefaults(o *options, mode string) {
+	nodes, volumes := 3, 80
+	if mode == modeReal {
+		nodes, volumes = 2, 8
+	}
+	if o.nodes == 0 {
+		o.nodes = nodes
+	}
+	if o.volumes == 0 {
+		o.volumes = volumes
+	}
+	if o.schedule == "" {
+		o.schedule = "@every 10s"
+	}
+	if o.timeout == 0 {
+		o.timeout = 5 * time.Minute
+	}
+}
+
+func (o options) validate(mode string) error {
+	if mode == modeReal {
+		// The restarted node needs a lost volume, one whose pod cannot see a heal and one that
+		// heals; the other node a read-only mount and a frozen mounter.
+		if o.nodes < 2 || o.volumes < 3 {
+			return fmt.Errorf("--nodes %d --volumes %d: the real story needs at least 2 nodes of 3 volumes each", o.nodes, o.volumes)
+		}
+		return nil
+	}
+	// The restarted node needs a lost volume and a broken one, every fourth volume is krbd.
+	if o.nodes < 1 || o.volumes < 3 {
+		return fmt.Errorf("--nodes %d --volumes %d: the simulated story needs at least 1 node of 3 volumes", o.nodes, o.volumes)
+	}
+	return nil
+}
+
+// logToFile sends klog's output, which the sidecars and the API clients of this process use,
+// to file and nothing of it to standard error; restore sends it back to standard error.
+func logToFile(file string) (restore func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	flags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(flags)
+	set := func(values map[string]string) {
+		for name, value := range values {
+			// The names and values are klog's own and valid.
+			_ = flags.Set(name, value)
 		}
 	}
-	return vols, plugins, nil
+	// one_output: each line once, not once per severity at or below its own.
+	set(map[string]string{"logtostderr": "false", "stderrthreshold": "FATAL", "one_output": "true"})
+	klog.SetOutput(f)
+	return func() {
+		klog.Flush()
+		set(map[string]string{"logtostderr": "true", "stderrthreshold": "ERROR", "one_output": "false"})
+		klog.SetOutput(os.Stderr)
+		_ = f.Close()
+	}, nil
+}
+
+func step(format string, args ...any) {
+	fmt.Printf("\n==> "+format+"\n", args...)
 }
 
 // startController starts the controller as its own process, with settings that make a short
@@ -212,86 +223,23 @@ func allHandled(ctx context.Context, c client.Client) (bool, string) {
 	return seen > 0 && len(pending) == 0, fmt.Sprintf("%d of %d restarts not swept yet", len(pending), seen)
 }
 
-// watch prints progress, a table of volumes by state and new Events until done says so.
-func watch(ctx context.Context, timeout time.Duration, plugins []*harness.Plugin, vols []*harness.Volume, events *eventPrinter, done func() bool) error {
-	last := ""
-	return harness.WaitFor(ctx, timeout, "the broken volumes to heal", func() (bool, string) {
-		events.print(ctx)
-		// The table is printed when a count changes, with the time of the change.
-		table := stateTable(plugins, vols)
-		if table != last {
-			fmt.Printf("  %s\n%s", time.Now().Format("15:04:05.000"), table)
-			last = table
-		}
-		return done(), "not yet"
-	})
-}
-
-func stateTable(plugins []*harness.Plugin, vols []*harness.Volume) string {
-	var b strings.Builder
-	w := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "  \tNODE\tHEALTHY\tGONE\tREADONLY\tLOST\tPROBES\tHEALS\n")
-	for _, p := range plugins {
-		counts := map[driver.Condition]int{}
-		for _, v := range vols {
-			if v.Node != p.Node() {
-				continue
-			}
-			if vol, err := p.Driver().Volume(v.Handle); err == nil {
-				counts[vol.Condition]++
-			}
-		}
-		c := p.Driver().Counters()
-		fmt.Fprintf(w, "  \t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Node(), counts[driver.Healthy], counts[driver.Gone],
-			counts[driver.ReadOnly], counts[driver.Lost], c.Calls["ProbeVolume"], c.Calls["HealVolume"])
-	}
-	_ = w.Flush()
-	return b.String()
-}
-
-func countCondition(ctx context.Context, vols []*harness.Volume, cond driver.Condition) int {
-	n := 0
-	for _, v := range vols {
-		if vol, err := v.Control.Volume(ctx, v.Handle); err == nil && vol.Condition == cond {
-			n++
-		}
-	}
-	return n
-}
-
-func summary(ctx context.Context, plugins []*harness.Plugin, vols, broken, lost, degraded []*harness.Volume, healTime time.Duration) {
-	step("Summary")
-	var probes, heals, maxPerVolume int64
-	for _, p := range plugins {
-		c := p.Driver().Counters()
-		probes += c.Calls["ProbeVolume"]
-		heals += c.Calls["HealVolume"]
-		for _, m := range c.MaxConcurrentPerVolume {
-			maxPerVolume = max(maxPerVolume, m)
-		}
-	}
-	healthy := countCondition(ctx, vols, driver.Healthy)
-	fmt.Printf("  volumes: %d (%d healthy now)\n", len(vols), healthy)
-	fmt.Printf("  broken by the restart: %d, healed: %d\n", len(broken), countCondition(ctx, broken, driver.Healthy))
-	fmt.Printf("  read-only found by the periodic sweep: %d, healed: %d\n", len(degraded), countCondition(ctx, degraded, driver.Healthy))
-	fmt.Printf("  data loss: %d, left for a human (Event VolumeDataLoss on the PVC)\n", countCondition(ctx, lost, driver.Lost))
-	fmt.Printf("  probe calls: %d, heal calls: %d, most calls on one volume at once: %d\n", probes, heals, maxPerVolume)
-	fmt.Printf("  time from the node plugin restart to its last heal: %s\n", healTime.Round(10*time.Millisecond))
-}
+// errPromise marks a promise of the story that did not hold: the demo then exits non-zero.
+var errPromise = errors.New("the demo's promises did not hold")
 
 // eventPrinter prints Events of the demo's namespaces once each.
 type eventPrinter struct {
-	cs   kubernetes.Interface
-	seen map[string]bool
+	cs         kubernetes.Interface
+	namespaces []string
+	seen       map[string]bool
 }
 
-func newEventPrinter(cs kubernetes.Interface) *eventPrinter {
-	return &eventPrinter{cs: cs, seen: map[string]bool{}}
+func newEventPrinter(cs kubernetes.Interface, namespaces ...string) *eventPrinter {
+	return &eventPrinter{cs: cs, namespaces: namespaces, seen: map[string]bool{}}
 }
 
 func (e *eventPrinter) list(ctx context.Context) []corev1.Event {
 	var out []corev1.Event
-	for _, ns := range []string{appNamespace, pluginNamespace} {
+	for _, ns := range e.namespaces {
 		list, err := e.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			continue
