@@ -170,7 +170,9 @@ func (c *Checker) statFinding(ctx context.Context, key, path string) (f Finding,
 		return Finding{}, true
 	case errors.Is(err, fs.ErrNotExist):
 		return inaccessible(ReasonMountGone, "%s does not exist", path)
-	case mount.IsCorruptedMnt(err):
+	// ECONNABORTED is what a FUSE request gets when its connection is aborted under it: the
+	// mounter died while the request waited, and the next one gets ENOTCONN.
+	case mount.IsCorruptedMnt(err) || errors.Is(err, unix.ECONNABORTED):
 		op, cause := "stat", err
 		var pe *fs.PathError
 		if errors.As(err, &pe) {

@@ -17,7 +17,8 @@ const (
 	ReasonMountGone = "MountGone"
 	// ReasonMountDisconnected (INACCESSIBLE): the mount is there but every access fails with a
 	// corrupted-mount error, as k8s.io/mount-utils' IsCorruptedMnt defines it (ENOTCONN, ESTALE, EIO,
-	// EACCES, EHOSTDOWN, EWOULDBLOCK, ENODEV): its mounter died.
+	// EACCES, EHOSTDOWN, EWOULDBLOCK, ENODEV), or ECONNABORTED (a FUSE request whose connection was
+	// aborted under it): its mounter died.
 	ReasonMountDisconnected = "MountDisconnected"
 	// ReasonMountHung (INACCESSIBLE): a stat of the path did not return before the deadline: the
 	// mounter is alive but does not answer.

@@ -2,11 +2,13 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -182,12 +184,59 @@ func (p *Process) KillGroup() error {
 			return fmt.Errorf("%s: kill its process group: %w", p.Name, err)
 		}
 	}
+	deadline := time.After(30 * time.Second)
 	select {
 	case <-p.exited:
-		return nil
-	case <-time.After(30 * time.Second):
+	case <-deadline:
 		return fmt.Errorf("%s did not exit within 30s of SIGKILL", p.Name)
 	}
+	// The rest of the group dies too, but not at once: a FUSE mount answers ENOTCONN only once
+	// its mounter is gone, so the group is over when none of its processes runs any more.
+	for {
+		left := groupMembers(p.Pid())
+		if len(left) == 0 {
+			return nil
+		}
+		select {
+		case <-deadline:
+			return fmt.Errorf("%s: processes %v of its group still run 30s after SIGKILL", p.Name, left)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// groupMembers lists the processes of the process group pgid that have not ended (zombies, which
+// only wait to be reaped, have).
+func groupMembers(pgid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name (field 2) may hold spaces and parentheses: fields after it start
+		// after the last ')'. Then: state, ppid, pgrp.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(fields[2]); err == nil && g == pgid {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but
