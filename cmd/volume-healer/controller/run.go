@@ -33,6 +33,7 @@ import (
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -133,6 +134,30 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	})
 	if err != nil {
 		return err
+	}
+
+	// The admission webhook judges policy changes with the source's ConfigMaps, on every replica.
+	if cfg.Webhook.Enabled {
+		webhookMetrics, err := webhook.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		server, err := webhook.NewServer(webhook.Options{
+			Addr:     cfg.Webhook.BindAddress,
+			CertFile: cfg.Webhook.CertFile,
+			KeyFile:  cfg.Webhook.KeyFile,
+			Checker:  policySource,
+			Metrics:  webhookMetrics,
+		})
+		if err != nil {
+			return fmt.Errorf("webhook.certFile and webhook.keyFile: %w", err)
+		}
+		if err := mgr.Add(server); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("webhook", server.Ready); err != nil {
+			return err
+		}
 	}
 
 	// Every object the controller reads comes from one shared informer factory: the storage
@@ -270,7 +295,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		}
 	}
 
-	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun)
+	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled)
 	return mgr.Start(ctx)
 }
 
