@@ -89,7 +89,10 @@ func (s *Server) Start(ctx context.Context) error {
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       90 * time.Second,
+		// The API server sends a review at once and waits at most 30 seconds for the answer.
+		ReadTimeout:  30 * time.Second,
+		WriteTimeout: 45 * time.Second,
+		IdleTimeout:  90 * time.Second,
 		// Reviews carry the logger; a review in flight at shutdown finishes, uncancelled.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
