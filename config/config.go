@@ -30,6 +30,8 @@ type Config struct {
 	Health Health
 	// Policy says where policies come from and how long one evaluation may take.
 	Policy Policy
+	// Webhook configures the validating admission webhook of policy ConfigMaps.
+	Webhook Webhook
 	// Schedule configures periodic sweeps.
 	Schedule Schedule
 	// Restart configures sweeps triggered by a node plugin restart.
@@ -96,6 +98,22 @@ type Policy struct {
 	// EvaluationTimeout bounds one policy evaluation; a slower evaluation counts as a policy
 	// failure. Default 1s.
 	EvaluationTimeout time.Duration
+}
+
+// Webhook configures the validating admission webhook that refuses a policy ConfigMap the
+// controller would reject before it is stored. Every replica serves it over HTTPS; the
+// ValidatingWebhookConfiguration that sends it the policy ConfigMaps comes with deploy/.
+type Webhook struct {
+	// Enabled serves the webhook. Default false.
+	Enabled bool
+	// BindAddress is the host:port the webhook listens on. Default ":9443".
+	BindAddress string
+	// CertFile is the PEM serving certificate, read again when it changes. Required when
+	// Enabled. Default "".
+	CertFile string
+	// KeyFile is the PEM private key of CertFile, read again when it changes. Required when
+	// Enabled. Default "".
+	KeyFile string
 }
 
 // Schedule configures periodic sweeps. Specs use robfig/cron/v3's standard syntax: five fields
@@ -220,6 +238,7 @@ func Default() Config {
 			LabelSelector:     annotations.PolicySelector,
 			EvaluationTimeout: time.Second,
 		},
+		Webhook: Webhook{BindAddress: ":9443"},
 		Schedule: Schedule{
 			Default:        "0 */6 * * *",
 			StorageClasses: map[string]string{},

@@ -241,6 +241,18 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_POLICY_EVALUATION_TIMEOUT": "0"},
 			want: []string{"policy.evaluationTimeout (env VOLUME_HEALER_POLICY_EVALUATION_TIMEOUT): 0s is not allowed", "> 0"},
 		},
+		"webhook without certificate": {
+			env:  map[string]string{"VOLUME_HEALER_WEBHOOK_ENABLED": "true", "VOLUME_HEALER_WEBHOOK_KEY_FILE": "/etc/webhook/tls.key"},
+			want: []string{`webhook.certFile (default): "" is not allowed`, "must name the PEM serving certificate of the webhook when webhook.enabled is true"},
+		},
+		"webhook without key": {
+			file: "webhook:\n  enabled: true\n  certFile: /etc/webhook/tls.crt\n",
+			want: []string{`webhook.keyFile (default): "" is not allowed`, "must name the PEM private key"},
+		},
+		"webhook address without port": {
+			args: []string{"--webhook-enabled", "--webhook-bind-address=9443", "--webhook-cert-file=c", "--webhook-key-file=k"},
+			want: []string{`webhook.bindAddress (flag --webhook-bind-address): "9443" is not allowed`, "must be host:port"},
+		},
 		"default schedule not cron": {
 			file: "schedule:\n  default: every day\n",
 			want: []string{`schedule.default (file `, `"every day" is not allowed`, "must be a cron spec", "expected exactly 5 fields"},

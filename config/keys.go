@@ -111,6 +111,30 @@ var settings = []setting{
 		allowed: "a duration > 0",
 	},
 	{
+		path:    "webhook.enabled",
+		field:   func(c *Config) any { return &c.Webhook.Enabled },
+		help:    "Serve the validating admission webhook that refuses a policy ConfigMap the controller would reject before it is stored; every replica serves it, and deploy/ registers it.",
+		allowed: "true or false",
+	},
+	{
+		path:    "webhook.bindAddress",
+		field:   func(c *Config) any { return &c.Webhook.BindAddress },
+		help:    "Address the webhook's HTTPS endpoint listens on.",
+		allowed: "host:port with a port from 0 to 65535 (checked when webhook.enabled is true)",
+	},
+	{
+		path:    "webhook.certFile",
+		field:   func(c *Config) any { return &c.Webhook.CertFile },
+		help:    "PEM serving certificate of the webhook, for the name the API server calls it by; read again when it changes.",
+		allowed: "a path; required when webhook.enabled is true",
+	},
+	{
+		path:    "webhook.keyFile",
+		field:   func(c *Config) any { return &c.Webhook.KeyFile },
+		help:    "PEM private key of webhook.certFile; read again when it changes.",
+		allowed: "a path; required when webhook.enabled is true",
+	},
+	{
 		path:    "schedule.default",
 		field:   func(c *Config) any { return &c.Schedule.Default },
 		help:    "Cron schedule of periodic sweeps for StorageClasses without their own; empty means no periodic sweep for them.",

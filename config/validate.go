@@ -135,6 +135,16 @@ func (c *Config) validate() []issue {
 	}
 	v.positive("policy.evaluationTimeout", c.Policy.EvaluationTimeout)
 
+	if w := c.Webhook; w.Enabled {
+		v.hostPort("webhook.bindAddress", w.BindAddress, "")
+		if w.CertFile == "" {
+			v.add("webhook.certFile", `""`, "must name the PEM serving certificate of the webhook when webhook.enabled is true", "webhook.enabled")
+		}
+		if w.KeyFile == "" {
+			v.add("webhook.keyFile", `""`, "must name the PEM private key of the webhook's certificate when webhook.enabled is true", "webhook.enabled")
+		}
+	}
+
 	if c.Schedule.Default != "" {
 		if err := checkCron(c.Schedule.Default); err != nil {
 			v.add("schedule.default", strconv.Quote(c.Schedule.Default), cronForms+`, or "" for no default sweep: `+err.Error())

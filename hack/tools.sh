@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Makes the deployment tools available for the tests of deploy/ and for people, and the linter
-# for make lint.
+# Makes the deployment tools available for the tests of deploy/ and for people, the linter for
+# make lint, and kubectl for the end-to-end test of the policy webhook where none is installed.
 #
-#   hack/tools.sh                      build every tool that is missing, print one path per line
+#   hack/tools.sh                      build every tool but kubectl that is missing, print one path per line
 #   hack/tools.sh promtool helm        the same for the tools named, in that order
 #
 # Tools and where they come from (all built from the Go module proxy, at the versions pinned here,
@@ -12,9 +12,13 @@
 #   helm        helm.sh/helm/v3/cmd/helm                        HELM_VERSION        render the chart (helm template, helm lint)
 #   kustomize   sigs.k8s.io/kustomize/kustomize/v5              KUSTOMIZE_VERSION   render the kustomize base and overlays
 #   staticcheck honnef.co/go/tools/cmd/staticcheck              STATICCHECK_VERSION lint the Go code (make lint)
+#   kubectl     k8s.io/kubernetes/cmd/kubectl                   KUBECTL_VERSION     apply a policy through the webhook as an operator does (test/e2e)
 #
-# kubectl is not needed: the tests send the rendered manifests to the API server from Go. Where a
-# kubectl is installed, `kubectl kustomize` renders the same output as kustomize.
+# The deployment tests send the rendered manifests to the API server from Go; the end-to-end test
+# of the policy webhook runs kubectl, the one on the PATH when there is one, else this one. Where a
+# kubectl is installed, `kubectl kustomize` renders the same output as kustomize. kubectl is built
+# like hack/control-plane.sh builds kube-apiserver: k8s.io/kubernetes with every staging module
+# replaced by its published version (go install cannot, for the replace directives of its go.mod).
 #
 # The binaries land in .cache/bin/ (git ignored), each next to a stamp holding its version: a
 # second run finds both and returns at once. A first run takes several minutes on 2 cores.
@@ -25,6 +29,8 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-v5.8.2}"
 # Needs Go 1.26 or newer (its go.mod says go 1.26.0), as this project's go.mod does.
 STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
+# The control plane's version (hack/control-plane.sh), so that client and server agree.
+KUBECTL_VERSION="${KUBECTL_VERSION:-v1.37.2}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${root}/.cache/bin"
@@ -39,6 +45,7 @@ pkg_of() {
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
     kustomize) echo "sigs.k8s.io/kustomize/kustomize/v5" ;;
     staticcheck) echo "honnef.co/go/tools/cmd/staticcheck" ;;
+    kubectl) echo "k8s.io/kubernetes/cmd/kubectl" ;;
     *) return 1 ;;
   esac
 }
@@ -48,6 +55,7 @@ version_of() {
     helm) echo "${HELM_VERSION}" ;;
     kustomize) echo "${KUSTOMIZE_VERSION}" ;;
     staticcheck) echo "${STATICCHECK_VERSION}" ;;
+    kubectl) echo "${KUBECTL_VERSION}" ;;
   esac
 }
 ldflags_of() {
@@ -70,7 +78,34 @@ ldflags_of() {
     kustomize) echo "-X sigs.k8s.io/kustomize/api/provenance.version=${v}" ;;
     # staticcheck carries its version in its source.
     staticcheck) ;;
+    kubectl)
+      local minor="${v#v1.}"; minor="${minor%%.*}"
+      local pkg=k8s.io/component-base/version
+      echo "-X ${pkg}.gitVersion=${v} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}" ;;
   esac
+}
+
+# build_kubernetes_command builds a command of k8s.io/kubernetes at version into the folder work,
+# in a module of its own that requires k8s.io/kubernetes and replaces each of its staging modules
+# by the published version (v1.X.Y publishes them as v0.X.Y).
+build_kubernetes_command() {
+  local work="$1" pkg="$2" version="$3" ldflags="$4"
+  (
+    cd "${work}"
+    export GOFLAGS=-buildvcs=false
+    go mod init "build-$(basename "${pkg}")" >/dev/null 2>&1
+    local modfile staging="v0.${version#v1.}"
+    modfile="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
+    {
+      echo "require k8s.io/kubernetes ${version}"
+      echo "replace ("
+      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"${staging}"'#p' "${modfile}"
+      echo ")"
+    } >> go.mod
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "${pkg}" > tools.go
+    go mod tidy >/dev/null 2>&1 || true
+    CGO_ENABLED=0 go build -trimpath -o "${work}/$(basename "${pkg}")" -ldflags "-s -w ${ldflags}" "${pkg}" >&2
+  )
 }
 
 build() {
@@ -86,7 +121,13 @@ build() {
   # with the tool's own go.mod).
   local work
   work="$(mktemp -d "${bin}/.build-${tool}.XXXXXX")"
-  if ! (cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+  if [ "${tool}" = kubectl ]; then
+    if ! build_kubernetes_command "${work}" "${pkg}" "${version}" "$(ldflags_of "${tool}" "${version}")"; then
+      rm -rf "${work}"
+      log "building ${pkg}@${version} failed (the go output above says why)"
+      return 1
+    fi
+  elif ! (cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
     go install -trimpath -ldflags "-s -w $(ldflags_of "${tool}" "${version}")" "${pkg}@${version}" >&2); then
     rm -rf "${work}"
     log "building ${pkg}@${version} failed (the go output above says why)"
@@ -101,7 +142,7 @@ tools=("$@")
 [ "${#tools[@]}" -gt 0 ] || tools=(promtool helm kustomize staticcheck)
 for tool in "${tools[@]}"; do
   if ! pkg_of "${tool}" >/dev/null; then
-    log "unknown tool ${tool}; known: promtool helm kustomize staticcheck"
+    log "unknown tool ${tool}; known: promtool helm kustomize staticcheck kubectl"
     exit 2
   fi
 done

@@ -13,6 +13,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -63,6 +64,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_policy_revision_info":                            {dto.MetricType_GAUGE, []string{"revision"}},
 	"volume_healer_policy_memo_lookups_total":                       {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_policy_decisions_total":                          {dto.MetricType_COUNTER, []string{"action"}},
+	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
 }
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
@@ -96,13 +99,16 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 }
 
 // controllerMetrics registers the controller's instruments on reg as cmd/volume-healer wires
-// them, with the Sweeper as the collector of the unhealthy volumes. That gauge is computed from
+// them (the webhook's with webhook.enabled), with the Sweeper as the collector of the unhealthy volumes. That gauge is computed from
 // the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
 func controllerMetrics(reg prometheus.Registerer) error {
 	NewMetrics(reg)
 	trigger.NewMetrics(reg)
 	dispatch.NewMetrics(reg)
 	if _, err := policy.NewMetrics(reg); err != nil {
+		return err
+	}
+	if _, err := webhook.NewMetrics(reg); err != nil {
 		return err
 	}
 	s := &Sweeper{mem: newMemory()}

@@ -282,8 +282,7 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		case len(cms) > 0:
 			// Labelled ConfigMaps without Rego: a key removed or renamed by mistake must not turn
 			// a site policy into the built-in one.
-			err = &LoadError{Kind: KindNoModules, Err: fmt.Errorf(
-				"%d policy ConfigMap(s) carry the label but no data key ending in .rego; delete them (or remove the label) to serve the built-in policy", len(cms))}
+			err = noModulesError(len(cms))
 			s.engine.opts.Metrics.loadError(KindNoModules)
 		default:
 			rev, err = s.engine.LoadDefault(ctx)
@@ -326,6 +325,12 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// noModulesError rejects n labelled ConfigMaps none of which holds a data key ending in .rego.
+func noModulesError(n int) *LoadError {
+	return &LoadError{Kind: KindNoModules, Err: fmt.Errorf(
+		"%d policy ConfigMap(s) carry the label but no data key ending in .rego; delete them (or remove the label) to serve the built-in policy", n)}
 }
 
 // offending returns the ConfigMaps a rejection points at: those holding a file the error names, or

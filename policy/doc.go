@@ -3,8 +3,9 @@
 // Policies are Rego (v1) modules in package volumehealer that define data.volumehealer.decision.
 // An Engine serves decisions from one compiled, validated Revision at a time and swaps revisions
 // atomically; a revision that fails to parse, compile or validate never serves. A ConfigMapSource
-// feeds the engine from labelled ConfigMaps and reports rejections on them. Without ConfigMaps the
-// built-in default policy (default/default.rego) serves.
+// feeds the engine from labelled ConfigMaps and reports rejections on them; its Check judges a change
+// to them before it is stored, for the admission webhook (package policy/webhook). Without
+// ConfigMaps the built-in default policy (default/default.rego) serves.
 //
 // Decisions are memoized per revision, keyed by the values of the input fields the policy reads,
 // unless the policy reads input as a whole or calls a non-deterministic built-in function.

@@ -31,6 +31,10 @@ var ErrNoModules = errors.New("the policy set holds no Rego module")
 // ErrRejected matches every *LoadError: the policy revision did not take effect.
 var ErrRejected = errors.New("policy rejected")
 
+// ErrNotSynced is returned by ConfigMapSource.Check until the source has read the policy
+// ConfigMaps: without the rest of the set, a change cannot be judged.
+var ErrNotSynced = errors.New("the policy ConfigMaps have not been read yet")
+
 // ErrTestsFailed is returned by CheckTests when a Rego unit test failed or errored.
 var ErrTestsFailed = errors.New("policy tests failed")
 

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,7 +67,7 @@ const (
 func TestFailingHealFiresAlert(t *testing.T) {
 	promtool := tool(t, "promtool")
 	c := startCluster(t)
-	c.installMonitoringCRDs(t)
+	c.installCRDs(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -142,10 +143,15 @@ func TestFailingHealFiresAlert(t *testing.T) {
 	kubeconfig := filepath.Join(dir, "controller.kubeconfig")
 	writeKubeconfig(t, kubeconfig, c.env.Config, token)
 	logPath := filepath.Join(dir, "controller.log")
+	// The webhook serves the sidecar's certificate, which names 127.0.0.1 too.
+	webhookAddr := freeAddr(t)
 	startController(t, []string{
 		"VOLUME_HEALER_KUBECONFIG=" + kubeconfig,
 		"VOLUME_HEALER_METRICS_BIND_ADDRESS=" + metricsAddr,
 		"VOLUME_HEALER_HEALTH_BIND_ADDRESS=" + freeAddr(t),
+		"VOLUME_HEALER_WEBHOOK_BIND_ADDRESS=" + webhookAddr,
+		"VOLUME_HEALER_WEBHOOK_CERT_FILE=" + certFile,
+		"VOLUME_HEALER_WEBHOOK_KEY_FILE=" + keyFile,
 		"VOLUME_HEALER_SIDECAR_TLS_CA_FILE=" + caFile,
 		"VOLUME_HEALER_SIDECAR_AUTH_TOKEN_FILE=" + sidecarToken,
 		"VOLUME_HEALER_RESTART_DEBOUNCE=100ms",
@@ -154,6 +160,8 @@ func TestFailingHealFiresAlert(t *testing.T) {
 		"VOLUME_HEALER_TIMEOUTS_HEAL=500ms",
 		"VOLUME_HEALER_SCHEDULE_DEFAULT=",
 	}, logPath)
+	// The controller's status patches on the policy ConfigMap pass through the base's webhook.
+	routeWebhook(t, c, webhookAddr, mustRead(t, caFile))
 
 	// Wait until the heal has failed for good.
 	want := fmt.Sprintf(`volume_healer_volume_heal_failing{driver=%q,namespace=%q,persistentvolumeclaim=%q} 1`, driverName, appNamespace, claimName)
@@ -296,9 +304,9 @@ func writeKubeconfig(t *testing.T, file string, cfg *rest.Config, token string) 
 	}
 }
 
-// startController builds cmd/volume-healer (once per run, see harness.Build) and runs it with deploy/base/config.yaml and env until
-// the test ends.
-func startController(t *testing.T, env []string, logPath string) {
+// startController builds cmd/volume-healer (once per run, see harness.Build) and runs it with
+// deploy/base/config.yaml and env until the test ends, or until the stop it returns is called.
+func startController(t *testing.T, env []string, logPath string) (stop func()) {
 	t.Helper()
 	bins, err := harness.Build(harness.BuildOptions{})
 	if err != nil {
@@ -315,18 +323,23 @@ func startController(t *testing.T, env []string, logPath string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		waited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(waited) }()
-		select {
-		case <-waited:
-		case <-time.After(40 * time.Second):
-			_ = cmd.Process.Kill()
-			<-waited
-		}
-		_ = logFile.Close()
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			waited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(waited) }()
+			select {
+			case <-waited:
+			case <-time.After(40 * time.Second):
+				_ = cmd.Process.Kill()
+				<-waited
+			}
+			_ = logFile.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // scrapeSeries turns a scrape into promtool input series, with the target labels Prometheus adds

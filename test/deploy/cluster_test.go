@@ -47,15 +47,18 @@ func startCluster(t *testing.T) *cluster {
 	return &cluster{env: env, dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
 }
 
-// installMonitoringCRDs installs the test's stand-ins for the Prometheus Operator's CRDs and waits
-// until they serve.
-func (c *cluster) installMonitoringCRDs(t *testing.T) {
+// installCRDs installs the test's stand-ins for the CRDs of the Prometheus Operator and of
+// cert-manager and waits until they serve.
+func (c *cluster) installCRDs(t *testing.T) {
 	t.Helper()
 	if _, err := envtest.InstallCRDs(c.env.Config, envtest.CRDInstallOptions{
-		Paths:              []string{path(t, "test", "deploy", "testdata", "monitoring-crds.yaml")},
+		Paths: []string{
+			path(t, "test", "deploy", "testdata", "monitoring-crds.yaml"),
+			path(t, "test", "deploy", "testdata", "cert-manager-crds.yaml"),
+		},
 		ErrorIfPathMissing: true,
 	}); err != nil {
-		t.Fatalf("install the monitoring CRDs: %v", err)
+		t.Fatalf("install the stand-in CRDs: %v", err)
 	}
 	c.mapper.Reset()
 }

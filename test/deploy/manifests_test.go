@@ -1,6 +1,9 @@
 package deploy
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
@@ -14,16 +17,19 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/policy/webhook"
 )
 
 // fullValues sets every option of the chart away from its default (relative to the module's root).
@@ -72,7 +78,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	}
 	c.apply(t, plain, true)
 
-	c.installMonitoringCRDs(t)
+	c.installCRDs(t)
 	renders := map[string][]*unstructured.Unstructured{
 		"kustomize deploy/base":                  kustomize(t, "deploy/base"),
 		"kustomize deploy/examples/ceph-csi-rbd": kustomize(t, "deploy/examples/ceph-csi-rbd"),
@@ -120,7 +126,7 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 	tool(t, "kustomize")
 	tool(t, "helm")
 	c := startCluster(t)
-	c.installMonitoringCRDs(t)
+	c.installCRDs(t)
 	c.apply(t, kustomize(t, "deploy/base"), false)
 	c.apply(t, kustomize(t, "deploy/examples/ceph-csi-rbd"), false)
 	c.apply(t, helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}), false)
@@ -326,7 +332,8 @@ func TestControllerDeployment(t *testing.T) {
 	kinds := func(objs []*unstructured.Unstructured) []string {
 		var out []string
 		for _, o := range objs {
-			if o.GetKind() != "Namespace" {
+			// The chart generates the webhook's certificate; with the base, the operator creates it.
+			if o.GetKind() != "Namespace" && !(o.GetKind() == "Secret" && strings.HasSuffix(o.GetName(), "-webhook-tls")) {
 				out = append(out, o.GetKind())
 			}
 		}
@@ -425,7 +432,8 @@ func checkController(t *testing.T, s controllerSetup) {
 		t.Error("the controller container is not locked down (read-only root, no privilege escalation, no capabilities)")
 	}
 
-	// The Service reaches the metrics port, and the ServiceMonitor keeps the claims' namespaces.
+	// The Service reaches the metrics port (and the webhook's), and the ServiceMonitor scrapes the
+	// metrics port and keeps the claims' namespaces.
 	selector := labels.SelectorFromSet(dep.Spec.Selector.MatchLabels)
 	services := ofKind(s.objs, "Service")
 	if len(services) != 1 {
@@ -433,14 +441,28 @@ func checkController(t *testing.T, s controllerSetup) {
 	}
 	var svc corev1.Service
 	convert(t, services[0], &svc)
-	if !selector.Matches(labels.Set(svc.Spec.Selector)) || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
-		t.Errorf("the Service does not send its port to the controller's metrics port: %+v", svc.Spec)
+	svcPorts := map[string]corev1.ServicePort{}
+	for _, p := range svc.Spec.Ports {
+		svcPorts[p.TargetPort.String()] = p
+	}
+	wantPorts := 1
+	if cfg.Webhook.Enabled {
+		wantPorts = 2
+	}
+	metricsPort, ok := svcPorts["metrics"]
+	if !selector.Matches(labels.Set(svc.Spec.Selector)) || len(svc.Spec.Ports) != wantPorts || !ok {
+		t.Errorf("the Service does not send its port to the controller's metrics port (and no other but the webhook's): %+v", svc.Spec)
 	}
 	for _, sm := range ofKind(s.objs, "ServiceMonitor") {
 		endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
-		if len(endpoints) != 1 || endpoints[0].(map[string]any)["port"] != svc.Spec.Ports[0].Name || endpoints[0].(map[string]any)["honorLabels"] != true {
-			t.Errorf("the ServiceMonitor does not scrape the port %s with honorLabels: %v", svc.Spec.Ports[0].Name, endpoints)
+		if len(endpoints) != 1 || endpoints[0].(map[string]any)["port"] != metricsPort.Name || endpoints[0].(map[string]any)["honorLabels"] != true {
+			t.Errorf("the ServiceMonitor does not scrape the port %s with honorLabels: %v", metricsPort.Name, endpoints)
 		}
+	}
+	if cfg.Webhook.Enabled {
+		checkWebhook(t, s, svc, ports)
+	} else if vwcs := ofKind(s.objs, "ValidatingWebhookConfiguration"); len(vwcs) > 0 {
+		t.Errorf("the webhook is registered but webhook.enabled is false: no replica would answer")
 	}
 
 	// RBAC where the configuration says, and not one Secret.
@@ -498,6 +520,186 @@ func checkController(t *testing.T, s controllerSetup) {
 	}
 	if !found {
 		t.Errorf("no ConfigMap in %s matches policy.labelSelector %s", cfg.Policy.Namespace, cfg.Policy.LabelSelector)
+	}
+}
+
+// checkWebhook checks the policy webhook's registration against the configuration: the API
+// server calls the Service's port that reaches webhook.bindAddress on the webhook's path, for
+// creates and updates of the ConfigMaps policy.labelSelector picks in policy.namespace; the
+// certificate files are on a Secret volume, and the caBundle (when rendered) signs the certificate
+// for the Service's name; no NetworkPolicy shuts the API server out.
+func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, containerPorts map[string]int32) {
+	t.Helper()
+	cfg, dep := s.cfg, s.deployment
+	vwcs := ofKind(s.objs, "ValidatingWebhookConfiguration")
+	if len(vwcs) != 1 {
+		t.Fatalf("%d ValidatingWebhookConfigurations, want 1", len(vwcs))
+	}
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	convert(t, vwcs[0], &vwc)
+	if len(vwc.Webhooks) != 1 {
+		t.Fatalf("%d webhooks in %s, want 1", len(vwc.Webhooks), vwc.Name)
+	}
+	wh := vwc.Webhooks[0]
+
+	if !slices.Equal(wh.AdmissionReviewVersions, []string{"v1"}) {
+		t.Errorf("admissionReviewVersions %v: the controller answers v1 alone", wh.AdmissionReviewVersions)
+	}
+	if wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNone {
+		t.Errorf("sideEffects %v, want None: a dry run must be judged too", wh.SideEffects)
+	}
+	if wh.FailurePolicy == nil || (*wh.FailurePolicy != admissionregistrationv1.Ignore && *wh.FailurePolicy != admissionregistrationv1.Fail) {
+		t.Errorf("failurePolicy %v is not set", wh.FailurePolicy)
+	}
+	if wh.TimeoutSeconds == nil || *wh.TimeoutSeconds < 1 || *wh.TimeoutSeconds > 10 {
+		t.Errorf("timeoutSeconds %v, want from 1 to 10: every policy change waits for it", wh.TimeoutSeconds)
+	}
+	if len(wh.Rules) != 1 {
+		t.Fatalf("%d rules, want 1", len(wh.Rules))
+	}
+	r := wh.Rules[0]
+	ops := slices.Clone(r.Operations)
+	slices.Sort(ops)
+	if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.APIVersions, []string{"v1"}) || !slices.Equal(r.Resources, []string{"configmaps"}) ||
+		!slices.Equal(ops, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}) {
+		t.Errorf("the rule %+v, want CREATE and UPDATE of v1 configmaps alone", r)
+	}
+
+	// The ConfigMaps sent are those the controller reads: the policy label, in the policy namespace.
+	objSel, err := metav1.LabelSelectorAsSelector(wh.ObjectSelector)
+	if err != nil || wh.ObjectSelector == nil {
+		t.Fatalf("objectSelector %v: %v", wh.ObjectSelector, err)
+	}
+	policySel, err := labels.Parse(cfg.Policy.LabelSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if objSel.String() != policySel.String() {
+		t.Errorf("objectSelector %s, policy.labelSelector %s: the webhook would judge other ConfigMaps than the controller reads", objSel, policySel)
+	}
+	if wh.NamespaceSelector != nil {
+		nsSel, err := metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
+		if err != nil || !nsSel.Matches(labels.Set{"kubernetes.io/metadata.name": cfg.Policy.Namespace}) {
+			t.Errorf("namespaceSelector %v leaves out the policy namespace %s (%v)", wh.NamespaceSelector, cfg.Policy.Namespace, err)
+		}
+	}
+
+	// The API server calls the Service, whose port reaches webhook.bindAddress, on the path served.
+	ref := wh.ClientConfig.Service
+	if ref == nil || ref.Name != svc.Name || ref.Namespace != dep.Namespace || ref.Path == nil || *ref.Path != webhook.Path {
+		t.Fatalf("clientConfig %+v, want the Service %s/%s on the path %s", wh.ClientConfig, dep.Namespace, svc.Name, webhook.Path)
+	}
+	port := int32(443)
+	if ref.Port != nil {
+		port = *ref.Port
+	}
+	var target string
+	for _, p := range svc.Spec.Ports {
+		if p.Port == port {
+			target = p.TargetPort.String()
+		}
+	}
+	if target == "" || containerPorts[target] != portOf(t, cfg.Webhook.BindAddress) {
+		t.Errorf("the Service's port %d goes to the container port %q (%d), webhook.bindAddress listens on %s", port, target, containerPorts[target], cfg.Webhook.BindAddress)
+	}
+
+	// The certificate: on a Secret volume; with a rendered Secret and caBundle, a pair.
+	c := dep.Spec.Template.Spec.Containers[0]
+	var secretName string
+	for _, file := range []string{cfg.Webhook.CertFile, cfg.Webhook.KeyFile} {
+		var vol *corev1.Volume
+		for _, m := range c.VolumeMounts {
+			if filepath.Dir(file) == m.MountPath {
+				for i := range dep.Spec.Template.Spec.Volumes {
+					if dep.Spec.Template.Spec.Volumes[i].Name == m.Name {
+						vol = &dep.Spec.Template.Spec.Volumes[i]
+					}
+				}
+			}
+		}
+		if vol == nil || vol.Secret == nil {
+			t.Errorf("%s is not on a Secret volume", file)
+			continue
+		}
+		secretName = vol.Secret.SecretName
+		if len(vol.Secret.Items) > 0 && !slices.ContainsFunc(vol.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == filepath.Base(file) }) {
+			t.Errorf("the Secret volume %s puts no key at %s", vol.Name, file)
+		}
+	}
+	host := svc.Name + "." + svc.Namespace + ".svc"
+	var certs []*unstructured.Unstructured
+	for _, o := range s.objs {
+		if o.GetKind() == "Certificate" && o.GroupVersionKind().Group == "cert-manager.io" {
+			certs = append(certs, o)
+		}
+	}
+	switch {
+	case len(wh.ClientConfig.CABundle) > 0:
+		var secret corev1.Secret
+		convert(t, find(t, s.objs, "Secret", secretName), &secret)
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(wh.ClientConfig.CABundle) {
+			t.Fatal("the caBundle holds no PEM certificate")
+		}
+		if _, err := tls.X509KeyPair(secret.Data["tls.crt"], secret.Data["tls.key"]); err != nil {
+			t.Errorf("the Secret %s holds no key pair: %v", secretName, err)
+		}
+		block, _ := pem.Decode(secret.Data["tls.crt"])
+		if block == nil {
+			t.Fatalf("the Secret %s holds no PEM certificate", secretName)
+		}
+		leaf, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: roots}); err != nil {
+			t.Errorf("the API server would not trust the webhook's certificate for %s: %v", host, err)
+		}
+	case len(certs) == 1:
+		var spec struct {
+			SecretName string   `json:"secretName"`
+			DNSNames   []string `json:"dnsNames"`
+		}
+		raw, _, _ := unstructured.NestedMap(certs[0].Object, "spec")
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+			t.Fatal(err)
+		}
+		if spec.SecretName != secretName || !slices.Contains(spec.DNSNames, host) {
+			t.Errorf("the Certificate makes the Secret %s for %v; the controller mounts %s and is called as %s", spec.SecretName, spec.DNSNames, secretName, host)
+		}
+		if inject := vwc.Annotations["cert-manager.io/inject-ca-from"]; inject != certs[0].GetNamespace()+"/"+certs[0].GetName() {
+			t.Errorf("the webhook configuration takes its caBundle from %q, not from the Certificate %s/%s", inject, certs[0].GetNamespace(), certs[0].GetName())
+		}
+	default:
+		// The base: the operator creates the Secret and fills in the caBundle (docs/operations.md).
+		if secretName != "volume-healer-webhook-tls" {
+			t.Errorf("the Secret the base mounts is %s, docs/operations.md says volume-healer-webhook-tls", secretName)
+		}
+	}
+
+	// No NetworkPolicy of the rendering keeps the API server (outside any pod network) from the
+	// webhook's port.
+	for _, o := range ofKind(s.objs, "NetworkPolicy") {
+		var np networkingv1.NetworkPolicy
+		convert(t, o, &np)
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if np.Namespace != dep.Namespace || !sel.Matches(labels.Set(dep.Spec.Template.Labels)) {
+			continue
+		}
+		open := false
+		for _, rule := range np.Spec.Ingress {
+			portOK := len(rule.Ports) == 0
+			for _, p := range rule.Ports {
+				portOK = portOK || p.Port == nil || p.Port.IntVal == containerPorts["webhook"] || p.Port.String() == "webhook"
+			}
+			open = open || portOK && len(rule.From) == 0
+		}
+		if !open {
+			t.Errorf("the NetworkPolicy %s selects the controller and does not admit anyone to the webhook's port", np.Name)
+		}
 	}
 }
 
@@ -682,11 +884,14 @@ func TestHelmRequiredValues(t *testing.T) {
 		set  []string
 		want string
 	}{
-		"sidecar without namespace":       {[]string{"sidecar.enabled=true", "sidecar.serviceAccountName=sa", "sidecar.podLabels.app=x"}, "sidecar.namespace is required"},
-		"sidecar without ServiceAccount":  {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.podLabels.app=x"}, "sidecar.serviceAccountName is required"},
-		"sidecar without pod labels":      {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.serviceAccountName=sa"}, "sidecar.podLabels is required"},
-		"existing ServiceAccount unnamed": {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
-		"policy selector not key=value":   {[]string{"config.policy.labelSelector=tier in (gold)"}, "config.policy.labelSelector of the form key=value"},
+		"sidecar without namespace":              {[]string{"sidecar.enabled=true", "sidecar.serviceAccountName=sa", "sidecar.podLabels.app=x"}, "sidecar.namespace is required"},
+		"sidecar without ServiceAccount":         {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.podLabels.app=x"}, "sidecar.serviceAccountName is required"},
+		"sidecar without pod labels":             {[]string{"sidecar.enabled=true", "sidecar.namespace=csi", "sidecar.serviceAccountName=sa"}, "sidecar.podLabels is required"},
+		"existing ServiceAccount unnamed":        {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
+		"policy selector not key=value":          {[]string{"config.policy.labelSelector=tier in (gold)"}, "config.policy.labelSelector of the form key=value"},
+		"webhook Secret without its CA":          {[]string{"webhook.certificate.source=secret", "webhook.certificate.secretName=mine"}, "webhook.certificate.caBundle is required"},
+		"webhook certificate from nowhere":       {[]string{"webhook.certificate.source=vault"}, "one of helm, certManager, secret"},
+		"webhook key apart from its certificate": {[]string{"config.webhook.keyFile=/etc/keys/tls.key"}, "must be in one folder"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"template", "volume-healer", chart, "--kube-version", kubeVersion}

@@ -14,6 +14,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
@@ -34,7 +35,10 @@ func seriesNames(t *testing.T) map[string]string {
 			healer.NewMetrics(reg)
 			trigger.NewMetrics(reg)
 			dispatch.NewMetrics(reg)
-			_, err := policy.NewMetrics(reg)
+			if _, err := policy.NewMetrics(reg); err != nil {
+				return err
+			}
+			_, err := webhook.NewMetrics(reg)
 			return err
 		},
 		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },

@@ -2,9 +2,9 @@
 // a cluster: a real kube-apiserver and etcd, the volume-healer controller (built with the race
 // detector), and on each simulated node the reference driver and the healer sidecar, all built
 // from this repository once per run. The tests restart node plugins, run restart and periodic
-// sweeps over each other, change and break the policy, restart the apiserver, kill and freeze
-// sidecars, kill the leader, and restart 50 node plugins at once; then they check what the
-// reference drivers served, read through their control sockets: every healable broken volume
+// sweeps over each other, change and break the policy (and apply broken ones with kubectl through
+// the policy webhook), restart the apiserver, kill and freeze sidecars, kill the leader, and
+// restart 50 node plugins at once; then they check what the reference drivers served, read through their control sockets: every healable broken volume
 // healed, never two calls at once on one volume, no call on a detaching volume, no budget
 // exceeded.
 //

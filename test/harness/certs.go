@@ -8,18 +8,26 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"time"
 )
 
-// SelfSigned returns a PEM certificate for cn (also its DNS name), valid from an hour ago to an
-// hour from now and signed by its own key, and that PEM key.
+// SelfSigned returns a PEM certificate for cn (also its DNS name, or its IP address when cn is
+// one, as for a webhook the API server calls at https://127.0.0.1:port), valid from an hour ago
+// to an hour from now and signed by its own key, and that PEM key. The certificate is its own CA:
+// it is the caBundle of a webhook configuration, or the CA file of a client.
 func SelfSigned(cn string) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, DNSNames: []string{cn},
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	if ip := net.ParseIP(cn); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{cn}
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return nil, nil, err

@@ -3,8 +3,9 @@
 // informers to the heal:
 //
 //   - run.go: the manager (leader election, health checks), the one shared informer factory,
-//     the policy engine and its ConfigMap source, the planner, the dispatcher, the sweeper and
-//     the triggers, and which of them run on every replica or on the leader only;
+//     the policy engine and its ConfigMap source, the policy admission webhook, the planner, the
+//     dispatcher, the sweeper and the triggers, and which of them run on every replica or on the
+//     leader only;
 //   - events.go: informer events routed to the sidecar targets and the triggers;
 //   - sweeps.go: the runner that starts each sweep a trigger fires, once caches and policy are
 //     ready;

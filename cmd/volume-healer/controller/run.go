@@ -34,6 +34,7 @@ import (
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -146,6 +147,30 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	})
 	if err != nil {
 		return err
+	}
+
+	// The admission webhook judges policy changes with the source's ConfigMaps, on every replica.
+	if cfg.Webhook.Enabled {
+		webhookMetrics, err := webhook.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		server, err := webhook.NewServer(webhook.Options{
+			Addr:     cfg.Webhook.BindAddress,
+			CertFile: cfg.Webhook.CertFile,
+			KeyFile:  cfg.Webhook.KeyFile,
+			Checker:  policySource,
+			Metrics:  webhookMetrics,
+		})
+		if err != nil {
+			return fmt.Errorf("webhook.certFile and webhook.keyFile: %w", err)
+		}
+		if err := mgr.Add(server); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("webhook", server.Ready); err != nil {
+			return err
+		}
 	}
 
 	// Every object the controller reads comes from one shared informer factory: the storage
@@ -289,7 +314,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		}
 	}
 
-	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun)
+	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled)
 	err = mgr.Start(ctx)
 	if lease != nil {
 		// Leadership is over, whether the process stops or the Lease was lost. When it was lost,

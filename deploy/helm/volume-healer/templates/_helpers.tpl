@@ -49,11 +49,20 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "volume-healer.policyLabel" -}}
 {{- $parts := splitn "=" 2 .Values.config.policy.labelSelector -}}
 {{- if not (and $parts._1 (regexMatch "^[A-Za-z0-9./_-]+$" $parts._0) (regexMatch "^[A-Za-z0-9._-]+$" $parts._1)) -}}
-{{- fail "policy.create needs config.policy.labelSelector of the form key=value" -}}
+{{- fail "policy.create and the policy webhook need config.policy.labelSelector of the form key=value" -}}
 {{- end -}}
 {{ $parts._0 }}: {{ $parts._1 | quote }}
 {{- end -}}
 
 {{- define "volume-healer.sidecarNamespace" -}}
 {{- required "sidecar.namespace is required when sidecar.enabled" .Values.sidecar.namespace -}}
+{{- end -}}
+
+{{- define "volume-healer.webhookSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "volume-healer.fullname" .)) .Values.webhook.certificate.secretName -}}
+{{- end -}}
+
+{{/* The name the API server calls the webhook by: the Service's DNS name in the cluster. */}}
+{{- define "volume-healer.webhookHost" -}}
+{{- printf "%s.%s.svc" (include "volume-healer.fullname" .) .Release.Namespace -}}
 {{- end -}}
