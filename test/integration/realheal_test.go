@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/test/harness"
@@ -17,7 +19,8 @@ import (
 )
 
 // TestRealHealAfterCrashLoop kills a real node plugin twice in a row, the second time while the
-// restart sweep of the first start runs, as a crash-looping plugin does. Every workload on the
+// restart sweep of the first start runs, as a crash-looping plugin does; then one mounter is
+// killed, one mount turns read-only and one mounter freezes, and a periodic sweep repairs them. Every workload on the
 // node (HostToContainer propagation) must get its I/O back without a restart, every volume must
 // be readable and writable through its publish target with the data written before, the driver
 // must never have served two calls on one volume at once, and the restart must be recorded
@@ -133,10 +136,73 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 			firstProbe = c.Start
 		}
 	}
+	// Later, without a restart: one mounter killed, one mount turned read-only, one mounter
+	// frozen, each under a running workload. A periodic sweep finds and repairs them, and the
+	// workloads write again.
+	faults := map[int]driver.Condition{0: driver.Gone, 1: driver.ReadOnly, 2: driver.Hung}
+	faultAt := time.Now()
+	for i, c := range faults {
+		setFault(t, vols[i], c)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for i, c := range faults {
+		if c == driver.Hung {
+			// I/O on a frozen mounter does not fail: it never returns.
+			if stalled(workloads[i], faultAt, 2*time.Second) {
+				continue
+			}
+			t.Fatalf("workload %s kept working with its mounter frozen", workloads[i].Name())
+		}
+		if _, err := workloads[i].WaitFailure(waitCtx, faultAt); err != nil {
+			t.Fatalf("workload %s kept working after its volume turned %s: %v", workloads[i].Name(), c, err)
+		}
+	}
+	f.AnnotateClass(class, annotations.Schedule, "@every 2s")
+	for i := range faults {
+		if _, err := workloads[i].WaitOK(waitCtx, time.Now()); err != nil {
+			t.Fatalf("workload %s did not get its I/O back after its volume turned %s: %v", workloads[i].Name(), faults[i], err)
+		}
+		if c := vols[i].Condition(t); c != driver.Healthy {
+			t.Errorf("%s is %s after the periodic sweep, want healthy", vols[i].PV, c)
+		}
+	}
+
 	slices.Sort(outages)
 	t.Logf("%d workloads: outage (first kill -> first good write) p50 %s, max %s; last start -> first probe %s",
 		len(outages), outages[len(outages)/2].Round(time.Millisecond), outages[len(outages)-1].Round(time.Millisecond),
 		firstProbe.Sub(lastStart).Round(time.Millisecond))
+}
+
+// setFault breaks the volume for real through its driver. A read-only remount fails while the
+// workload holds the file open for writing, which it does for a moment in each iteration: the
+// fault is tried again then.
+func setFault(t *testing.T, v *volume, c driver.Condition) {
+	t.Helper()
+	harness.Eventually(t, 10*time.Second, "volume "+v.PV+" to turn "+string(c), func() (bool, string) {
+		_, err := v.Control.SetCondition(t.Context(), v.Handle, c, 0)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// stalled reports whether the workload has had no good iteration for the time quiet, from a
+// moment after since.
+func stalled(w *kubelet.Workload, since time.Time, quiet time.Duration) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		rs := w.Results()
+		lastOK := since
+		for _, r := range rs {
+			if r.OK && r.Time.After(lastOK) {
+				lastOK = r.Time
+			}
+		}
+		if time.Since(lastOK) >= quiet {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
 }
 
 // overlapping describes two calls on one volume that the driver served at the same time, or "".

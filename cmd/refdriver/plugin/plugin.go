@@ -16,6 +16,8 @@ package plugin
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -181,9 +183,14 @@ func (p *Plugin) known(id string) (bool, error) {
 	return found, err
 }
 
-// fsName is the mount source of a volume's staging mount.
+// fsName returns a new mount source for a staging of the volume.
 func (p *Plugin) fsName(id string) string {
-	return p.opts.DriverName + ":" + id
+	// A random part makes the source unique to this staging of the volume, on any machine:
+	// the kit finds the pods that kept a dead mount by its source, which must then name no
+	// other mount (another node plugin on the same machine, a test beside this one).
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return p.opts.DriverName + ":" + id + ":" + hex.EncodeToString(b[:])
 }
 
 // checkMounts runs the kit's checks on the volume's staging mount and publish targets (all of
