@@ -33,12 +33,19 @@ type node struct {
 	control  *driver.ControlClient
 	// volumes are added to the driver at each start if it does not know them yet.
 	volumes []*volume
+	// sidecarArgs are more flags for the sidecar.
+	sidecarArgs []string
+	// pod, when set, gives the pod UID of the next sidecar start (that of a Pod object); else
+	// each start makes one up.
+	pod func() string
 
 	mu      sync.Mutex
 	driver  *harness.Process
 	sidecar *harness.Process
 	starts  int
 	podUID  string
+	// startedAt is when the current sidecar was started: its restart marker is later.
+	startedAt time.Time
 	// pastCalls and pastCounters hold what the drivers of earlier starts served, read just before
 	// each was stopped.
 	pastCalls    []driver.Call
@@ -169,6 +176,9 @@ func (n *node) launchSidecar(wait bool) error {
 	}
 	n.starts++
 	n.podUID = fmt.Sprintf("%s-start-%d", n.name, n.starts)
+	if n.pod != nil {
+		n.podUID = n.pod()
+	}
 	args := []string{
 		"--kubeconfig", n.f.s.Kubeconfig,
 		"--driver-endpoint", n.endpoint(),
@@ -183,7 +193,9 @@ func (n *node) launchSidecar(wait bool) error {
 		"--shutdown-timeout", "2s",
 		"--v", "2",
 	}
+	args = append(args, n.sidecarArgs...)
 	logPath := filepath.Join(n.logDir, fmt.Sprintf("%s-sidecar-%d.log", n.name, n.starts))
+	n.startedAt = time.Now()
 	proc, err := n.f.s.Procs.Start("sidecar on "+n.name, n.f.s.Bin.Sidecar, args, nil, logPath)
 	if err == nil {
 		n.sidecar = proc
@@ -205,7 +217,7 @@ func (n *node) waitRegistered(timeout time.Duration) {
 
 func (n *node) awaitRegistered(timeout time.Duration) error {
 	n.mu.Lock()
-	proc, suffix := n.sidecar, "/"+n.podUID
+	proc, suffix, startedAt := n.sidecar, "/"+n.podUID, n.startedAt
 	n.mu.Unlock()
 	err := harness.WaitFor(n.f.Ctx(), timeout, "the sidecar on "+n.name+" to register its restart", func() (bool, string) {
 		if !proc.Running() {
@@ -215,8 +227,10 @@ func (n *node) awaitRegistered(timeout time.Duration) error {
 		if err := n.f.Client.Get(n.f.Ctx(), n.f.AddonsNodeKey(n.name), &obj); err != nil {
 			return false, err.Error()
 		}
+		// A sidecar restarted in the same pod keeps the pod UID: the time tells the starts apart.
 		marker := obj.Annotations[annotations.HealerRestart]
-		return strings.HasSuffix(marker, suffix), "marker " + marker
+		at, ok := annotations.HealerRestartTime(marker)
+		return strings.HasSuffix(marker, suffix) && ok && !at.Before(startedAt), "marker " + marker
 	})
 	if err == nil && !proc.Running() {
 		err = fmt.Errorf("the sidecar on %s exited (%s):\n%s", n.name, proc.ExitStatus(), proc.LogTail(20))

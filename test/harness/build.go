@@ -107,7 +107,14 @@ func Build(o BuildOptions) (Binaries, error) {
 // BuildWorkload builds test/workload, the workload stand-in that test/kubelet's StartWorkload
 // runs in a mount namespace of its own, into BinDir as Build builds the other programs, once per
 // run, and returns its path.
-func BuildWorkload() (string, error) {
+func BuildWorkload() (string, error) { return buildTestProgram("./test/workload") }
+
+// BuildContainer builds test/container, which StartContainer runs a program through as a pod's
+// container, into BinDir as Build builds the other programs, once per run, and returns its path.
+func BuildContainer() (string, error) { return buildTestProgram("./test/container") }
+
+// buildTestProgram builds the main package pkg of test/ into BinDir/plain and returns its path.
+func buildTestProgram(pkg string) (string, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return "", err
@@ -121,7 +128,7 @@ func BuildWorkload() (string, error) {
 		return "", err
 	}
 	defer unlock()
-	return build(root, dir, Plain, "./test/workload")
+	return build(root, dir, Plain, pkg)
 }
 
 // build builds the main packages pkgs in flavor into dir/flavor and returns the path of the

@@ -14,6 +14,10 @@
 //     controller as one of them, its readiness, metrics and log (StartController, Controller);
 //   - a node plugin pod in this process: the reference driver on a UNIX socket behind the real
 //     healer sidecar on a loopback port (Plugin, ServeDriver, StartSidecar);
+//   - a program run as a pod's container, which reaches the API server through the ServiceAccount
+//     files and environment that rest.InClusterConfig reads (StartContainer, through
+//     test/container), and the real csi-addons sidecar built for it (BuildCSIAddonsSidecar,
+//     Suite.CSIAddons);
 //   - free loopback ports (FreeAddr) and polling (WaitFor, Eventually).
 //
 // What only a test can use takes a TB, which *testing.T satisfies; a program such as the demo

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
@@ -64,6 +65,11 @@ type Fixture struct {
 	Client client.Client
 
 	classes []string
+
+	mu sync.Mutex
+	// addonsNodes names, by node, the CSIAddonsNode that a node's healer sidecar registers on when
+	// it is not the default one (UseAddonsNode).
+	addonsNodes map[string]string
 }
 
 // NewFixture creates the fixture's namespaces, CSIDriver and stage Secret in env. When the test
@@ -251,9 +257,28 @@ func (f *Fixture) PVCStatus(v *Volume) (healer.VolumeStatus, bool) {
 	return st, true
 }
 
-// AddonsNodeKey names the CSIAddonsNode that the sidecar of node registers.
+// AddonsNodeKey names the CSIAddonsNode that the sidecar of node registers: the one UseAddonsNode
+// set, else the one the sidecar creates when it finds none.
 func (f *Fixture) AddonsNodeKey(node string) types.NamespacedName {
-	return types.NamespacedName{Namespace: f.PluginNS, Name: sidecar.DefaultCSIAddonsNodeName(node, f.Driver)}
+	f.mu.Lock()
+	name, ok := f.addonsNodes[node]
+	f.mu.Unlock()
+	if !ok {
+		name = sidecar.DefaultCSIAddonsNodeName(node, f.Driver)
+	}
+	return types.NamespacedName{Namespace: f.PluginNS, Name: name}
+}
+
+// UseAddonsNode says that the healer sidecar of node registers on the CSIAddonsNode name (one a
+// csi-addons sidecar created, say): AddonsNodeKey and every helper that reads the node's restart
+// sweeps look at that object from now on.
+func (f *Fixture) UseAddonsNode(node, name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.addonsNodes == nil {
+		f.addonsNodes = map[string]string{}
+	}
+	f.addonsNodes[node] = name
 }
 
 // AddonsNode reads the CSIAddonsNode of node.

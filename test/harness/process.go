@@ -74,6 +74,12 @@ type Process struct {
 // Start runs bin with args and the environment env (this process's when nil), its output
 // appended to logPath.
 func (ps *Processes) Start(name, bin string, args, env []string, logPath string) (*Process, error) {
+	return ps.start(name, bin, args, env, logPath, 0)
+}
+
+// start is Start with the clone flags of the child: CLONE_NEWNS gives it a mount namespace of its
+// own.
+func (ps *Processes) start(name, bin string, args, env []string, logPath string, cloneflags uintptr) (*Process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -81,7 +87,7 @@ func (ps *Processes) Start(name, bin string, args, env []string, logPath string)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: cloneflags}
 	if err := fork(cmd); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

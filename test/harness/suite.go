@@ -48,6 +48,39 @@ type Suite struct {
 
 	opts         SuiteOptions
 	tearDownOnce sync.Once
+
+	csiAddonsOnce sync.Once
+	csiAddons     CSIAddonsBinaries
+	csiAddonsErr  error
+}
+
+// CSIAddonsBinaries are the programs that run the real csi-addons sidecar as a pod's container.
+type CSIAddonsBinaries struct {
+	// Sidecar is the csi-addons sidecar (BuildCSIAddonsSidecar).
+	Sidecar string
+	// Runner is test/container (BuildContainer), for ContainerOptions.Runner.
+	Runner string
+}
+
+// CSIAddons returns the real csi-addons sidecar and test/container, built on the first call of
+// the run: only the tests that run the csi-addons sidecar wait for its build (minutes on a new
+// machine, then cached). It skips t where a program cannot run as a pod's container
+// (RequireContainers), and fails it when a build fails.
+func (s *Suite) CSIAddons(t testing.TB) CSIAddonsBinaries {
+	t.Helper()
+	RequireContainers(t)
+	s.csiAddonsOnce.Do(func() {
+		var err error
+		if s.csiAddons.Runner, err = BuildContainer(); err != nil {
+			s.csiAddonsErr = err
+			return
+		}
+		s.csiAddons.Sidecar, s.csiAddonsErr = BuildCSIAddonsSidecar()
+	})
+	if s.csiAddonsErr != nil {
+		t.Fatalf("build the csi-addons sidecar: %v", s.csiAddonsErr)
+	}
+	return s.csiAddons
 }
 
 var (
