@@ -44,7 +44,16 @@ type Target struct {
 // host:port spec.driver.endpoint when no annotation is there.
 func TargetFor(n *csiaddonsv1alpha1.CSIAddonsNode) (Target, error) {
 	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: n.Annotations[annotations.Endpoint]}
+	if _, byCSIAddons := n.Annotations[annotations.CSIAddonsPod]; t.Endpoint == "" && byCSIAddons {
+		// The object is the csi-addons sidecar's, and its spec.driver.endpoint is that sidecar's
+		// address, which serves no NodeHealer and must not get the controller's token: until the
+		// healer sidecar registers on the object (as after the csi-addons sidecar recreated it),
+		// the node has no target.
+		return Target{}, fmt.Errorf("%w: CSIAddonsNode %s/%s was created by the csi-addons sidecar and the healer sidecar has not written its annotation %s on it yet",
+			ErrNoEndpoint, n.Namespace, n.Name, annotations.Endpoint)
+	}
 	if t.Endpoint == "" {
+		// An object the healer sidecar created itself carries its address in the spec.
 		t.Endpoint = n.Spec.Driver.EndPoint
 	}
 	if _, port, err := net.SplitHostPort(t.Endpoint); err != nil || port == "" {

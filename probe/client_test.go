@@ -379,6 +379,11 @@ func TestTargetFor(t *testing.T) {
 		"plain spec endpoint":     {node: node("", "10.0.0.6:9070"), want: "10.0.0.6:9070"},
 		"csi-addons pod URL only": {node: node("", "pod://plugin.csi:9070"), wantErr: true},
 		"no endpoint at all":      {node: node("", ""), wantErr: true},
+		"the csi-addons sidecar's own address": {node: func() *csiaddonsv1alpha1.CSIAddonsNode {
+			n := node("", "10.0.0.7:9070")
+			n.Annotations = map[string]string{annotations.CSIAddonsPod: "uid-1"}
+			return n
+		}(), wantErr: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
