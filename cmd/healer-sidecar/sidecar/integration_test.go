@@ -337,7 +337,7 @@ func TestDriverDown(t *testing.T) {
 		t.Fatalf("probe after the driver came back: %v", err)
 	}
 	// Its mounters died with it: the controller must sweep the node again.
-	f.eventually("new restart marker after the driver restart", 10*time.Second, func() bool { return marker() != before })
+	f.eventually("new restart marker after the driver restart", 30*time.Second, func() bool { return marker() != before })
 }
 
 // TestDriverHung answers DEADLINE_EXCEEDED once the sidecar's driver timeout, or the caller's
