@@ -15,9 +15,21 @@ PKGS       ?= ./...
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# Every binary is stamped with the version of the VERSION file and the commit (--version, and the
+# metric volume_healer_build_info); hack/images stamps the images' binaries the same way.
+MODULE     := github.com/volume-healer/volume-healer
+VERSION    := v$(shell cat VERSION)
+COMMIT     := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo -dirty)
+LDFLAGS    := -X $(MODULE)/version.version=$(VERSION) -X $(MODULE)/version.commit=$(COMMIT)
+
 .PHONY: build
-build: ## Build every binary into bin/.
-	$(GO) build -o $(BIN)/ ./cmd/...
+build: ## Build every binary into bin/, and bin/kubectl-healer (healerctl as a kubectl plugin).
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	ln -sf healerctl $(BIN)/kubectl-healer
+
+.PHONY: images
+images: ## Build the container images (controller, sidecar, reference driver; amd64 and arm64) into .cache/images.
+	$(GO) run ./hack/images --out .cache/images
 
 .PHONY: control-plane
 control-plane: ## Build kube-apiserver and install etcd for tests (cached in .cache/control-plane).
