@@ -19,6 +19,8 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/metricstest"
+	"github.com/volume-healer/volume-healer/version"
+	"github.com/volume-healer/volume-healer/version/versionmetrics"
 )
 
 // metricName matches the volume-healer series a PromQL expression selects.
@@ -35,7 +37,10 @@ func seriesNames(t *testing.T) map[string]string {
 			trigger.NewMetrics(reg)
 			dispatch.NewMetrics(reg)
 			_, err := policy.NewMetrics(reg)
-			return err
+			if err != nil {
+				return err
+			}
+			return reg.Register(versionmetrics.NewBuildInfo(version.Get()))
 		},
 		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
 	} {
