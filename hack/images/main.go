@@ -22,6 +22,8 @@
 //	                 `skopeo copy --all oci-archive:<image>.tar docker://...`
 //	images.json      for each image: its reference, the digest of its index and of each platform's
 //	                 image, and the paths of both forms
+//	digests.env      the same for a shell (`. .cache/images/digests.env`): VERSION, and the
+//	                 digest of each image's index as VOLUME_HEALER_DIGEST, HEALER_SIDECAR_DIGEST, ...
 //	bin/<os>_<arch>/ the binaries in the images
 //
 // It builds only from the repository it runs in, and needs git and the go command.
@@ -511,7 +513,21 @@ func Run(ctx context.Context, o Options) ([]Built, error) {
 	if err := os.WriteFile(filepath.Join(o.Out, "images.json"), append(data, '\n'), 0o644); err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(filepath.Join(o.Out, "digests.env"), []byte(DigestsEnv(o.Source, built)), 0o644); err != nil {
+		return nil, err
+	}
 	return built, nil
+}
+
+// DigestsEnv is digests.env: shell assignments of VERSION and of each image's index digest, the
+// variable named after the image (volume-healer: VOLUME_HEALER_DIGEST).
+func DigestsEnv(src Source, built []Built) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "VERSION=%s\n", src.Version)
+	for _, img := range built {
+		fmt.Fprintf(&b, "%s_DIGEST=%s\n", strings.ToUpper(strings.ReplaceAll(img.Name, "-", "_")), img.Digest)
+	}
+	return b.String()
 }
 
 func pack(o Options, bins string, img Image) (Built, error) {
@@ -596,6 +612,6 @@ func run(ctx context.Context, out, platforms string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("wrote %d images (OCI layout folder and .tar each) and images.json to %s\n", len(built), out)
+	fmt.Printf("wrote %d images (OCI layout folder and .tar each), images.json and digests.env to %s\n", len(built), out)
 	return nil
 }

@@ -71,6 +71,18 @@ func TestImages(t *testing.T) {
 	}
 	t.Logf("first build: %s", time.Since(start).Round(time.Second))
 
+	t.Run("digests.env", func(t *testing.T) {
+		env, err := os.ReadFile(filepath.Join(first, "digests.env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "VERSION=" + src.Version + "\nVOLUME_HEALER_DIGEST=" + built[0].Digest + "\nHEALER_SIDECAR_DIGEST=" + built[1].Digest +
+			"\nHEALER_REFDRIVER_DIGEST=" + built[2].Digest + "\n"
+		if string(env) != want {
+			t.Errorf("digests.env:\n%s\nwant:\n%s", env, want)
+		}
+	})
+
 	t.Run("a second build gives the same digests and files", func(t *testing.T) {
 		second := t.TempDir()
 		again, err := Run(ctx, Options{Root: root, Out: second, Binaries: bins, Source: src, Log: testLog{t}})
