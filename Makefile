@@ -72,7 +72,7 @@ DEMO_FLAGS ?=
 
 .PHONY: demo
 demo: build ## Run the demo: local control plane, simulated nodes, controller, a node plugin restart healed.
-	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer $(DEMO_FLAGS)
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --healerctl $(BIN)/healerctl $(DEMO_FLAGS)
 
 .PHONY: demo-hold
 demo-hold: ## Run the demo and keep its cluster up afterwards to look with kubectl (make demo-down ends it).

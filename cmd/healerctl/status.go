@@ -220,15 +220,15 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 	}
 	newest := map[string]*SweepEvent{}
 	for _, e := range events.Items {
-		switch e.Reason {
-		case healer.ReasonRestartSweepStarted, healer.ReasonRestartSweepFinished, healer.ReasonRestartSweepPending:
-		default:
+		if sweepEventRank[e.Reason] == 0 {
 			continue
 		}
 		key := e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name
-		at := eventTime(&e)
-		if cur, ok := newest[key]; !ok || at.After(cur.Time) {
-			newest[key] = &SweepEvent{Reason: e.Reason, Message: e.Message, Time: at.UTC()}
+		at := eventTime(&e).UTC()
+		// Event times have seconds only: a sweep that ends within the second it started has two
+		// Events of one time, and the end tells more.
+		if cur, ok := newest[key]; !ok || at.After(cur.Time) || at.Equal(cur.Time) && sweepEventRank[e.Reason] > sweepEventRank[cur.Reason] {
+			newest[key] = &SweepEvent{Reason: e.Reason, Message: e.Message, Time: at}
 		}
 	}
 	for i := range nodes.Items {
@@ -266,6 +266,9 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 	})
 	return nil
 }
+
+// sweepEventRank orders the Events of one restart sweep: started, then pending or finished.
+var sweepEventRank = map[string]int{healer.ReasonRestartSweepStarted: 1, healer.ReasonRestartSweepPending: 2, healer.ReasonRestartSweepFinished: 3}
 
 // restartTime is the newest start time the marker annotations hold: the healer sidecar's and the
 // csi-addons sidecar's.
@@ -511,15 +514,19 @@ func (s *Status) writeTable(out io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nVOLUMES LEFT BROKEN (%d; %d healed since their last problem)\n", len(s.Volumes), s.HealedVolumes)
 	if len(s.Volumes) > 0 {
-		fmt.Fprintln(w, "PVC\tDRIVER\tNODE\tRESULT\tSINCE\tPROBLEM\tWHAT TO DO")
+		fmt.Fprintln(w, "PVC\tDRIVER\tNODE\tRESULT\tSINCE\tHEALTH")
 	}
 	for _, v := range s.Volumes {
 		result := v.Status.Result
 		if v.DataLoss {
 			result = "DATA_LOSS"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.PVC, cmp.Or(v.Driver, "-"), cmp.Or(v.Status.Node, "-"), result,
-			ago(v.Status.Time), describeVolume(v), v.Action)
+		health := make([]string, 0, len(v.Status.Health))
+		for _, h := range v.Status.Health {
+			health = append(health, strings.TrimSpace(h.Status+" "+h.Reason))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", v.PVC, cmp.Or(v.Driver, "-"), cmp.Or(v.Status.Node, "-"), result,
+			ago(v.Status.Time), cmp.Or(strings.Join(health, ", "), "-"))
 	}
 	p := s.Policy
 	inForce := "in force"

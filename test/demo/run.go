@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -134,6 +137,9 @@ func demo(s *harness.Script, dir string, o options) error {
 	}
 
 	summary(ctx, plugins, vols, broken, lost, degraded, healTime)
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, victim.Node(), lost[0]); err != nil {
+		return err
+	}
 	if o.hold {
 		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
 		<-ctx.Done()
@@ -326,5 +332,71 @@ func (e *eventPrinter) print(ctx context.Context) {
 		if n > 3 {
 			fmt.Printf("  ... and %d more %s events\n", n-3, reason)
 		}
+	}
+}
+
+// operatorView shows what an operator sees with `healerctl status` (`kubectl healer status`), and
+// checks it: the restart of the node whose plugin restarted is handled, the volume whose data is
+// lost waits for a human, nothing else does, and the exit code says so.
+func operatorView(ctx context.Context, healerctl, kubeconfig, restarted string, lost *harness.Volume) error {
+	step("What an operator sees: healerctl status (or kubectl healer status)")
+	table, code, err := runHealerctl(ctx, healerctl, "status", "--kubeconfig", kubeconfig)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimRight(table, "\n"), "\n") {
+		fmt.Printf("  %s\n", line)
+	}
+	fmt.Printf("  exit code %d: %s\n", code, map[bool]string{true: "something needs a human", false: "nothing needs a human"}[code != 0])
+	raw, jsonCode, err := runHealerctl(ctx, healerctl, "status", "--kubeconfig", kubeconfig, "-o", "json")
+	if err != nil {
+		return err
+	}
+	var st struct {
+		Restarts []struct{ Driver, Node, State string }
+		Volumes  []struct {
+			PVC      string
+			DataLoss bool
+		}
+		Problems []string
+	}
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return fmt.Errorf("healerctl status -o json: %w", err)
+	}
+	var problems []string
+	if code != 2 || jsonCode != 2 {
+		problems = append(problems, fmt.Sprintf("exit codes %d and %d, want 2: a volume's data is lost", code, jsonCode))
+	}
+	handled := false
+	for _, r := range st.Restarts {
+		handled = handled || r.Driver == driverName && r.Node == restarted && r.State == "handled"
+	}
+	if !handled {
+		problems = append(problems, fmt.Sprintf("the restart on %s is not listed as handled: %+v", restarted, st.Restarts))
+	}
+	if want := appNamespace + "/" + lost.PVC; len(st.Volumes) != 1 || st.Volumes[0].PVC != want || !st.Volumes[0].DataLoss || len(st.Problems) != 1 {
+		problems = append(problems, fmt.Sprintf("volumes %+v and problems %q, want only %s with its data lost", st.Volumes, st.Problems, want))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("healerctl status: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// runHealerctl runs healerctl and returns its standard output and exit code; an error only when
+// it could not run or failed (exit code 1).
+func runHealerctl(ctx context.Context, healerctl string, args ...string) (string, int, error) {
+	cmd := exec.CommandContext(ctx, healerctl, args...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return stdout.String(), 0, nil
+	case errors.As(err, &exit) && exit.ExitCode() > 1:
+		return stdout.String(), exit.ExitCode(), nil
+	default:
+		return "", 0, fmt.Errorf("%s %s: %w: %s (run make build first)", healerctl, strings.Join(args, " "), err, stderr.String())
 	}
 }
