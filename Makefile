@@ -91,5 +91,5 @@ bench: ## Run the scale harness at full size (201 nodes, 21,000 volumes); writes
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test -run '^TestScale$$' -timeout 25m -v ./test/scale -args -full
 
 .PHONY: clean
-clean: ## Remove built binaries, the tests' too (the cached control plane stays; rm -rf .cache to drop it).
-	rm -rf $(BIN) .cache/test-bin
+clean: ## Remove built binaries and images, the tests' too (the cached control plane stays; rm -rf .cache to drop it).
+	rm -rf $(BIN) .cache/test-bin .cache/images
