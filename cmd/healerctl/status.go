@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/duration"
@@ -210,6 +211,9 @@ func readStatus(ctx context.Context, c client.Client, o statusOptions, now time.
 func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOptions, now time.Time) error {
 	var nodes csiaddonsv1alpha1.CSIAddonsNodeList
 	if err := c.List(ctx, &nodes); err != nil {
+		if meta.IsNoMatchError(err) {
+			return fmt.Errorf("list CSIAddonsNodes: %w: the cluster lacks the CSIAddonsNode CRD of kubernetes-csi-addons, which volume-healer needs (docs/operations.md, Before you install)", err)
+		}
 		return fmt.Errorf("list CSIAddonsNodes: %w", err)
 	}
 	var events corev1.EventList
