@@ -15,9 +15,21 @@ PKGS       ?= ./...
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# Every binary is stamped with the version of the VERSION file and the commit (--version, and the
+# metric volume_healer_build_info); hack/images stamps the images' binaries the same way.
+MODULE     := github.com/volume-healer/volume-healer
+VERSION    := v$(shell cat VERSION)
+COMMIT     := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo -dirty)
+LDFLAGS    := -X $(MODULE)/version.version=$(VERSION) -X $(MODULE)/version.commit=$(COMMIT)
+
 .PHONY: build
-build: ## Build every binary into bin/.
-	$(GO) build -o $(BIN)/ ./cmd/...
+build: ## Build every binary into bin/, and bin/kubectl-healer (healerctl as a kubectl plugin).
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	ln -sf healerctl $(BIN)/kubectl-healer
+
+.PHONY: images
+images: ## Build the container images (controller, sidecar, reference driver; amd64 and arm64) into .cache/images.
+	$(GO) run ./hack/images --out .cache/images
 
 .PHONY: control-plane
 control-plane: ## Build kube-apiserver and install etcd for tests (cached in .cache/control-plane).
@@ -60,7 +72,7 @@ DEMO_FLAGS ?=
 
 .PHONY: demo
 demo: build ## Run the demo: local control plane, nodes with real FUSE mounts (simulated without root or /dev/fuse), controller, a node plugin killed and healed.
-	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver $(DEMO_FLAGS)
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver --healerctl $(BIN)/healerctl $(DEMO_FLAGS)
 
 .PHONY: demo-hold
 demo-hold: ## Run the demo and keep its cluster up afterwards to look with kubectl (make demo-down ends it).
@@ -85,5 +97,5 @@ bench: ## Run the scale harness at full size (201 nodes, 21,000 volumes); writes
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test -run '^TestScale$$' -timeout 25m -v ./test/scale -args -full
 
 .PHONY: clean
-clean: ## Remove built binaries, the tests' too (the cached control plane stays; rm -rf .cache to drop it).
-	rm -rf $(BIN) .cache/test-bin
+clean: ## Remove built binaries and images, the tests' too (the cached control plane stays; rm -rf .cache to drop it).
+	rm -rf $(BIN) .cache/test-bin .cache/images

@@ -18,6 +18,8 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/metricstest"
+	"github.com/volume-healer/volume-healer/version"
+	"github.com/volume-healer/volume-healer/version/versionmetrics"
 )
 
 // family is what a dashboard or an alert relies on: a metric's type and its label names.
@@ -66,6 +68,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_policy_decisions_total":                          {dto.MetricType_COUNTER, []string{"action"}},
 	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
+	"volume_healer_build_info":                                      {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 }
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
@@ -75,6 +78,7 @@ var sidecarFamilies = map[string]family{
 	"volume_healer_sidecar_auth_failures_total":   {dto.MetricType_COUNTER, []string{"reason"}},
 	"volume_healer_sidecar_driver_errors_total":   {dto.MetricType_COUNTER, []string{"code"}},
 	"volume_healer_sidecar_panics_total":          {dto.MetricType_COUNTER, []string{"rpc"}},
+	"volume_healer_build_info":                    {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 }
 
 // volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that
@@ -111,6 +115,7 @@ func controllerMetrics(reg prometheus.Registerer) error {
 	if _, err := webhook.NewMetrics(reg); err != nil {
 		return err
 	}
+	reg.MustRegister(versionmetrics.NewBuildInfo(version.Get()))
 	s := &Sweeper{mem: newMemory()}
 	s.mem.recordProbe("pv-1", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)
 	return reg.Register(s)

@@ -17,7 +17,7 @@ import (
 
 // VolumeStatus is the value of annotations.VolumeStatus.
 type VolumeStatus struct {
-	// Result is unhealthy, healed or heal-failed.
+	// Result is StatusUnhealthy, StatusHealed or StatusHealFailed.
 	Result string `json:"result"`
 	// Node is the node the volume was probed on.
 	Node string `json:"node"`
@@ -31,9 +31,14 @@ type VolumeStatus struct {
 
 // Results in VolumeStatus.
 const (
-	statusUnhealthy = "unhealthy"
-	statusHealed    = "healed"
-	statusFailed    = "heal-failed"
+	// StatusUnhealthy: the last probe found the volume unhealthy and it was not healed: the
+	// policy did not ask for a heal, the driver cannot heal it (its data is lost, say), or pods
+	// must restart to see the repaired mount.
+	StatusUnhealthy = "unhealthy"
+	// StatusHealed: the volume was healed and a probe after the heal found it healthy.
+	StatusHealed = "healed"
+	// StatusHealFailed: a probe or heal of the volume failed after the dispatcher's retries.
+	StatusHealFailed = "heal-failed"
 )
 
 func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result string, health []probe.Health, message string) {

@@ -767,14 +767,14 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
-			s.writeStatus(ctx, v, statusUnhealthy, res.Health, "")
+			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 				"Volume is unhealthy on node %s (%s); the policy failed on it, so it is left alone until the policy is fixed: %v", v.NodeName, describe(res.Health), err)
 			return outcomeUnhealthy, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
-			s.writeStatus(ctx, v, statusUnhealthy, res.Health, "")
+			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			if !res.Has(string(policy.HealthDataLoss)) {
 				s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeUnhealthy, "Volume is unhealthy on node %s (%s) and is not healed: %s", v.NodeName, describe(res.Health), d.Reason)
 			}
@@ -805,7 +805,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		// Nothing claims the volume healed, and the failing-heal alert fires until they do.
 		s.mem.recordFailure(pv)
 		s.count(v.Driver, false, "pods_must_restart")
-		s.writeStatus(ctx, v, statusUnhealthy, healed.Health, "")
+		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
 		s.podsMustRestart(v, healed)
 		return outcomeUnhealthy, nil
@@ -817,7 +817,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	}
 	s.mem.recordHeal(pv, s.opts.Clock.Now())
 	s.count(v.Driver, false, "healed")
-	s.writeStatus(ctx, v, statusHealed, nil, "")
+	s.writeStatus(ctx, v, StatusHealed, nil, "")
 	s.setFailing(v, false)
 	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeHealed, "Volume healed on node %s by driver %s; a probe after the heal found it healthy", v.NodeName, v.Driver)
 	return outcomeHealed, nil
@@ -863,7 +863,7 @@ func (s *Sweeper) failed(ctx context.Context, v planner.Volume, err error) {
 		return
 	}
 	klog.FromContext(ctx).Error(err, "Volume not healed", "pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
-	s.writeStatus(ctx, v, statusFailed, nil, err.Error())
+	s.writeStatus(ctx, v, StatusHealFailed, nil, err.Error())
 	s.setFailing(v, true)
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/version"
 )
 
 func main() {
@@ -26,6 +27,10 @@ func main() {
 	defer stop()
 	cfg, err := parse(os.Args[1:], os.LookupEnv)
 	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
+	if err == nil && cfg.showVersion {
+		fmt.Println(version.Line("healer-sidecar"))
 		return
 	}
 	if err == nil {
@@ -41,8 +46,9 @@ func main() {
 // config is what the command line gives: the sidecar's options, and how to reach the API
 // server.
 type config struct {
-	opts       sidecar.Options
-	kubeconfig string
+	opts        sidecar.Options
+	kubeconfig  string
+	showVersion bool
 }
 
 // parse reads the flags; the downward API's environment variables fill what the flags leave
@@ -51,6 +57,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	cfg := &config{}
 	o := &cfg.opts
 	fs := pflag.NewFlagSet("healer-sidecar", pflag.ContinueOnError)
+	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version, the git commit and the Go version of this binary, and exit.")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path of a kubeconfig file; empty uses the pod's ServiceAccount (in-cluster).")
 	fs.StringVar(&o.DriverEndpoint, "driver-endpoint", sidecar.DefaultDriverEndpoint, "The driver's CSI-Addons UNIX socket.")
 	fs.StringVar(&o.NodeName, "node-name", "", "The Node this pod runs on. Default: $NODE_NAME.")

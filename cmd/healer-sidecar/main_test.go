@@ -28,6 +28,14 @@ func TestParse(t *testing.T) {
 				}
 			},
 		},
+		"--version": {
+			args: []string{"--version"},
+			check: func(t *testing.T, c *config) {
+				if !c.showVersion {
+					t.Error("--version not taken")
+				}
+			},
+		},
 		"flags win over the environment": {
 			args: []string{"--node-name=worker-2", "--namespace=csi", "--driver-endpoint=unix:///plugin/addons.sock",
 				"--listen=[::]:9443", "--allowed-identities=a,b", "--driver-timeout=5s", "--insecure", "--token-audience=healer",

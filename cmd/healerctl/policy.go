@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/volume-healer/volume-healer/policy"
 )
@@ -129,7 +128,7 @@ func compileFrom(cmd *cobra.Command, paths []string, opts policy.CompileOptions)
 
 func newPolicyExplainCommand() *cobra.Command {
 	var (
-		kubeconfig, kubeContext  string
+		kube                     kubeFlags
 		trigger, node, probe     string
 		probeReason              string
 		healable, full           bool
@@ -150,12 +149,9 @@ func newPolicyExplainCommand() *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			loading := clientcmd.NewDefaultClientConfigLoadingRules()
-			loading.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(loading,
-				&clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+			cfg, err := kube.config()
 			if err != nil {
-				return fmt.Errorf("loading kubeconfig: %w", err)
+				return err
 			}
 			client, err := kubernetes.NewForConfig(cfg)
 			if err != nil {
@@ -213,8 +209,7 @@ func newPolicyExplainCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; default: $KUBECONFIG or ~/.kube/config")
-	f.StringVar(&kubeContext, "context", "", "kubeconfig context; default: the current context")
+	kube.addTo(f)
 	f.StringVar(&trigger, "trigger", string(policy.TriggerRestart), "sweep to assume: restart, schedule or manual")
 	f.StringVar(&node, "node", "", "node to assume when the volume has no VolumeAttachment")
 	f.StringVar(&probe, "probe", "", "assume a probe result and explain the second evaluation: healthy, "+

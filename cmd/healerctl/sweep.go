@@ -12,17 +12,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 func newSweepCommand() *cobra.Command {
-	var kubeconfig, storageClass, pvc, driver, node string
+	var kube kubeFlags
+	var storageClass, pvc, driver, node string
 	var wait bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -33,7 +31,7 @@ func newSweepCommand() *cobra.Command {
 			"healer.csiaddons.openshift.io/sweep-handled and records a ManualSweepFinished Event.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := sweepClient(kubeconfig)
+			c, err := kube.client()
 			if err != nil {
 				return err
 			}
@@ -54,7 +52,7 @@ func newSweepCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	kube.addTo(f)
 	f.StringVar(&storageClass, "storage-class", "", "sweep the volumes of this StorageClass")
 	f.StringVar(&pvc, "pvc", "", "sweep the volume of this PVC, as NAMESPACE/NAME")
 	f.StringVar(&driver, "driver", "", "with --node: sweep this CSI driver's volumes on the node")
@@ -62,23 +60,6 @@ func newSweepCommand() *cobra.Command {
 	f.BoolVar(&wait, "wait", false, "wait until the controller has finished the sweep and print its outcome")
 	f.DurationVar(&timeout, "timeout", 5*time.Minute, "with --wait: how long to wait")
 	return cmd
-}
-
-func sweepClient(kubeconfig string) (client.Client, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := csiaddonsv1alpha1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return client.New(cfg, client.Options{Scheme: s})
 }
 
 // sweepTarget finds the object that carries the request.

@@ -48,7 +48,7 @@ func TestSweepRequestsAndWaits(t *testing.T) {
 	}()
 
 	var out bytes.Buffer
-	cmd := newRootCommand()
+	cmd := newRootCommand("healerctl")
 	cmd.SetOut(&out)
 	cmd.SetArgs([]string{"sweep", "--kubeconfig", env.Kubeconfig, "--storage-class", "gold", "--wait", "--timeout", "30s"})
 	if err := cmd.ExecuteContext(ctx); err != nil {
@@ -68,7 +68,7 @@ func TestSweepRequestsAndWaits(t *testing.T) {
 		"--storage-class missing":        "StorageClass missing",
 		"--driver rbd --node n1":         "no CSIAddonsNode for driver rbd on node n1",
 	} {
-		cmd := newRootCommand()
+		cmd := newRootCommand("healerctl")
 		cmd.SetOut(&bytes.Buffer{})
 		cmd.SetArgs(append([]string{"sweep", "--kubeconfig", env.Kubeconfig}, strings.Fields(args)...))
 		if err := cmd.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), want) {

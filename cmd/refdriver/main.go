@@ -36,6 +36,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/version"
 )
 
 func main() {
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string) error {
 		volumes      = fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)")
 		healMounters = fs.String("heal-mounters", "rbd-nbd,fuse", "simulated mode: mounters whose volumes this driver can heal; advertised as the attribute healMounters")
 		defaultHang  = fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given")
+		showVersion  = fs.Bool("version", false, "print the version, the git commit and the Go version of this binary, and exit")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -76,6 +78,10 @@ func run(ctx context.Context, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (the only subcommand is \"mounter\")", fs.Args())
+	}
+	if *showVersion {
+		fmt.Println(version.Line("refdriver"))
+		return nil
 	}
 	if *endpoint == "" || *stateDir == "" {
 		return errors.New("--endpoint and --state-dir are required")

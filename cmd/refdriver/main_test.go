@@ -112,3 +112,9 @@ func TestRunRejectsFlags(t *testing.T) {
 		})
 	}
 }
+
+func TestRunVersionNeedsNoOtherFlag(t *testing.T) {
+	if err := run(context.Background(), []string{"--version"}); err != nil {
+		t.Errorf("run(--version) = %v, want nil", err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller"
 	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/version"
 )
 
 func main() {
@@ -45,6 +46,7 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 			"node plugin pod under concurrency budgets.\n\n" +
 			"Configuration comes from built-in defaults, a YAML file (--config), VOLUME_HEALER_* environment\n" +
 			"variables and flags, each overriding the one before; see docs/configuration.md.",
+		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
@@ -58,6 +60,7 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 		},
 	}
 	root.PersistentFlags().AddFlagSet(flags)
+	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 
 	configCmd := &cobra.Command{Use: "config", Short: "Inspect the configuration"}
 	configCmd.AddCommand(&cobra.Command{

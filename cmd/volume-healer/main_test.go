@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/volume-healer/volume-healer/version"
 )
 
 func execute(t *testing.T, env map[string]string, args ...string) (string, error) {
@@ -78,5 +80,15 @@ func TestConfigPrint(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := execute(t, nil, "--version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := version.Line("volume-healer") + "\n"; out != want {
+		t.Errorf("--version printed %q, want %q", out, want)
 	}
 }

@@ -64,6 +64,21 @@ func RestartMarker(n *csiaddonsv1alpha1.CSIAddonsNode) string {
 	return strings.Join(parts, "|")
 }
 
+// Unswept returns n's restart marker and whether that restart is still to be swept: the marker
+// differs from the handled one, n is not being deleted and names its driver, and the change is
+// more than a restart of the csi-addons sidecar container alone (which is swept only with
+// sweepCSIAddonsSidecarRestarts, as RestartOptions says). Restarts and healerctl status decide
+// with it.
+func Unswept(n *csiaddonsv1alpha1.CSIAddonsNode, sweepCSIAddonsSidecarRestarts bool) (marker string, unswept bool) {
+	marker = RestartMarker(n)
+	handled := n.Annotations[annotations.HandledMarker]
+	if n.DeletionTimestamp != nil || marker == handled || n.Spec.Driver.Name == "" ||
+		(!sweepCSIAddonsSidecarRestarts && onlyCSIAddonsSidecarRestarted(n, handled)) {
+		return marker, false
+	}
+	return marker, true
+}
+
 // RestartOptions configure Restarts.
 type RestartOptions struct {
 	// Debounce folds marker changes that arrive within this window into one sweep. Default: 0.
@@ -112,12 +127,10 @@ func NewRestarts(opts RestartOptions) (*Restarts, error) {
 // restarts the wait.
 func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNode) {
 	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
-	marker := RestartMarker(n)
+	marker, unswept := Unswept(n, r.opts.SweepCSIAddonsSidecarRestarts)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	handled := n.Annotations[annotations.HandledMarker]
-	if n.DeletionTimestamp != nil || marker == handled || n.Spec.Driver.Name == "" ||
-		(!r.opts.SweepCSIAddonsSidecarRestarts && onlyCSIAddonsSidecarRestarted(n, handled)) {
+	if !unswept {
 		delete(r.pending, key)
 		return
 	}

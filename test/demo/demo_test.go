@@ -12,12 +12,13 @@ import (
 // controller as a process, real sidecars and reference drivers, a node plugin restart healed and a
 // periodic sweep's heal. run fails unless every promise of the story held: in the real mode every
 // healable mount healed and its workload writing again, the workload that cannot see a heal and
-// the lost volume reported, and nothing mounted or running left behind.
+// the lost volume reported, healerctl status showing an operator exactly that, and nothing
+// mounted or running left behind.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the controller and runs a control plane")
 	}
-	bin, err := harness.Build(harness.BuildOptions{NodePlugin: true})
+	bin, err := harness.Build(harness.BuildOptions{NodePlugin: true, Healerctl: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestDemo(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			err := run(ctx, options{
-				mode: tc.mode, nodes: 2, volumes: tc.volumes, controller: bin.Controller, refdriver: bin.Driver,
+				mode: tc.mode, nodes: 2, volumes: tc.volumes, controller: bin.Controller, refdriver: bin.Driver, healerctl: bin.Healerctl,
 				dir: t.TempDir(), schedule: "@every 2s", timeout: 2 * time.Minute,
 			})
 			if err != nil {

@@ -2,7 +2,8 @@
 // a few nodes each with the reference driver behind a real healer sidecar, and the controller as
 // its own process. It breaks volumes, restarts one node plugin, and shows the restart sweep probe
 // and heal them, then a periodic sweep. It exits 0 only when every promise held: every healable
-// broken volume healed, and what cannot be healed reported. The cluster, the node plugins and the
+// broken volume healed, what cannot be healed reported, and `healerctl status` showing the
+// operator exactly that. The cluster, the node plugins and the
 // controller process come from test/harness; this program owns the story and what it prints.
 //
 //	go run ./test/demo [--mode auto|real|simulated] [--nodes N] [--volumes N] [--hold]
@@ -38,6 +39,7 @@ func main() {
 	flag.IntVar(&opts.volumes, "volumes", 0, "volumes per node (default: 8 real, 80 simulated)")
 	flag.StringVar(&opts.controller, "controller", "bin/volume-healer", "the controller binary to run")
 	flag.StringVar(&opts.refdriver, "refdriver", "bin/refdriver", "real mode: the reference driver binary each node plugin runs")
+	flag.StringVar(&opts.healerctl, "healerctl", "bin/healerctl", "the healerctl binary that shows the operator's view at the end")
 	flag.StringVar(&opts.dir, "dir", ".demo", "folder for the demo's state, logs and kubeconfig")
 	flag.StringVar(&opts.schedule, "schedule", "@every 10s", "the periodic schedule the demo sets on a StorageClass")
 	flag.BoolVar(&opts.hold, "hold", false, "keep the cluster running after the summary until Ctrl-C, to look with kubectl")
@@ -64,9 +66,10 @@ type options struct {
 	mode string
 	// nodes and volumes (per node) are 0 for the mode's default.
 	nodes, volumes int
-	// controller and refdriver are the binaries run as processes; refdriver only in real mode.
-	controller, refdriver string
-	dir                   string
+	// controller and refdriver are the binaries run as processes, refdriver only in real mode;
+	// healerctl shows the operator's view at the end.
+	controller, refdriver, healerctl string
+	dir                              string
 	// schedule is the periodic schedule set on a StorageClass.
 	schedule string
 	hold     bool

@@ -118,6 +118,10 @@ func realDemo(s *harness.Script, dir string, o options) error {
 		return fmt.Errorf("%w (controller log: %s)", err, ctrl.LogPath)
 	}
 	broken := realSummary(ctx, nodes, victim, r, p)
+	// The volume whose workload cannot see the repaired mount is not healed: its pod must restart.
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, victim.Node(), victim.vols[lostIndex].Volume, []*harness.Volume{victim.vols[privateIndex].Volume}); err != nil {
+		broken = append(broken, err.Error())
+	}
 	if o.hold {
 		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
 		<-ctx.Done()

@@ -118,6 +118,9 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 	}
 
 	summary(ctx, plugins, vols, broken, lost, degraded, healTime)
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, victim.Node(), lost[0], nil); err != nil {
+		return err
+	}
 	if o.hold {
 		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
 		<-ctx.Done()

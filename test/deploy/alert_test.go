@@ -16,6 +16,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -176,6 +178,11 @@ func TestFailingHealFiresAlert(t *testing.T) {
 	}
 	if !strings.Contains(string(scrape), fmt.Sprintf(`volume_healer_heals_total{driver=%q,result="error"}`, driverName)) {
 		t.Errorf("the heals did not fail as heals: no volume_healer_heals_total{result=\"error\"} in\n%s", grep(scrape, "volume_healer_heals_total"))
+	}
+
+	// Which build runs, for dashboards and for joins in queries.
+	if build := regexp.MustCompile(`(?m)^volume_healer_build_info\{commit="[^"]+",goversion="` + regexp.QuoteMeta(runtime.Version()) + `",version="[^"]+"\} 1$`); !build.Match(scrape) {
+		t.Errorf("no volume_healer_build_info of a %s build in\n%s", runtime.Version(), grep(scrape, "volume_healer_build_info"))
 	}
 
 	// What an operator sees besides the alert: the Event and the claim's status annotation.

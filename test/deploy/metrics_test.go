@@ -20,6 +20,8 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/metricstest"
+	"github.com/volume-healer/volume-healer/version"
+	"github.com/volume-healer/volume-healer/version/versionmetrics"
 )
 
 // metricName matches the volume-healer series a PromQL expression selects.
@@ -38,8 +40,10 @@ func seriesNames(t *testing.T) map[string]string {
 			if _, err := policy.NewMetrics(reg); err != nil {
 				return err
 			}
-			_, err := webhook.NewMetrics(reg)
-			return err
+			if _, err := webhook.NewMetrics(reg); err != nil {
+				return err
+			}
+			return reg.Register(versionmetrics.NewBuildInfo(version.Get()))
 		},
 		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
 	} {

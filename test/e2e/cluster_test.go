@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -119,4 +122,39 @@ func (f *fixture) waitPolicyStatus(name, status string, accept func(policy.Polic
 		return st.Status == status && (accept == nil || accept(st)), fmt.Sprintf("%+v", st)
 	})
 	return st
+}
+
+// restartStatus is one restart as `healerctl status -o json` reports it.
+type restartStatus struct {
+	Driver, Node, State string
+	NeedsHuman          bool
+	LastSweep           *struct{ Reason, Message string }
+}
+
+// healerctlStatus runs `healerctl status -o json` with args against the suite's cluster and
+// returns its exit code and the restart of node.
+func (f *fixture) healerctlStatus(node string, args ...string) (int, restartStatus) {
+	f.t.Helper()
+	cmd := exec.Command(f.s.Bin.Healerctl, append([]string{"status", "-o", "json", "--kubeconfig", f.s.Kubeconfig, "--policy-namespace", f.policyNS}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	code := 0
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() == 1 {
+			f.t.Fatalf("healerctl status: %v\n%s", err, stderr.String())
+		}
+		code = exit.ExitCode()
+	}
+	var st struct{ Restarts []restartStatus }
+	if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
+		f.t.Fatalf("healerctl status -o json: %v\n%s", err, stdout.String())
+	}
+	for _, r := range st.Restarts {
+		if r.Driver == f.Driver && r.Node == node {
+			return code, r
+		}
+	}
+	f.t.Fatalf("healerctl status lists no restart of %s on %s: %+v", f.Driver, node, st.Restarts)
+	return 0, restartStatus{}
 }

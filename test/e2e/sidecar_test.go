@@ -8,6 +8,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -203,11 +204,20 @@ func TestRestartSweptOnceTheSidecarAnswers(t *testing.T) {
 	if tries := c.Metric("volume_healer_restart_sweep_retries_total", nil); tries < 2 {
 		t.Errorf("volume_healer_restart_sweep_retries_total = %v after %s unreachable, want the sweep tried again", tries, unreachable)
 	}
+	// What an operator sees meanwhile: the restart pending, and past the threshold a human's job.
+	code, st := f.healerctlStatus(n.name, "--pending-threshold=20s")
+	if code != 2 || st.State != "pending" || !st.NeedsHuman || st.LastSweep == nil || st.LastSweep.Reason != healer.ReasonRestartSweepPending {
+		t.Errorf("healerctl status while the sidecar is frozen: exit %d, %+v; want exit 2 and the restart pending with its %s Event, needing a human",
+			code, st, healer.ReasonRestartSweepPending)
+	}
 	if err := frozen.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.SweepFinished(n.name, 2*time.Minute); got != marker {
 		t.Errorf("handled marker %q, want the restart that was pending (%q)", got, marker)
+	}
+	if _, st := f.healerctlStatus(n.name, "--pending-threshold=20s"); st.State != "handled" || st.NeedsHuman {
+		t.Errorf("healerctl status once the restart is swept: %+v, want it handled", st)
 	}
 	c.WaitIdle(time.Minute)
 	f.verify([]*node{n}, b, outcome{healed: vols})

@@ -55,11 +55,13 @@ type BuildOptions struct {
 	// NodePlugin also builds cmd/healer-sidecar and cmd/refdriver, always Plain: a suite runs
 	// many of them, which the race detector's cost would not let fit on a small machine.
 	NodePlugin bool
+	// Healerctl also builds cmd/healerctl, Plain.
+	Healerctl bool
 }
 
 // Binaries are the paths of built programs; a program not asked for is "".
 type Binaries struct {
-	Controller, Sidecar, Driver string
+	Controller, Sidecar, Driver, Healerctl string
 }
 
 // BinDir is the folder, below the module root, that Build builds into: one subfolder per flavor.
@@ -100,6 +102,11 @@ func Build(o BuildOptions) (Binaries, error) {
 			return Binaries{}, err
 		}
 		b.Driver = filepath.Join(filepath.Dir(b.Sidecar), "refdriver")
+	}
+	if o.Healerctl {
+		if b.Healerctl, err = build(root, dir, Plain, "./cmd/healerctl"); err != nil {
+			return Binaries{}, err
+		}
 	}
 	return b, nil
 }

@@ -5,6 +5,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+
+	"github.com/volume-healer/volume-healer/version"
+	"github.com/volume-healer/volume-healer/version/versionmetrics"
 )
 
 // Reasons of volume_healer_sidecar_auth_failures_total.
@@ -24,7 +27,8 @@ type Metrics struct {
 	panics       *prometheus.CounterVec
 }
 
-// NewMetrics creates the sidecar's instruments and registers them with reg.
+// NewMetrics creates the sidecar's instruments and registers them with reg, with the build info
+// gauge of this binary.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -53,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Calls whose handling panicked, by RPC; each was answered Internal and the sidecar went on.",
 		}, []string{"rpc"}),
 	}
-	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics)
+	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, versionmetrics.NewBuildInfo(version.Get()))
 	return m
 }
 

@@ -38,6 +38,8 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/version"
+	"github.com/volume-healer/volume-healer/version/versionmetrics"
 )
 
 // shutdownTimeout bounds how long the controller's parts get to stop after a signal.
@@ -66,7 +68,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versionmetrics.NewBuildInfo(version.Get()))
 	schedMetrics := trigger.NewMetrics(reg)
 
 	clientset, err := kubernetes.NewForConfig(restCfg)

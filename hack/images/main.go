@@ -1,0 +1,617 @@
+// Command images builds the container images of volume-healer without a container engine: the
+// controller (volume-healer), the healer sidecar (healer-sidecar) and the reference driver
+// (healer-refdriver), each for linux/amd64 and linux/arm64.
+//
+//	go run ./hack/images [--out .cache/images] [--platforms linux/amd64,linux/arm64]
+//
+// (`make images` runs it.) Each image holds one static Go binary (CGO off, -trimpath, the
+// version of the VERSION file and the git commit stamped with -ldflags) at /<binary>, and
+// /etc/passwd and /etc/group naming the user 65532 it runs as; no base image is pulled. Its
+// configuration sets the entrypoint, that user, and the OCI labels source, revision, version,
+// created and title. The two platforms' images form one OCI image index.
+//
+// The builds are reproducible: the same commit gives the same bytes and so the same digests on
+// any machine with the same Go version. Every time in the images and archives is the commit's
+// time (or SOURCE_DATE_EPOCH when set), file owners are root and modes fixed, and the Go build
+// takes no setting from the environment (GOFLAGS, GOAMD64, ...) that would change its output.
+//
+// Output, below --out:
+//
+//	<image>/         OCI image layout whose index.json names the image index ("<image>:<version>")
+//	<image>.tar      the same layout as one tar file: `podman load -i`, `docker load -i`,
+//	                 `skopeo copy --all oci-archive:<image>.tar docker://...`
+//	images.json      for each image: its reference, the digest of its index and of each platform's
+//	                 image, and the paths of both forms
+//	digests.env      the same for a shell (`. .cache/images/digests.env`): VERSION, and the
+//	                 digest of each image's index as VOLUME_HEALER_DIGEST, HEALER_SIDECAR_DIGEST, ...
+//	bin/<os>_<arch>/ the binaries in the images
+//
+// It builds only from the repository it runs in, and needs git and the go command.
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// module is the Go module path, for the -X flags of package version.
+const module = "github.com/volume-healer/volume-healer"
+
+// sourceURL is the value of the label org.opencontainers.image.source.
+const sourceURL = "https://github.com/volume-healer/volume-healer"
+
+// User is the user and group the images run as: not root, and the UID that distroless images and
+// the restricted Pod Security Standard's examples use for "nonroot".
+const User = "65532:65532"
+
+// OCI label (and annotation) keys the images carry.
+const (
+	LabelSource   = "org.opencontainers.image.source"
+	LabelRevision = "org.opencontainers.image.revision"
+	LabelVersion  = "org.opencontainers.image.version"
+	LabelCreated  = "org.opencontainers.image.created"
+	LabelTitle    = "org.opencontainers.image.title"
+	LabelDesc     = "org.opencontainers.image.description"
+	// refNameAnnotation names an image in an OCI layout's index.json.
+	refNameAnnotation = "org.opencontainers.image.ref.name"
+)
+
+// Image is one image to build: which binary, from which package.
+type Image struct {
+	// Name is the image's name, without registry or tag.
+	Name string
+	// Package is the main package, relative to the module root.
+	Package string
+	// Binary is the binary's name, which is also its path (/<Binary>) in the image.
+	Binary string
+	// Description is the label org.opencontainers.image.description.
+	Description string
+}
+
+// Images are the images `make images` builds. deploy/ names the first two.
+var Images = []Image{
+	{Name: "volume-healer", Package: "./cmd/volume-healer", Binary: "volume-healer",
+		Description: "volume-healer controller: probes and heals CSI volumes after node plugin restarts"},
+	{Name: "healer-sidecar", Package: "./cmd/healer-sidecar", Binary: "healer-sidecar",
+		Description: "volume-healer sidecar: serves the controller in a CSI node plugin pod and relays to the driver"},
+	{Name: "healer-refdriver", Package: "./cmd/refdriver", Binary: "refdriver",
+		Description: "volume-healer reference driver: a CSI node plugin that implements the healer protocol"},
+}
+
+// Platform is an operating system and architecture to build for.
+type Platform struct{ OS, Arch string }
+
+func (p Platform) String() string { return p.OS + "/" + p.Arch }
+
+// DefaultPlatforms are the platforms every image is built for.
+var DefaultPlatforms = []Platform{{"linux", "amd64"}, {"linux", "arm64"}}
+
+// ParsePlatforms reads a comma-separated list of os/arch.
+func ParsePlatforms(s string) ([]Platform, error) {
+	var out []Platform
+	for _, part := range strings.Split(s, ",") {
+		goos, goarch, ok := strings.Cut(strings.TrimSpace(part), "/")
+		if !ok || goos != "linux" || goarch == "" {
+			return nil, fmt.Errorf("platform %q: want linux/<arch>, such as linux/amd64", part)
+		}
+		out = append(out, Platform{goos, goarch})
+	}
+	return out, nil
+}
+
+// Source is what the images are built from and stamped with.
+type Source struct {
+	// Version is "v" and the VERSION file's content, such as v0.1.0: the images' tag.
+	Version string
+	// Commit is the git commit, with "-dirty" when tracked files differ from it.
+	Commit string
+	// Time is SOURCE_DATE_EPOCH when set, else the commit's time: every time in the output.
+	Time time.Time
+}
+
+// ReadSource reads the version file and the git state of the repository at root; epoch is the
+// value of SOURCE_DATE_EPOCH ("" for the commit's time).
+func ReadSource(ctx context.Context, root, epoch string) (Source, error) {
+	raw, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		return Source{}, fmt.Errorf("version file: %w", err)
+	}
+	v := strings.TrimSpace(string(raw))
+	if v == "" || strings.HasPrefix(v, "v") || strings.ContainsAny(v, " \t\n/:@") {
+		return Source{}, fmt.Errorf("VERSION holds %q: want a version without the v, such as 0.1.0", v)
+	}
+	commit, err := git(ctx, root, "rev-parse", "HEAD")
+	if err != nil {
+		return Source{}, err
+	}
+	status, err := git(ctx, root, "status", "--porcelain", "--untracked-files=no")
+	if err != nil {
+		return Source{}, err
+	}
+	if status != "" {
+		commit += "-dirty"
+	}
+	if epoch == "" {
+		if epoch, err = git(ctx, root, "log", "-1", "--format=%ct", "HEAD"); err != nil {
+			return Source{}, err
+		}
+	}
+	secs, err := strconv.ParseInt(epoch, 10, 64)
+	if err != nil {
+		return Source{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: want seconds since 1970: %w", epoch, err)
+	}
+	return Source{Version: "v" + v, Commit: commit, Time: time.Unix(secs, 0).UTC()}, nil
+}
+
+func git(ctx context.Context, root string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git %s in %s: %w: %s", strings.Join(args, " "), root, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// LDFlags are the linker flags of every binary: no symbol table nor DWARF (smaller images; stack
+// traces keep their function names and lines), and the version and commit for --version.
+func (s Source) LDFlags() string {
+	return fmt.Sprintf("-s -w -X %s/version.version=%s -X %s/version.commit=%s", module, s.Version, module, s.Commit)
+}
+
+// BuildBinaries builds the binaries of images for p into dir, one go build for all of them, with
+// flags added to go build's. The go command leaves a binary that is up to date as it is.
+func BuildBinaries(ctx context.Context, root, dir string, src Source, p Platform, images []Image, flags ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", src.LDFlags(), "-o", dir + string(filepath.Separator)}
+	args = append(args, flags...)
+	for _, img := range images {
+		args = append(args, img.Package)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.Env = buildEnv(os.Environ(), p)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build for %s: %w\n%s", p, err, out.String())
+	}
+	return nil
+}
+
+// buildEnv is env with every variable that changes what go build produces set for p: a static
+// binary for the platform's baseline CPU, no experiments, no flags from the caller.
+func buildEnv(env []string, p Platform) []string {
+	set := map[string]string{
+		"CGO_ENABLED": "0", "GOOS": p.OS, "GOARCH": p.Arch, "GOFLAGS": "", "GOEXPERIMENT": "",
+		"GOAMD64": "v1", "GOARM64": "v8.0", "GO386": "", "GOARM": "", "GOMIPS": "", "GOMIPS64": "", "GOPPC64": "", "GORISCV64": "", "GOWASM": "",
+	}
+	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		_, ok := set[k]
+		return ok
+	})
+	for k, v := range set {
+		if v != "" {
+			out = append(out, k+"="+v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// passwd and group name the image's users: root owns the files, 65532 runs the binary.
+const (
+	passwd = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
+	group  = "root:x:0:\nnonroot:x:65532:\n"
+)
+
+// Layer returns the image's one layer, uncompressed: /etc/passwd, /etc/group, /tmp (writable by
+// all, sticky, for programs that need a temporary file) and the binary at /<name>, every entry
+// owned by root and dated mtime.
+func Layer(name string, binary []byte, mtime time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	entries := []struct {
+		name string
+		mode int64
+		data []byte
+		dir  bool
+	}{
+		{name: "etc/", mode: 0o755, dir: true},
+		{name: "etc/group", mode: 0o644, data: []byte(group)},
+		{name: "etc/passwd", mode: 0o644, data: []byte(passwd)},
+		{name: "tmp/", mode: 0o1777, dir: true},
+		{name: name, mode: 0o755, data: binary},
+	}
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: e.mode, ModTime: mtime, Format: tar.FormatPAX}
+		if e.dir {
+			h.Typeflag = tar.TypeDir
+		} else {
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.data))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Labels are the OCI labels of img's images and annotations of its index.
+func Labels(img Image, src Source) map[string]string {
+	return map[string]string{
+		LabelSource:   sourceURL,
+		LabelRevision: src.Commit,
+		LabelVersion:  src.Version,
+		LabelCreated:  src.Time.Format(time.RFC3339),
+		LabelTitle:    img.Name,
+		LabelDesc:     img.Description,
+	}
+}
+
+// NewImage returns img's image for p, from its binary.
+func NewImage(img Image, p Platform, binary []byte, src Source) (v1.Image, error) {
+	raw, err := Layer(img.Binary, binary, src.Time)
+	if err != nil {
+		return nil, err
+	}
+	// Compressed once: the digest and the layout's blob are the same gzip stream.
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil },
+		tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
+	if err != nil {
+		return nil, err
+	}
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	out, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
+		Created:   v1.Time{Time: src.Time},
+		CreatedBy: "hack/images: /" + img.Binary + " from " + img.Package,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := out.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture = p.OS, p.Arch
+	cfg.Created = v1.Time{Time: src.Time}
+	cfg.Author = sourceURL
+	cfg.Config = v1.Config{
+		Entrypoint: []string{"/" + img.Binary},
+		User:       User,
+		WorkingDir: "/",
+		Env:        []string{"PATH=/"},
+		Labels:     Labels(img, src),
+	}
+	return mutate.ConfigFile(out, cfg)
+}
+
+// NewIndex returns the image index of img over the platforms' images.
+func NewIndex(img Image, src Source, images map[Platform]v1.Image, platforms []Platform) (v1.ImageIndex, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	for _, p := range platforms {
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        images[p],
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: p.OS, Architecture: p.Arch}},
+		})
+	}
+	annotated, ok := mutate.Annotations(idx, Labels(img, src)).(v1.ImageIndex)
+	if !ok {
+		return nil, errors.New("annotating the image index gave no index")
+	}
+	return annotated, nil
+}
+
+// WriteLayout writes idx as the one entry of a new OCI image layout in dir, named ref.
+func WriteLayout(dir string, idx v1.ImageIndex, ref string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{refNameAnnotation: ref})); err != nil {
+		return fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	return nil
+}
+
+// WriteTarball writes the layout in dir as one tar file (an OCI archive): its files in order of
+// name, each owned by root, dated mtime, 0644 and folders 0755.
+func WriteTarball(dir, file string, mtime time.Time) error {
+	var names []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != dir {
+			names = append(names, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	tmp := file + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp) }()
+	tw := tar.NewWriter(f)
+	for _, p := range names {
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		info, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		h := &tar.Header{Name: filepath.ToSlash(rel), ModTime: mtime, Format: tar.FormatPAX}
+		switch {
+		case info.IsDir():
+			h.Typeflag, h.Mode, h.Name = tar.TypeDir, 0o755, h.Name+"/"
+		case info.Mode().IsRegular():
+			h.Typeflag, h.Mode, h.Size = tar.TypeReg, 0o644, info.Size()
+		default:
+			return fmt.Errorf("%s: neither a file nor a folder", p)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if err := copyFile(tw, p); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+func copyFile(w io.Writer, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	_, err = io.Copy(w, f)
+	return err
+}
+
+// Built is what was built of one image: the entry of images.json.
+type Built struct {
+	// Name is the image's name and Ref its name and tag.
+	Name string `json:"name"`
+	Ref  string `json:"ref"`
+	// Binary is the path of the binary in the image.
+	Binary string `json:"binary"`
+	// Digest is the digest of the image index: what `crane push` of Layout gives in a registry.
+	Digest string `json:"digest"`
+	// Platforms maps each os/arch to the digest of its image.
+	Platforms map[string]string `json:"platforms"`
+	// Layout is the OCI image layout's folder, Tarball its tar file.
+	Layout  string `json:"layout"`
+	Tarball string `json:"tarball"`
+}
+
+// Options say what Run builds where.
+type Options struct {
+	// Root is the repository's root folder. Required.
+	Root string
+	// Out receives the layouts, tarballs and images.json. Required.
+	Out string
+	// Binaries is the folder the binaries are built into, as <os>_<arch>/<binary>. Builds into one
+	// folder take turns (a lock file in it), and the go command leaves the binaries that are up to
+	// date, so that two builds from the same source link each binary once. Default: Out/bin.
+	Binaries string
+	// Source is what to stamp and date. Required.
+	Source Source
+	// Platforms to build for. Default DefaultPlatforms.
+	Platforms []Platform
+	// Images to build. Default Images.
+	Images []Image
+	// Log receives progress lines. Default: nothing.
+	Log io.Writer
+}
+
+// BinaryPath is where Run finds or puts img's binary for p below a binaries folder.
+func BinaryPath(dir string, p Platform, img Image) string {
+	return filepath.Join(dir, p.OS+"_"+p.Arch, img.Binary)
+}
+
+// Run builds the binaries (unless given), the images and their index, and writes each image's
+// layout and tarball, then images.json.
+func Run(ctx context.Context, o Options) ([]Built, error) {
+	if len(o.Platforms) == 0 {
+		o.Platforms = DefaultPlatforms
+	}
+	if len(o.Images) == 0 {
+		o.Images = Images
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	bins := o.Binaries
+	if bins == "" {
+		bins = filepath.Join(o.Out, "bin")
+	}
+	if err := os.MkdirAll(bins, 0o755); err != nil {
+		return nil, err
+	}
+	unlock, err := lock(filepath.Join(bins, ".lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for _, p := range o.Platforms {
+		start := time.Now()
+		if err := BuildBinaries(ctx, o.Root, filepath.Join(bins, p.OS+"_"+p.Arch), o.Source, p, o.Images); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.Log, "built the binaries for %s in %s\n", p, time.Since(start).Round(100*time.Millisecond))
+	}
+	var built []Built
+	for _, img := range o.Images {
+		b, err := pack(o, bins, img)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		fmt.Fprintf(o.Log, "%s@%s\n", b.Ref, b.Digest)
+		built = append(built, b)
+	}
+	data, err := json.MarshalIndent(built, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.Out, "images.json"), append(data, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(o.Out, "digests.env"), []byte(DigestsEnv(o.Source, built)), 0o644); err != nil {
+		return nil, err
+	}
+	return built, nil
+}
+
+// DigestsEnv is digests.env: shell assignments of VERSION and of each image's index digest, the
+// variable named after the image (volume-healer: VOLUME_HEALER_DIGEST).
+func DigestsEnv(src Source, built []Built) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "VERSION=%s\n", src.Version)
+	for _, img := range built {
+		fmt.Fprintf(&b, "%s_DIGEST=%s\n", strings.ToUpper(strings.ReplaceAll(img.Name, "-", "_")), img.Digest)
+	}
+	return b.String()
+}
+
+func pack(o Options, bins string, img Image) (Built, error) {
+	b := Built{
+		Name: img.Name, Ref: img.Name + ":" + o.Source.Version, Binary: "/" + img.Binary, Platforms: map[string]string{},
+		Layout: filepath.Join(o.Out, img.Name), Tarball: filepath.Join(o.Out, img.Name+".tar"),
+	}
+	images := map[Platform]v1.Image{}
+	for _, p := range o.Platforms {
+		binary, err := os.ReadFile(BinaryPath(bins, p, img))
+		if err != nil {
+			return b, err
+		}
+		im, err := NewImage(img, p, binary, o.Source)
+		if err != nil {
+			return b, fmt.Errorf("%s: %w", p, err)
+		}
+		d, err := im.Digest()
+		if err != nil {
+			return b, err
+		}
+		images[p], b.Platforms[p.String()] = im, d.String()
+	}
+	idx, err := NewIndex(img, o.Source, images, o.Platforms)
+	if err != nil {
+		return b, err
+	}
+	d, err := idx.Digest()
+	if err != nil {
+		return b, err
+	}
+	b.Digest = d.String()
+	if err := WriteLayout(b.Layout, idx, b.Ref); err != nil {
+		return b, err
+	}
+	return b, WriteTarball(b.Layout, b.Tarball, o.Source.Time)
+}
+
+// lock takes an exclusive lock on file, waiting for it, and returns its release.
+func lock(file string) (func(), error) {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("lock %s: %w", file, err)
+	}
+	return func() { _ = f.Close() }, nil
+}
+
+func main() {
+	out := flag.String("out", ".cache/images", "folder for the image layouts, tarballs, images.json and binaries")
+	platforms := flag.String("platforms", "linux/amd64,linux/arm64", "platforms to build each image for, comma separated")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *out, *platforms); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out, platforms string) error {
+	ps, err := ParsePlatforms(platforms)
+	if err != nil {
+		return err
+	}
+	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
+	if err != nil {
+		return err
+	}
+	src, err := ReadSource(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
+	if err != nil {
+		return err
+	}
+	if !filepath.IsAbs(out) {
+		out = filepath.Join(root, out)
+	}
+	fmt.Printf("building %s images at commit %s, dated %s\n", src.Version, src.Commit, src.Time.Format(time.RFC3339))
+	built, err := Run(ctx, Options{Root: root, Out: out, Source: src, Platforms: ps, Log: os.Stdout})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("wrote %d images (OCI layout folder and .tar each), images.json and digests.env to %s\n", len(built), out)
+	return nil
+}
