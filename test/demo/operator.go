@@ -13,10 +13,10 @@ import (
 )
 
 // operatorView shows what an operator sees with `healerctl status` (`kubectl healer status`), and
-// checks it: the restart of the node whose plugin restarted is handled, the volume whose data is
+// checks it: the restart of the driver's node whose plugin restarted is handled, the volume whose data is
 // lost and the volumes left unhealed wait for a human (and nothing else does), and the exit code
 // says that something needs one.
-func operatorView(ctx context.Context, healerctl, kubeconfig, restarted string, lost *harness.Volume, unhealed []*harness.Volume) error {
+func operatorView(ctx context.Context, healerctl, kubeconfig, driver, restarted string, lost *harness.Volume, unhealed []*harness.Volume) error {
 	step("What an operator sees: healerctl status (or kubectl healer status)")
 	table, code, err := runHealerctl(ctx, healerctl, "status", "--kubeconfig", kubeconfig)
 	if err != nil {
@@ -46,7 +46,7 @@ func operatorView(ctx context.Context, healerctl, kubeconfig, restarted string, 
 		problems = append(problems, fmt.Sprintf("exit codes %d and %d, want 2: a volume's data is lost", code, jsonCode))
 	}
 	if !slices.ContainsFunc(st.Restarts, func(r struct{ Driver, Node, State string }) bool {
-		return r.Driver == driverName && r.Node == restarted && r.State == "handled"
+		return r.Driver == driver && r.Node == restarted && r.State == "handled"
 	}) {
 		problems = append(problems, fmt.Sprintf("the restart on %s is not listed as handled: %+v", restarted, st.Restarts))
 	}

@@ -119,7 +119,7 @@ func realDemo(s *harness.Script, dir string, o options) error {
 	}
 	broken := realSummary(ctx, nodes, victim, r, p)
 	// The volume whose workload cannot see the repaired mount is not healed: its pod must restart.
-	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, victim.Node(), victim.vols[lostIndex].Volume, []*harness.Volume{victim.vols[privateIndex].Volume}); err != nil {
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, realDriverName, victim.Node(), victim.vols[lostIndex].Volume, []*harness.Volume{victim.vols[privateIndex].Volume}); err != nil {
 		broken = append(broken, err.Error())
 	}
 	if o.hold {

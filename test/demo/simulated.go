@@ -118,7 +118,7 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 	}
 
 	summary(ctx, plugins, vols, broken, lost, degraded, healTime)
-	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, victim.Node(), lost[0], nil); err != nil {
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, driverName, victim.Node(), lost[0], nil); err != nil {
 		return err
 	}
 	if o.hold {
