@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -304,6 +305,11 @@ func (p *Plugin) freeze(r *record, hang time.Duration) error {
 	if !sent {
 		return fmt.Errorf("%w: volume %q has no running mounter to stop", ErrInvalidRequest, r.VolumeID)
 	}
+	// The signal is delivered to the mounter's threads one by one: until all are stopped, one
+	// may still answer a request, and the mount would not look frozen yet.
+	if err := waitStopped(r.MounterPID, 5*time.Second); err != nil {
+		return fmt.Errorf("%w: volume %q: %w", ErrMounter, r.VolumeID, err)
+	}
 	if hang == 0 {
 		return nil
 	}
@@ -397,4 +403,43 @@ func (p *Plugin) SetStaged(ctx context.Context, id string, staged bool) (VolumeS
 	}
 	vs, _, err := p.describe(id)
 	return vs, err
+}
+
+// waitStopped waits until every thread of the process pid is stopped (state T in its stat).
+func waitStopped(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		running, err := runningThreads(pid)
+		if err != nil || running == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d threads of mounter %d still run %s after SIGSTOP", running, pid, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads of pid that are not stopped.
+func runningThreads(pid int) (int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read the threads of mounter %d: %w", pid, err)
+	}
+	running := 0
+	for _, t := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the command name, which ends at the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			continue
+		}
+		if state := stat[i+2]; state != 'T' && state != 't' && state != 'Z' && state != 'X' {
+			running++
+		}
+	}
+	return running, nil
 }
