@@ -339,7 +339,11 @@ func TestLoadInvalidValues(t *testing.T) {
 		},
 		"token file empty": {
 			file: "sidecar:\n  auth:\n    tokenFile: ''\n",
-			want: []string{`sidecar.auth.tokenFile (file `, `line 3): "" is not allowed`, "must name the file holding the ServiceAccount token"},
+			want: []string{`sidecar.auth.tokenFile (file `, `line 3): "" is not allowed`, "must name a file holding a token of the controller's ServiceAccount"},
+		},
+		"token audience empty": {
+			env:  map[string]string{"VOLUME_HEALER_SIDECAR_AUTH_AUDIENCE": ""},
+			want: []string{`sidecar.auth.audience (env VOLUME_HEALER_SIDECAR_AUTH_AUDIENCE): "" is not allowed`, "must name the base of the sidecars' token audiences"},
 		},
 		"verbosity above 10": {
 			args: []string{"--log-verbosity=11"},

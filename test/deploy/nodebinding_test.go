@@ -7,7 +7,6 @@ import (
 	"time"
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,24 +66,7 @@ func checkNodeBinding(ctx context.Context, t *testing.T, c *cluster, ns, sa stri
 	// A node plugin's client: the projected token of its pod on node, as kubelet mounts it.
 	pluginOf := func(node string) client.Client {
 		t.Helper()
-		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		pod, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plugin-" + node},
-			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, AutomountServiceAccountToken: new(bool),
-				Containers: []corev1.Container{{Name: "plugin", Image: "plugin"}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clientWithToken(t, c, tok.Status.Token)
+		return clientWithToken(t, c, podBoundToken(ctx, t, c, ns, sa, node))
 	}
 	nodeA, nodeB := pluginOf("node-a"), pluginOf("node-b")
 	unbound := clientWithToken(t, c, serviceAccountToken(ctx, t, c, ns, sa, nil))

@@ -20,6 +20,8 @@ import (
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
 // tokenReviewer creates TokenReviews; the typed client's AuthenticationV1().TokenReviews() is
@@ -61,7 +63,7 @@ type authenticator struct {
 func newAuthenticator(reviews tokenReviewer, o *Options, metrics *Metrics, clk clock.PassiveClock) *authenticator {
 	return &authenticator{
 		reviews:  reviews,
-		audience: o.TokenAudience,
+		audience: healerv1alpha1.NodeTokenAudience(o.TokenAudience, o.NodeName),
 		allowed:  slices.Clone(o.AllowedIdentities),
 		okTTL:    o.AuthCacheTTL,
 		failTTL:  o.AuthFailureCacheTTL,
@@ -158,10 +160,7 @@ func (a *authenticator) review(ctx context.Context, token string) (reviewResult,
 }
 
 func (a *authenticator) tokenReview(ctx context.Context, token string) (reviewResult, error) {
-	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}
-	if a.audience != "" {
-		tr.Spec.Audiences = []string{a.audience}
-	}
+	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{a.audience}}}
 	out, err := a.reviews.Create(ctx, tr, metav1.CreateOptions{})
 	if err != nil {
 		return reviewResult{}, fmt.Errorf("create TokenReview: %w", err)
@@ -174,8 +173,8 @@ func (a *authenticator) tokenReview(ctx context.Context, token string) (reviewRe
 			problem = "the API server did not authenticate it"
 		}
 		return reviewResult{problem: problem}, nil
-	case a.audience != "" && !slices.Contains(st.Audiences, a.audience):
-		return reviewResult{problem: fmt.Sprintf("it is not valid for the audience %q (--token-audience)", a.audience)}, nil
+	case !slices.Contains(st.Audiences, a.audience):
+		return reviewResult{problem: fmt.Sprintf("it is not valid for the audience %q of this node's sidecar (--token-audience and --node-name)", a.audience)}, nil
 	case st.User.Username == "":
 		return reviewResult{problem: "the TokenReview named no user"}, nil
 	}

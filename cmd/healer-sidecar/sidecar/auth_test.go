@@ -15,6 +15,8 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
 // fakeReviewer answers TokenReviews from a table of tokens and counts them.
@@ -23,7 +25,7 @@ type fakeReviewer struct {
 	calls int
 	// users maps a valid token to its user and audiences.
 	users map[string]authenticationv1.UserInfo
-	// audiences the valid tokens carry.
+	// audiences the valid tokens carry; nil: whichever the review asks for.
 	audiences []string
 	err       error
 	// gate, when set, holds every review until it is closed.
@@ -43,7 +45,11 @@ func (f *fakeReviewer) Create(_ context.Context, tr *authenticationv1.TokenRevie
 	}
 	out := tr.DeepCopy()
 	if u, ok := f.users[tr.Spec.Token]; ok {
-		out.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u, Audiences: f.audiences}
+		auds := f.audiences
+		if auds == nil {
+			auds = tr.Spec.Audiences
+		}
+		out.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: u, Audiences: auds}
 	} else {
 		out.Status = authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}
 	}
@@ -58,7 +64,7 @@ func (f *fakeReviewer) count() int {
 
 func newTestAuthenticator(t *testing.T, r tokenReviewer, mutate func(*Options)) (*authenticator, *testingclock.FakeClock, *prometheus.Registry) {
 	t.Helper()
-	o := &Options{KubeConfig: nil}
+	o := &Options{KubeConfig: nil, NodeName: "node-1", TokenAudience: healerv1alpha1.DefaultTokenAudience}
 	o.AllowedIdentities = []string{DefaultAllowedIdentity}
 	o.AuthCacheTTL = 30 * time.Second
 	o.AuthFailureCacheTTL = 10 * time.Second
@@ -84,30 +90,31 @@ func TestAuthenticate(t *testing.T) {
 	other := authenticationv1.UserInfo{Username: "system:serviceaccount:default:other"}
 	tests := map[string]struct {
 		ctx       context.Context
-		audience  string
 		audiences []string
 		err       error
 		wantCode  codes.Code
 		wantUser  string
 		reason    string
 	}{
-		"allowed token":              {ctx: withAuth("Bearer good"), wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
-		"scheme in lower case":       {ctx: withAuth("bearer good"), wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
-		"no metadata":                {ctx: context.Background(), wantCode: codes.Unauthenticated, reason: authMissingToken},
-		"no authorization key":       {ctx: withAuth(), wantCode: codes.Unauthenticated, reason: authMissingToken},
-		"basic credentials":          {ctx: withAuth("Basic dXNlcjpwYXNz"), wantCode: codes.Unauthenticated, reason: authMissingToken},
-		"bearer without a token":     {ctx: withAuth("Bearer "), wantCode: codes.Unauthenticated, reason: authMissingToken},
-		"two authorization values":   {ctx: withAuth("Bearer good", "Bearer other"), wantCode: codes.Unauthenticated, reason: authMissingToken},
-		"token the API rejects":      {ctx: withAuth("Bearer forged"), wantCode: codes.Unauthenticated, reason: authInvalidToken},
-		"token of another identity":  {ctx: withAuth("Bearer other"), wantCode: codes.PermissionDenied, reason: authForbiddenIdentity},
-		"audience the token lacks":   {ctx: withAuth("Bearer good"), audience: "healer", audiences: []string{"https://kubernetes.default.svc"}, wantCode: codes.Unauthenticated, reason: authInvalidToken},
-		"audience the token carries": {ctx: withAuth("Bearer good"), audience: "healer", audiences: []string{"healer"}, wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
-		"API server unreachable":     {ctx: withAuth("Bearer good"), err: errors.New("connection refused"), wantCode: codes.Unavailable, reason: authReviewError},
+		"allowed token":             {ctx: withAuth("Bearer good"), wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
+		"scheme in lower case":      {ctx: withAuth("bearer good"), wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
+		"no metadata":               {ctx: context.Background(), wantCode: codes.Unauthenticated, reason: authMissingToken},
+		"no authorization key":      {ctx: withAuth(), wantCode: codes.Unauthenticated, reason: authMissingToken},
+		"basic credentials":         {ctx: withAuth("Basic dXNlcjpwYXNz"), wantCode: codes.Unauthenticated, reason: authMissingToken},
+		"bearer without a token":    {ctx: withAuth("Bearer "), wantCode: codes.Unauthenticated, reason: authMissingToken},
+		"two authorization values":  {ctx: withAuth("Bearer good", "Bearer other"), wantCode: codes.Unauthenticated, reason: authMissingToken},
+		"token the API rejects":     {ctx: withAuth("Bearer forged"), wantCode: codes.Unauthenticated, reason: authInvalidToken},
+		"token of another identity": {ctx: withAuth("Bearer other"), wantCode: codes.PermissionDenied, reason: authForbiddenIdentity},
+		"token for the API server":  {ctx: withAuth("Bearer good"), audiences: []string{"https://kubernetes.default.svc"}, wantCode: codes.Unauthenticated, reason: authInvalidToken},
+		"token for every sidecar":   {ctx: withAuth("Bearer good"), audiences: []string{healerv1alpha1.DefaultTokenAudience}, wantCode: codes.Unauthenticated, reason: authInvalidToken},
+		"token for another node":    {ctx: withAuth("Bearer good"), audiences: []string{healerv1alpha1.NodeTokenAudience(healerv1alpha1.DefaultTokenAudience, "node-2")}, wantCode: codes.Unauthenticated, reason: authInvalidToken},
+		"token for this node":       {ctx: withAuth("Bearer good"), audiences: []string{healerv1alpha1.NodeTokenAudience(healerv1alpha1.DefaultTokenAudience, "node-1")}, wantCode: codes.OK, wantUser: DefaultAllowedIdentity},
+		"API server unreachable":    {ctx: withAuth("Bearer good"), err: errors.New("connection refused"), wantCode: codes.Unavailable, reason: authReviewError},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			r := &fakeReviewer{users: map[string]authenticationv1.UserInfo{"good": controller, "other": other}, audiences: tc.audiences, err: tc.err}
-			a, _, reg := newTestAuthenticator(t, r, func(o *Options) { o.TokenAudience = tc.audience })
+			a, _, reg := newTestAuthenticator(t, r, nil)
 			user, err := a.authenticate(tc.ctx)
 			if status.Code(err) != tc.wantCode {
 				t.Fatalf("authenticate: %v, want %s", err, tc.wantCode)
