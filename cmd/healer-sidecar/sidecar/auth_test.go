@@ -3,6 +3,9 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,5 +204,73 @@ func TestAuthFoldsConcurrentReviews(t *testing.T) {
 	}
 	if n := r.count(); n != 1 {
 		t.Errorf("50 concurrent calls made %d TokenReviews, want 1", n)
+	}
+}
+
+// withPeer is withAuth from the address addr.
+func withPeer(addr string, value ...string) context.Context {
+	return peer.NewContext(withAuth(value...), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(addr), Port: 40000}})
+}
+
+// TestBogusTokensCannotAmplify floods the sidecar with distinct bogus tokens from one peer: they
+// cost failedReviewBurst TokenReviews, then none until the peer's budget refills, and are refused
+// with RESOURCE_EXHAUSTED; another peer, and the controller's accepted token, are not affected,
+// even by more bogus tokens than the cache holds.
+func TestBogusTokensCannotAmplify(t *testing.T) {
+	r := &fakeReviewer{users: map[string]authenticationv1.UserInfo{"good": {Username: DefaultAllowedIdentity}, "fresh": {Username: DefaultAllowedIdentity}}}
+	a, clk, _ := newTestAuthenticator(t, r, nil)
+	if _, err := a.authenticate(withPeer("10.0.0.1", "Bearer good")); err != nil {
+		t.Fatal(err)
+	}
+	limited := 0
+	for i := range 100 {
+		_, err := a.authenticate(withPeer("10.0.0.66", fmt.Sprintf("Bearer bogus-%d", i)))
+		switch status.Code(err) {
+		case codes.Unauthenticated:
+		case codes.ResourceExhausted:
+			limited++
+			if i == 99 && !strings.Contains(err.Error(), "too many failed authentications from 10.0.0.66") {
+				t.Errorf("the refusal does not name the peer: %v", err)
+			}
+		default:
+			t.Fatalf("bogus token %d: %v", i, err)
+		}
+	}
+	if got, want := r.count(), 1+failedReviewBurst; got != want {
+		t.Errorf("100 bogus tokens from one peer cost %d TokenReviews, want %d", got-1, want-1)
+	}
+	if limited != 100-failedReviewBurst {
+		t.Errorf("%d bogus tokens were refused without a review, want %d", limited, 100-failedReviewBurst)
+	}
+	if got := testutil.ToFloat64(a.metrics.authFailures.WithLabelValues(authRateLimited)); got != float64(limited) {
+		t.Errorf("rate_limited failures = %v, want %d", got, limited)
+	}
+	// Another peer is reviewed, and a good token from the flooding peer too while it has budget.
+	before := r.count()
+	if _, err := a.authenticate(withPeer("10.0.0.2", "Bearer bogus-x")); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a bogus token from another peer: %v, want UNAUTHENTICATED after a review", err)
+	}
+	clk.Step(failedReviewEvery)
+	if _, err := a.authenticate(withPeer("10.0.0.66", "Bearer fresh")); err != nil {
+		t.Errorf("a valid token from the peer once its budget refilled: %v", err)
+	}
+	if _, err := a.authenticate(withPeer("10.0.0.66", "Bearer bogus-y")); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a valid token gives its reservation back; the next bogus one is reviewed: %v", err)
+	}
+	if got := r.count() - before; got != 3 {
+		t.Errorf("%d TokenReviews for the last three calls, want 3", got)
+	}
+	// More rejected tokens than the cache holds (16 here), from many peers: the controller's
+	// token stays cached.
+	before = r.count()
+	for i := range 64 {
+		_, _ = a.authenticate(withPeer(fmt.Sprintf("10.1.0.%d", i), fmt.Sprintf("Bearer flood-%d", i)))
+	}
+	if got := r.count() - before; got != 64 {
+		t.Fatalf("64 bogus tokens from 64 peers cost %d reviews, want 64", got)
+	}
+	before = r.count()
+	if _, err := a.authenticate(withPeer("10.0.0.1", "Bearer good")); err != nil || r.count() != before {
+		t.Errorf("the controller's token after the flood: %v, %d new reviews; want it accepted from the cache", err, r.count()-before)
 	}
 }
