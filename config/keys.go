@@ -227,7 +227,7 @@ var settings = []setting{
 	{
 		path:    "sidecar.tls.certFile",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.CertFile },
-		help:    "PEM client certificate presented to the sidecars; empty presents none.",
+		help:    "PEM client certificate presented to the sidecars, which require one signed by their --client-ca-file when it is set; empty presents none.",
 		allowed: "a path, set together with sidecar.tls.keyFile, or empty",
 	},
 	{

@@ -102,6 +102,7 @@ type fixture struct {
 	endpoint   string
 	certFile   string
 	keyFile    string
+	caFile     string
 	caPool     *x509.CertPool
 
 	drv      *driver.Driver
@@ -414,9 +415,10 @@ func (f *fixture) writeCertificates() {
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-		DNSNames:     []string{"localhost"},
+		// Serving and, in the client certificate test, client certificate.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		DNSNames:    []string{"localhost"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
@@ -433,6 +435,10 @@ func (f *fixture) writeCertificates() {
 		f.t.Fatal(err)
 	}
 	if err := os.WriteFile(f.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	f.caFile = filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(f.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
 		f.t.Fatal(err)
 	}
 	f.caPool = x509.NewCertPool()

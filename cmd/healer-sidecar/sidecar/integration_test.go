@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -17,7 +18,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -837,6 +840,49 @@ func TestOnlyThisNodesVolumes(t *testing.T) {
 			}
 			if c := d.Counters().Calls; tc.want != codes.OK && (c["ProbeVolume"] != 0 || c["HealVolume"] != 0) {
 				t.Errorf("a volume of another node reached the driver: %d probes, %d heals", c["ProbeVolume"], c["HealVolume"])
+			}
+		})
+	}
+}
+
+// TestClientCertificates runs a sidecar with --client-ca-file: a caller without a client
+// certificate, or with one another CA signed, fails the TLS handshake before any call; one the
+// CA signed, with the controller's token, is answered.
+func TestClientCertificates(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(driver.Options{}, nil)
+	f.create(f.pv("pv-1", "vol-1"))
+	sc := f.startSidecar(func(o *sidecar.Options) { o.ClientCAFile = f.caFile })
+	f.waitReady(sc)
+	signed, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another fixture has a CA of its own.
+	elsewhere := newFixture(t)
+	other, err := tls.LoadX509KeyPair(elsewhere.certFile, elsewhere.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := f.as(f.token(controllerSA))
+	for name, tc := range map[string]struct {
+		certs []tls.Certificate
+		want  codes.Code
+	}{
+		"no client certificate":          {nil, codes.Unavailable},
+		"a certificate of another CA":    {[]tls.Certificate{other}, codes.Unavailable},
+		"a certificate of the client CA": {[]tls.Certificate{signed}, codes.OK},
+	} {
+		t.Run(name, func(t *testing.T) {
+			creds := credentials.NewTLS(&tls.Config{RootCAs: f.caPool, MinVersion: tls.VersionTLS12, Certificates: tc.certs})
+			conn, err := grpc.NewClient(sc.s.Addr().String(), grpc.WithTransportCredentials(creds))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, err = healerv1alpha1.NewNodeHealerClient(conn).ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+			if status.Code(err) != tc.want {
+				t.Errorf("probe: %v, want %s", err, tc.want)
 			}
 		})
 	}

@@ -92,6 +92,12 @@ type Options struct {
 	// TLSKeyFile: see TLSCertFile.
 	TLSKeyFile string
 
+	// ClientCAFile, when set, names a PEM bundle of CAs: every connection must then present a
+	// client certificate they sign (the controller's sidecar.tls.certFile), or the TLS handshake
+	// fails before any call. It is read at start. Default: none, no client certificate is asked
+	// for; the token authenticates the caller.
+	ClientCAFile string
+
 	// Insecure serves NodeHealer without TLS, for tests and demos only: tokens then cross the
 	// network in clear text. Default: false.
 	Insecure bool
@@ -187,6 +193,9 @@ func (o *Options) setDefaults() error {
 	}
 	if !o.Insecure && (o.TLSCertFile == "" || o.TLSKeyFile == "") {
 		return fmt.Errorf("%w: TLSCertFile and TLSKeyFile (--tls-cert-file, --tls-key-file) are required unless Insecure (--insecure) is set", ErrInvalidOptions)
+	}
+	if o.Insecure && o.ClientCAFile != "" {
+		return fmt.Errorf("%w: Insecure (--insecure) and ClientCAFile (--client-ca-file) were both given; client certificates need TLS", ErrInvalidOptions)
 	}
 	if o.Insecure && (o.TLSCertFile != "" || o.TLSKeyFile != "") {
 		return fmt.Errorf("%w: Insecure (--insecure) and a TLS certificate were both given; choose one", ErrInvalidOptions)
