@@ -67,6 +67,11 @@ func TestLoadDefaults(t *testing.T) {
 	if want := validDefault(); !reflect.DeepEqual(*cfg, want) {
 		t.Errorf("Load with only the CA set:\n got %+v\nwant %+v", *cfg, want)
 	}
+	// The sidecars' tokens are for the sidecars' audience out of the box (per node, see
+	// cmd/volume-healer/controller/tokens.go), as the sidecars' own default expects.
+	if got := cfg.Sidecar.Auth.Audience; got != "volume-healer-sidecar" {
+		t.Errorf("sidecar.auth.audience defaults to %q, want volume-healer-sidecar", got)
+	}
 
 	// Without anything, the missing CA is the one and only complaint.
 	_, err = loadRaw(t, "", nil)
