@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
 // Config is the controller's effective configuration. The zero value is not useful; start from
@@ -204,11 +205,14 @@ type SidecarTLS struct {
 // SidecarAuth configures the credential the controller presents to the sidecars, which check it
 // with a TokenReview.
 type SidecarAuth struct {
-	// TokenFile holds the controller's ServiceAccount token. Default
+	// TokenFile holds a token of the controller's ServiceAccount. It is never sent to a sidecar:
+	// the controller reads whose it is and requests, through the TokenRequest API, a token of that
+	// ServiceAccount for each node's sidecars alone. Default
 	// "/var/run/secrets/kubernetes.io/serviceaccount/token".
 	TokenFile string
-	// Audience is the audience the token is reviewed against; empty means the API server's
-	// default audience. Default "".
+	// Audience is the base of the sidecars' token audiences: the token for the sidecars of node N
+	// is for healerv1alpha1.NodeTokenAudience(Audience, N) alone. Default
+	// healerv1alpha1.DefaultTokenAudience ("volume-healer-sidecar").
 	Audience string
 }
 
@@ -250,7 +254,7 @@ func Default() Config {
 		Backoff:  Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
 			TLS:  SidecarTLS{Enabled: true},
-			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token", Audience: healerv1alpha1.DefaultTokenAudience},
 		},
 	}
 }

@@ -67,6 +67,11 @@ func TestLoadDefaults(t *testing.T) {
 	if want := validDefault(); !reflect.DeepEqual(*cfg, want) {
 		t.Errorf("Load with only the CA set:\n got %+v\nwant %+v", *cfg, want)
 	}
+	// The sidecars' tokens are for the sidecars' audience out of the box (per node, see
+	// cmd/volume-healer/controller/tokens.go), as the sidecars' own default expects.
+	if got := cfg.Sidecar.Auth.Audience; got != "volume-healer-sidecar" {
+		t.Errorf("sidecar.auth.audience defaults to %q, want volume-healer-sidecar", got)
+	}
 
 	// Without anything, the missing CA is the one and only complaint.
 	_, err = loadRaw(t, "", nil)
@@ -339,7 +344,11 @@ func TestLoadInvalidValues(t *testing.T) {
 		},
 		"token file empty": {
 			file: "sidecar:\n  auth:\n    tokenFile: ''\n",
-			want: []string{`sidecar.auth.tokenFile (file `, `line 3): "" is not allowed`, "must name the file holding the ServiceAccount token"},
+			want: []string{`sidecar.auth.tokenFile (file `, `line 3): "" is not allowed`, "must name a file holding a token of the controller's ServiceAccount"},
+		},
+		"token audience empty": {
+			env:  map[string]string{"VOLUME_HEALER_SIDECAR_AUTH_AUDIENCE": ""},
+			want: []string{`sidecar.auth.audience (env VOLUME_HEALER_SIDECAR_AUTH_AUDIENCE): "" is not allowed`, "must name the base of the sidecars' token audiences"},
 		},
 		"verbosity above 10": {
 			args: []string{"--log-verbosity=11"},

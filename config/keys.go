@@ -227,7 +227,7 @@ var settings = []setting{
 	{
 		path:    "sidecar.tls.certFile",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.CertFile },
-		help:    "PEM client certificate presented to the sidecars; empty presents none.",
+		help:    "PEM client certificate presented to the sidecars, which require one signed by their --client-ca-file when it is set; empty presents none.",
 		allowed: "a path, set together with sidecar.tls.keyFile, or empty",
 	},
 	{
@@ -251,14 +251,14 @@ var settings = []setting{
 	{
 		path:    "sidecar.auth.tokenFile",
 		field:   func(c *Config) any { return &c.Sidecar.Auth.TokenFile },
-		help:    "File holding the ServiceAccount token the controller presents to the sidecars, which check it with a TokenReview.",
+		help:    "File holding a token of the controller's ServiceAccount. It is never sent: the controller reads whose it is and requests, through the TokenRequest API, a token of that ServiceAccount for each node's sidecars alone, which they check with a TokenReview.",
 		allowed: "a path, not empty",
 	},
 	{
 		path:    "sidecar.auth.audience",
 		field:   func(c *Config) any { return &c.Sidecar.Auth.Audience },
-		help:    "Audience the token is reviewed against; empty means the API server's default audience.",
-		allowed: "any string",
+		help:    "Base of the sidecars' token audiences: the token for the sidecars of node N is for <audience>/node/N alone. The sidecars' --token-audience must match.",
+		allowed: "a string, not empty",
 	},
 	{
 		path:    "log.verbosity",

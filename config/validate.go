@@ -219,7 +219,10 @@ func (c *Config) validate() []issue {
 			"sidecar.tls.enabled", "sidecar.tls.insecureSkipVerify")
 	}
 	if c.Sidecar.Auth.TokenFile == "" {
-		v.add("sidecar.auth.tokenFile", `""`, "must name the file holding the ServiceAccount token presented to the sidecars")
+		v.add("sidecar.auth.tokenFile", `""`, "must name a file holding a token of the controller's ServiceAccount, for which the controller requests each node's sidecar token")
+	}
+	if c.Sidecar.Auth.Audience == "" {
+		v.add("sidecar.auth.audience", `""`, "must name the base of the sidecars' token audiences, as their --token-audience does (default volume-healer-sidecar)")
 	}
 
 	if c.Log.Verbosity < 0 || c.Log.Verbosity > 10 {

@@ -143,6 +143,10 @@ type Options struct {
 	// TokenFile holds the ServiceAccount token sent on every call; re-read every TokenRefresh so a
 	// rotated projected token is picked up. Empty sends no token. Default "".
 	TokenFile string
+	// Tokens, when set, gives the token of each call, for the node whose sidecar is called, and
+	// TokenFile is not read: the sidecars accept only a token for their own node
+	// (healerv1alpha1.NodeTokenAudience). Default nil.
+	Tokens TokenSource
 	// TokenRefresh is how long a read token is reused. Default 1m.
 	TokenRefresh time.Duration
 	// ProbeTimeout bounds a probe, a capabilities call and a list call. Default 10s.
@@ -216,10 +220,10 @@ func New(opts Options) *Client {
 	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}, capErrs: map[capKey]capFailure{}}
 }
 
-// callContext bounds one call: by timeout, then by the Guard. end must be called once the call
-// has returned.
-func (c *Client) callContext(ctx context.Context, timeout time.Duration) (_ context.Context, end func(), _ error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// callContext bounds one call to the sidecar of node: by timeout, then by the Guard. end must be
+// called once the call has returned. The context names node for the call's token.
+func (c *Client) callContext(ctx context.Context, node string, timeout time.Duration) (_ context.Context, end func(), _ error) {
+	ctx, cancel := context.WithTimeout(context.WithValue(ctx, nodeKey{}, node), timeout)
 	if c.opts.Guard == nil {
 		return ctx, cancel, nil
 	}
@@ -335,7 +339,7 @@ func (c *Client) fetchCapabilities(ctx context.Context, t Target) (*Capabilities
 	if err != nil {
 		return nil, err
 	}
-	ctx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+	ctx, end, err := c.callContext(ctx, t.Node, c.opts.ProbeTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("capabilities of %s on node %s (%s): %w", t.Driver, t.Node, t.Endpoint, err)
 	}
@@ -368,7 +372,7 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 	if err != nil {
 		return nil, err
 	}
-	ctx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+	ctx, end, err := c.callContext(ctx, t.Node, c.opts.ProbeTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, err)
 	}
@@ -429,7 +433,7 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 	if err != nil {
 		return nil, err
 	}
-	ctx, end, err := c.callContext(ctx, c.opts.HealTimeout)
+	ctx, end, err := c.callContext(ctx, t.Node, c.opts.HealTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
 	}
@@ -458,7 +462,7 @@ func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, erro
 		if page > 10000 {
 			return nil, fmt.Errorf("%w: list of %s on node %s: more than 10000 pages", ErrMalformed, t.Driver, t.Node)
 		}
-		callCtx, end, err := c.callContext(ctx, c.opts.ProbeTimeout)
+		callCtx, end, err := c.callContext(ctx, t.Node, c.opts.ProbeTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, err)
 		}
@@ -500,11 +504,27 @@ func convertHealth(entries []*csi.VolumeHealth_VolumeHealthEntry) ([]Health, err
 	return out, nil
 }
 
+// TokenSource gives the controller's token for the sidecars of one node.
+type TokenSource interface {
+	// Token returns a token that the sidecars of node accept, and that no other node's accepts.
+	Token(ctx context.Context, node string) (string, error)
+}
+
+// nodeKey is the context key of the node a call goes to.
+type nodeKey struct{}
+
 // tokenCreds attaches the ServiceAccount token to every call.
 type tokenCreds struct{ c *Client }
 
-func (t tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	tok, err := t.c.currentToken()
+func (t tokenCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	var tok string
+	var err error
+	if t.c.opts.Tokens != nil {
+		node, _ := ctx.Value(nodeKey{}).(string)
+		tok, err = t.c.opts.Tokens.Token(ctx, node)
+	} else {
+		tok, err = t.c.currentToken()
+	}
 	if err != nil || tok == "" {
 		return nil, err
 	}

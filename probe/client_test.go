@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -507,5 +508,55 @@ func TestGuardRefusesCalls(t *testing.T) {
 	g.mu.Unlock()
 	if _, err := c.Capabilities(ctx, target); err != nil {
 		t.Errorf("capabilities once the Guard lets calls start: %v; the refusal was remembered", err)
+	}
+}
+
+// nodeTokenSource gives "tok-<node>" and counts the requests per node.
+type nodeTokenSource struct {
+	mu    sync.Mutex
+	asked map[string]int
+}
+
+func (s *nodeTokenSource) Token(_ context.Context, node string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked[node]++
+	if node == "node-broken" {
+		return "", errors.New("the API server refused the TokenRequest")
+	}
+	return "tok-" + node, nil
+}
+
+// TestEveryCallCarriesItsNodesToken sends each call with the token of the node it goes to, for
+// every kind of call, and fails the call with the token source's reason when there is no token.
+func TestEveryCallCarriesItsNodesToken(t *testing.T) {
+	f := &fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{VolumeId: "v"}}
+	a, _ := serve(t, f)
+	b := a
+	b.Node, b.Endpoint = "node-b", a.Endpoint
+	src := &nodeTokenSource{asked: map[string]int{}}
+	c := New(Options{Tokens: src, TokenFile: "/nonexistent/ignored"})
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Probe(ctx, a, "pv-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Capabilities(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ListStaged(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := append([]string(nil), f.tokens...)
+	f.mu.Unlock()
+	want := []string{"Bearer tok-node-a", "Bearer tok-node-b", "Bearer tok-node-a"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tokens seen = %v, want %v", got, want)
+	}
+	broken := a
+	broken.Node = "node-broken"
+	if _, err := c.Probe(ctx, broken, "pv-1"); err == nil || !strings.Contains(err.Error(), "refused the TokenRequest") {
+		t.Errorf("a call without a token: %v, want the token source's reason", err)
 	}
 }

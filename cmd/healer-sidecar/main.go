@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/version"
 )
@@ -69,8 +70,9 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.StringVar(&o.CSIAddonsNodeName, "csiaddonsnode-name", "", "CSIAddonsNode to create or update. Default: the one in --namespace for this driver and node, else <node>-<driver with dots replaced by dashes>.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "PEM serving certificate; read again when it changes.")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file.")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", "", "PEM CA bundle: when set, callers must present a client certificate it signs (the controller's sidecar.tls.certFile).")
 	fs.BoolVar(&o.Insecure, "insecure", false, "Serve without TLS. For tests and demos only: tokens travel in clear text.")
-	fs.StringVar(&o.TokenAudience, "token-audience", "", "Audience the controller's token must carry. Default: the API server's audiences.")
+	fs.StringVar(&o.TokenAudience, "token-audience", healerv1alpha1.DefaultTokenAudience, "Base of the audience the controller's token must carry: the sidecar accepts only tokens for <base>/node/<--node-name>.")
 	fs.StringSliceVar(&o.AllowedIdentities, "allowed-identities", []string{sidecar.DefaultAllowedIdentity}, "User names (from TokenReview) allowed to call, comma separated.")
 	fs.DurationVar(&o.AuthCacheTTL, "auth-cache-ttl", sidecar.DefaultAuthCacheTTL, "How long an accepted token is trusted before it is reviewed again.")
 	fs.DurationVar(&o.AuthFailureCacheTTL, "auth-failure-cache-ttl", sidecar.DefaultAuthFailureCacheTTL, "How long a rejected token stays rejected before it is reviewed again.")

@@ -31,6 +31,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -108,8 +109,10 @@ func TestFailingHealFiresAlert(t *testing.T) {
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: pluginNamespace, Name: pluginAccount}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The projected token of a node plugin pod on the node: the base's admission policy admits
+	// the sidecar's CSIAddonsNode writes only for the node the token names.
 	sidecarCfg := rest.AnonymousClientConfig(c.env.Config)
-	sidecarCfg.BearerToken = serviceAccountToken(ctx, t, c, pluginNamespace, pluginAccount, nil)
+	sidecarCfg.BearerToken = podBoundToken(ctx, t, c, pluginNamespace, pluginAccount, nodeName)
 	sc, err := sidecar.New(sidecar.Options{
 		KubeConfig:     sidecarCfg,
 		NodeName:       nodeName,
@@ -294,6 +297,32 @@ func serviceAccountToken(ctx context.Context, t *testing.T, c *cluster, namespac
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("token of %s/%s: %v", namespace, name, err)
+	}
+	return tok.Status.Token
+}
+
+// podBoundToken returns a token of the ServiceAccount namespace/name bound to a new pod of it
+// on node (creating the Node when missing), as the kubelet mounts it into a node plugin pod: the
+// API server writes the node into it.
+func podBoundToken(ctx context.Context, t *testing.T, c *cluster, namespace, name, node string) string {
+	t.Helper()
+	cs := c.env.Clientset
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod, err := cs.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, GenerateName: name + "-"},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: name, AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "plugin", Image: "plugin"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s/%s bound to pod %s on node %s: %v", namespace, name, pod.Name, node, err)
 	}
 	return tok.Status.Token
 }

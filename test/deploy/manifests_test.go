@@ -134,6 +134,9 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 	ra := func(verb, group, resource, namespace string) authorizationv1.ResourceAttributes {
 		return authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: namespace}
 	}
+	raNamed := func(verb, group, resource, subresource, namespace, name string) authorizationv1.ResourceAttributes {
+		return authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Subresource: subresource, Namespace: namespace, Name: name}
+	}
 	tests := map[string]struct {
 		serviceAccount string
 		attrs          authorizationv1.ResourceAttributes
@@ -147,6 +150,9 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"controller renews its Lease":                      {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "volume-healer"), true},
 		"controller marks policy ConfigMaps":               {"volume-healer/volume-healer", ra("patch", "", "configmaps", "volume-healer"), true},
 		"controller keeps the last accepted policy":        {"volume-healer/volume-healer", ra("create", "", "configmaps", "volume-healer"), true},
+		"controller requests its own sidecar tokens":       {"volume-healer/volume-healer", raNamed("create", "", "serviceaccounts", "token", "volume-healer", "volume-healer"), true},
+		"controller requests no tokens of others":          {"volume-healer/volume-healer", raNamed("create", "", "serviceaccounts", "token", "volume-healer", "default"), false},
+		"chart: controller requests its own tokens":        {"healer-system/healer", raNamed("create", "", "serviceaccounts", "token", "healer-system", "healer"), true},
 		"controller reads no Secrets in its namespace":     {"volume-healer/volume-healer", ra("get", "", "secrets", "volume-healer"), false},
 		"controller lists no Secrets cluster-wide":         {"volume-healer/volume-healer", ra("list", "", "secrets", ""), false},
 		"controller reads no node-stage Secrets":           {"volume-healer/volume-healer", ra("get", "", "secrets", "rook-ceph"), false},
@@ -154,6 +160,8 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"controller deletes no claims":                     {"volume-healer/volume-healer", ra("delete", "", "persistentvolumeclaims", "shop"), false},
 		"controller takes no Leases elsewhere":             {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "kube-system"), false},
 		"sidecar watches PersistentVolumes":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
+		"sidecar watches VolumeAttachments":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
+		"chart: sidecar watches VolumeAttachments":         {"csi-rbd/csi-rbd-plugin", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
 		"sidecar reviews tokens":                           {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
 		"sidecar registers its CSIAddonsNode":              {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
 		"sidecar keeps its CSIAddonsNode registered":       {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},

@@ -32,7 +32,21 @@ const (
 	// pods gives them the volume back. A heal cannot do more for such a volume; the controller
 	// tells the operator, on the PVC, that the pods using it must be restarted.
 	ReasonStaleMountInPods = "StaleMountInPods"
+
+	// DefaultTokenAudience is the base of the audiences of the controller's tokens for the
+	// sidecars: the token for the sidecar of a node is for NodeTokenAudience(DefaultTokenAudience,
+	// node) alone.
+	DefaultTokenAudience = "volume-healer-sidecar"
 )
+
+// NodeTokenAudience is the audience of the controller's ServiceAccount token for the sidecars of
+// node: "<audience>/node/<node>". The controller asks the TokenRequest API for one token per node
+// with it, and each sidecar reviews the token it receives against its own node's audience, so
+// that a token captured on one node opens no other node's sidecar. A node name is a DNS
+// subdomain and holds no "/".
+func NodeTokenAudience(audience, node string) string {
+	return audience + "/node/" + node
+}
 
 // StagingTargetPath returns the staging path that kubelet gives to NodeStageVolume for a volume:
 // <pluginDir>/<driverName>/<hex sha256 of volumeHandle>/globalmount. The sidecar uses it to fill

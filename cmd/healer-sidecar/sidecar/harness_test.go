@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -101,6 +102,7 @@ type fixture struct {
 	endpoint   string
 	certFile   string
 	keyFile    string
+	caFile     string
 	caPool     *x509.CertPool
 
 	drv      *driver.Driver
@@ -261,9 +263,13 @@ func (f *fixture) eventually(what string, within time.Duration, cond func() bool
 	}
 }
 
-// token returns a ServiceAccount token from the TokenRequest API.
+// token returns a ServiceAccount token from the TokenRequest API, for audiences; with none, for
+// the fixture's node's sidecars, as the controller requests it.
 func (f *fixture) token(sa string, audiences ...string) string {
 	f.t.Helper()
+	if len(audiences) == 0 {
+		audiences = []string{healerv1alpha1.NodeTokenAudience(healerv1alpha1.DefaultTokenAudience, f.nodeName)}
+	}
 	tr, err := f.env.Clientset.CoreV1().ServiceAccounts(controllerNamespace).CreateToken(f.ctx, sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
 	if err != nil {
@@ -305,7 +311,15 @@ func (f *fixture) create(obj any) {
 	case *corev1.Namespace:
 		_, err = f.env.Clientset.CoreV1().Namespaces().Create(f.ctx, o, metav1.CreateOptions{})
 	case *corev1.PersistentVolume:
-		_, err = f.env.Clientset.CoreV1().PersistentVolumes().Create(f.ctx, o, metav1.CreateOptions{})
+		// As the attach/detach controller and the external-attacher leave it: attached to the
+		// fixture's node, unless the test says where (attachedTo).
+		node, attach := f.nodeName, true
+		if n, ok := o.Annotations[attachedTo]; ok {
+			node, attach = n, n != ""
+		}
+		if _, err = f.env.Clientset.CoreV1().PersistentVolumes().Create(f.ctx, o, metav1.CreateOptions{}); err == nil && attach {
+			err = f.attach(o.Name, node)
+		}
 	case *corev1.Secret:
 		_, err = f.env.Clientset.CoreV1().Secrets(o.Namespace).Create(f.ctx, o, metav1.CreateOptions{})
 	default:
@@ -314,6 +328,27 @@ func (f *fixture) create(obj any) {
 	if err != nil {
 		f.t.Fatalf("create %T: %v", obj, err)
 	}
+}
+
+// attachedTo, on a PV given to create, names the node its VolumeAttachment is for; empty: none.
+// Without it the PV is attached to the fixture's node.
+const attachedTo = "test.volume-healer.io/attached-to"
+
+// attach creates an attached VolumeAttachment of the fixture's driver for PV pvName to node.
+func (f *fixture) attach(pvName, node string) error {
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "va-" + pvName + "-" + node},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: f.driverName, NodeName: node,
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+	}
+	vas := f.env.Clientset.StorageV1().VolumeAttachments()
+	va, err := vas.Create(f.ctx, va, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	va.Status.Attached = true
+	_, err = vas.UpdateStatus(f.ctx, va, metav1.UpdateOptions{})
+	return err
 }
 
 // pvName names a PV of the fixture.
@@ -380,9 +415,10 @@ func (f *fixture) writeCertificates() {
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-		DNSNames:     []string{"localhost"},
+		// Serving and, in the client certificate test, client certificate.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		DNSNames:    []string{"localhost"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
@@ -399,6 +435,10 @@ func (f *fixture) writeCertificates() {
 		f.t.Fatal(err)
 	}
 	if err := os.WriteFile(f.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	f.caFile = filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(f.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
 		f.t.Fatal(err)
 	}
 	f.caPool = x509.NewCertPool()

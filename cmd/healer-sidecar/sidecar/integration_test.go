@@ -3,6 +3,7 @@ package sidecar_test
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -17,7 +18,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -196,17 +199,19 @@ func TestListStagedVolumes(t *testing.T) {
 	}
 }
 
-// TestAuthentication rejects calls without a valid token of an allowed identity, and lets the
-// allowed one through.
+// TestAuthentication rejects calls without a valid token of an allowed identity for this node's
+// sidecar, and lets the allowed one through: a token of the controller captured at another node,
+// or one for every sidecar, opens nothing here.
 func TestAuthentication(t *testing.T) {
 	f := newFixture(t)
 	f.startDriver(driver.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
-	audienceSC := f.startSidecar(func(o *sidecar.Options) { o.TokenAudience = "volume-healer-sidecar" })
+	audienceSC := f.startSidecar(func(o *sidecar.Options) { o.TokenAudience = "healer-site" })
 	f.waitReady(audienceSC)
 	d := f.drv
+	thisNode := healerv1alpha1.NodeTokenAudience(healerv1alpha1.DefaultTokenAudience, f.nodeName)
 
 	tests := map[string]struct {
 		sc   *running
@@ -222,14 +227,20 @@ func TestAuthentication(t *testing.T) {
 		"token of another ServiceAccount": {
 			sc: sc, ctx: f.as(f.token(intruderSA)), want: codes.PermissionDenied,
 		},
-		"token of the controller": {
-			sc: sc, ctx: f.as(f.token(controllerSA)), want: codes.OK,
+		"token of the controller for this node": {
+			sc: sc, ctx: f.as(f.token(controllerSA, thisNode)), want: codes.OK,
 		},
-		"token without the required audience": {
-			sc: audienceSC, ctx: f.as(f.token(controllerSA)), want: codes.Unauthenticated,
+		"token of the controller captured at another node": {
+			sc: sc, ctx: f.as(f.token(controllerSA, healerv1alpha1.NodeTokenAudience(healerv1alpha1.DefaultTokenAudience, "node-elsewhere"))), want: codes.Unauthenticated,
 		},
-		"token with the required audience": {
-			sc: audienceSC, ctx: f.as(f.token(controllerSA, "volume-healer-sidecar")), want: codes.OK,
+		"token of the controller for every sidecar": {
+			sc: sc, ctx: f.as(f.token(controllerSA, healerv1alpha1.DefaultTokenAudience)), want: codes.Unauthenticated,
+		},
+		"token for this node and another base audience": {
+			sc: audienceSC, ctx: f.as(f.token(controllerSA, thisNode)), want: codes.Unauthenticated,
+		},
+		"token for this node and the configured base audience": {
+			sc: audienceSC, ctx: f.as(f.token(controllerSA, healerv1alpha1.NodeTokenAudience("healer-site", f.nodeName))), want: codes.OK,
 		},
 	}
 	for name, tc := range tests {
@@ -249,11 +260,12 @@ func TestAuthentication(t *testing.T) {
 			}
 		})
 	}
-	// The rejected calls are counted by reason.
+	// The rejected calls are counted by reason: two calls each of the garbage token, the one
+	// captured elsewhere and the one for every sidecar.
 	body := scrape(t, sc.s)
 	for _, want := range []string{
 		`volume_healer_sidecar_auth_failures_total{reason="missing_token"} 2`,
-		`volume_healer_sidecar_auth_failures_total{reason="invalid_token"} 2`,
+		`volume_healer_sidecar_auth_failures_total{reason="invalid_token"} 6`,
 		`volume_healer_sidecar_auth_failures_total{reason="forbidden_identity"} 2`,
 	} {
 		if !strings.Contains(body, want) {
@@ -780,5 +792,98 @@ func TestIPv6(t *testing.T) {
 	_, port, _ := net.SplitHostPort(sc.s.Addr().String())
 	if want := "[::1]:" + port; sc.s.Endpoint() != want {
 		t.Errorf("advertised endpoint %q, want %q", sc.s.Endpoint(), want)
+	}
+}
+
+// TestOnlyThisNodesVolumes sends probes and heals for PVs of the sidecar's driver that are not on
+// its node: each is answered FAILED_PRECONDITION, naming the PV and the node, without reaching
+// the driver. A volume without a VolumeAttachment (a driver without an attach step) is this
+// node's when the driver lists it as staged here.
+func TestOnlyThisNodesVolumes(t *testing.T) {
+	f := newFixture(t)
+	d := f.startDriver(driver.Options{}, nil)
+	elsewhere := func(node string) func(*corev1.PersistentVolume) {
+		return func(pv *corev1.PersistentVolume) { pv.Annotations = map[string]string{attachedTo: node} }
+	}
+	f.create(f.pv("here", "vol-1"))
+	f.create(f.pv("elsewhere", "vol-of-node-b", elsewhere("node-b")))
+	f.create(f.pv("nowhere", "vol-of-nobody", elsewhere("")))
+	f.create(f.pv("staged-unattached", "vol-2", elsewhere("")))
+	sc := f.startSidecar(nil)
+	f.waitReady(sc)
+	ctx := f.as(f.token(controllerSA))
+
+	for name, tc := range map[string]struct {
+		pv   string
+		want codes.Code
+	}{
+		"attached to this node":                     {pv: f.pvName("here"), want: codes.OK},
+		"attached to another node":                  {pv: f.pvName("elsewhere"), want: codes.FailedPrecondition},
+		"attached nowhere, not staged here":         {pv: f.pvName("nowhere"), want: codes.FailedPrecondition},
+		"attached nowhere, staged here (no attach)": {pv: f.pvName("staged-unattached"), want: codes.OK},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d.ResetCounters()
+			_, perr := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: tc.pv})
+			_, herr := sc.client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: tc.pv})
+			for rpc, err := range map[string]error{"probe": perr, "heal": herr} {
+				if status.Code(err) != tc.want {
+					t.Errorf("%s: %v, want %s", rpc, err, tc.want)
+				}
+				if tc.want == codes.FailedPrecondition {
+					for _, want := range []string{`PersistentVolume "` + tc.pv + `"`, `on node "` + f.nodeName + `"`, "acts only on its node's volumes"} {
+						if msg := status.Convert(err).Message(); !strings.Contains(msg, want) {
+							t.Errorf("%s: %q does not say %q", rpc, msg, want)
+						}
+					}
+				}
+			}
+			if c := d.Counters().Calls; tc.want != codes.OK && (c["ProbeVolume"] != 0 || c["HealVolume"] != 0) {
+				t.Errorf("a volume of another node reached the driver: %d probes, %d heals", c["ProbeVolume"], c["HealVolume"])
+			}
+		})
+	}
+}
+
+// TestClientCertificates runs a sidecar with --client-ca-file: a caller without a client
+// certificate, or with one another CA signed, fails the TLS handshake before any call; one the
+// CA signed, with the controller's token, is answered.
+func TestClientCertificates(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(driver.Options{}, nil)
+	f.create(f.pv("pv-1", "vol-1"))
+	sc := f.startSidecar(func(o *sidecar.Options) { o.ClientCAFile = f.caFile })
+	f.waitReady(sc)
+	signed, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another fixture has a CA of its own.
+	elsewhere := newFixture(t)
+	other, err := tls.LoadX509KeyPair(elsewhere.certFile, elsewhere.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := f.as(f.token(controllerSA))
+	for name, tc := range map[string]struct {
+		certs []tls.Certificate
+		want  codes.Code
+	}{
+		"no client certificate":          {nil, codes.Unavailable},
+		"a certificate of another CA":    {[]tls.Certificate{other}, codes.Unavailable},
+		"a certificate of the client CA": {[]tls.Certificate{signed}, codes.OK},
+	} {
+		t.Run(name, func(t *testing.T) {
+			creds := credentials.NewTLS(&tls.Config{RootCAs: f.caPool, MinVersion: tls.VersionTLS12, Certificates: tc.certs})
+			conn, err := grpc.NewClient(sc.s.Addr().String(), grpc.WithTransportCredentials(creds))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, err = healerv1alpha1.NewNodeHealerClient(conn).ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+			if status.Code(err) != tc.want {
+				t.Errorf("probe: %v, want %s", err, tc.want)
+			}
+		})
 	}
 }

@@ -16,6 +16,7 @@ const (
 	authInvalidToken      = "invalid_token"
 	authForbiddenIdentity = "forbidden_identity"
 	authReviewError       = "review_error"
+	authRateLimited       = "rate_limited"
 )
 
 // Metrics are the sidecar's instruments. A nil *Metrics records nothing.

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
 // Defaults of Options, exported so that the command line can show them.
@@ -90,12 +92,21 @@ type Options struct {
 	// TLSKeyFile: see TLSCertFile.
 	TLSKeyFile string
 
+	// ClientCAFile, when set, names a PEM bundle of CAs: every connection must then present a
+	// client certificate they sign (the controller's sidecar.tls.certFile), or the TLS handshake
+	// fails before any call. It is read at start. Default: none, no client certificate is asked
+	// for; the token authenticates the caller.
+	ClientCAFile string
+
 	// Insecure serves NodeHealer without TLS, for tests and demos only: tokens then cross the
 	// network in clear text. Default: false.
 	Insecure bool
 
-	// TokenAudience, when set, is the audience the controller's token must carry; the
-	// TokenReview asks for it. Default: none, the API server's own audiences.
+	// TokenAudience is the base of the audience the controller's token must carry: the sidecar
+	// accepts only tokens for healerv1alpha1.NodeTokenAudience(TokenAudience, NodeName), which the
+	// controller requests for this node alone, so that a token captured on another node is
+	// refused here. The TokenReview asks for that audience. Default:
+	// healerv1alpha1.DefaultTokenAudience.
 	TokenAudience string
 
 	// AllowedIdentities are the user names (from the TokenReview) allowed to call. Default:
@@ -183,8 +194,14 @@ func (o *Options) setDefaults() error {
 	if !o.Insecure && (o.TLSCertFile == "" || o.TLSKeyFile == "") {
 		return fmt.Errorf("%w: TLSCertFile and TLSKeyFile (--tls-cert-file, --tls-key-file) are required unless Insecure (--insecure) is set", ErrInvalidOptions)
 	}
+	if o.Insecure && o.ClientCAFile != "" {
+		return fmt.Errorf("%w: Insecure (--insecure) and ClientCAFile (--client-ca-file) were both given; client certificates need TLS", ErrInvalidOptions)
+	}
 	if o.Insecure && (o.TLSCertFile != "" || o.TLSKeyFile != "") {
 		return fmt.Errorf("%w: Insecure (--insecure) and a TLS certificate were both given; choose one", ErrInvalidOptions)
+	}
+	if o.TokenAudience == "" {
+		o.TokenAudience = healerv1alpha1.DefaultTokenAudience
 	}
 	if len(o.AllowedIdentities) == 0 {
 		o.AllowedIdentities = []string{DefaultAllowedIdentity}

@@ -23,6 +23,11 @@ func TestOptionsDefaults(t *testing.T) {
 		o.KubeletDir != "/var/lib/kubelet" || len(o.AllowedIdentities) != 1 || o.AllowedIdentities[0] != DefaultAllowedIdentity {
 		t.Errorf("defaults = %+v", o)
 	}
+	// Without a flag the sidecar still accepts only tokens for its own node's audience, never the
+	// API server's own tokens.
+	if o.TokenAudience != "volume-healer-sidecar" {
+		t.Errorf("TokenAudience defaults to %q, want volume-healer-sidecar", o.TokenAudience)
+	}
 }
 
 func TestOptionsInvalid(t *testing.T) {
@@ -32,6 +37,7 @@ func TestOptionsInvalid(t *testing.T) {
 		"no namespace":                func(o *Options) { o.Namespace = "" },
 		"no TLS and not insecure":     func(o *Options) { o.Insecure = false },
 		"TLS and insecure":            func(o *Options) { o.TLSCertFile, o.TLSKeyFile = "c", "k" },
+		"client CA and insecure":      func(o *Options) { o.ClientCAFile = "ca.crt" },
 		"tcp driver endpoint":         func(o *Options) { o.DriverEndpoint = "tcp://10.0.0.1:50051" },
 		"relative driver socket":      func(o *Options) { o.DriverEndpoint = "unix://csi.sock" },
 		"listen address without port": func(o *Options) { o.ListenAddress = "0.0.0.0" },

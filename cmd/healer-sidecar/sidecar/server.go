@@ -160,7 +160,47 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 	if err != nil {
 		return nil, ctx, err
 	}
+	if err := h.onNode(ctx, info, vol); err != nil {
+		return nil, ctx, err
+	}
 	return vol, klog.NewContext(ctx, log.WithValues("volume", vol.volumeID)), nil
+}
+
+// onNode checks that vol is on the sidecar's node before any call reaches the driver: attached
+// here (a VolumeAttachment of the driver to this node, attached and not being deleted), or, for
+// a volume without one there (drivers without an attach step), staged here by the driver's own
+// list. Neither: ErrNotOnNode, whoever asked.
+func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) error {
+	if h.volumes.attachedHere(info.name, vol.pvName) {
+		return nil
+	}
+	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
+			ErrNotOnNode, vol.pvName, info.name, h.nodeName)
+	}
+	token := ""
+	for page := 0; page < 10000; page++ {
+		cctx, cancel := h.driver.callContext(ctx)
+		resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{StartingToken: token})
+		cancel()
+		if err != nil {
+			return h.driver.relay(err)
+		}
+		if err := checkList(resp); err != nil {
+			return err
+		}
+		for _, e := range resp.GetEntries() {
+			if e.GetVolumeId() == vol.volumeID {
+				return nil
+			}
+		}
+		if resp.GetNextToken() == "" || resp.GetNextToken() == token {
+			break
+		}
+		token = resp.GetNextToken()
+	}
+	return fmt.Errorf("%w: PersistentVolume %q (volume %q) has no attached VolumeAttachment of driver %q on node %q and the driver does not list it as staged here; this sidecar acts only on its node's volumes",
+		ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
 }
 
 func notAdvertised(info *driverInfo, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
@@ -183,7 +223,7 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrPVNotFound):
 		code = codes.NotFound
-	case errors.Is(err, ErrSecretNotFound):
+	case errors.Is(err, ErrSecretNotFound), errors.Is(err, ErrNotOnNode):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrNotAdvertised):
 		code = codes.Unimplemented

@@ -99,7 +99,11 @@ func New(opts Options) (*Sidecar, error) {
 		if err != nil {
 			return nil, err
 		}
-		creds = credentials.NewTLS(kp.tlsConfig())
+		tlsCfg, err := kp.tlsConfig(opts.ClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tlsCfg)
 	}
 	if s.driver, err = newDriverClient(&s.opts, s.metrics); err != nil {
 		return nil, err

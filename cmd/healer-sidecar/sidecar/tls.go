@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"sync"
@@ -61,6 +62,22 @@ func (k *keyPair) get() (*tls.Certificate, error) {
 	return k.cert, nil
 }
 
-func (k *keyPair) tlsConfig() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: k.GetCertificate}
+// tlsConfig serves the key pair; with clientCAFile, it requires a client certificate signed by
+// one of the CAs in it.
+func (k *keyPair) tlsConfig(clientCAFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: k.GetCertificate}
+	if clientCAFile == "" {
+		return cfg, nil
+	}
+	data, err := os.ReadFile(clientCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client CA file (--client-ca-file): %w", ErrInvalidOptions, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("%w: client CA file %s (--client-ca-file) holds no PEM certificate", ErrInvalidOptions, clientCAFile)
+	}
+	cfg.ClientCAs = pool
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	return cfg, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -91,7 +92,11 @@ type volume struct {
 // node-stage secrets live in, started when the first such PV is seen. No call makes an API
 // request of its own.
 type volumes struct {
-	pvs        cache.SharedIndexInformer
+	pvs cache.SharedIndexInformer
+	// vas caches the VolumeAttachments of the sidecar's node in full, and of other nodes only
+	// their names (leanVolumeAttachment).
+	vas        cache.SharedIndexInformer
+	nodeName   string
 	factory    informers.SharedInformerFactory
 	secrets    *secretCache
 	kubeletDir string
@@ -101,13 +106,25 @@ type volumes struct {
 }
 
 func newVolumes(client kubernetes.Interface, o *Options) (*volumes, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(LeanPersistentVolume))
+	node := o.NodeName
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(func(obj any) (any, error) {
+		if va, ok := obj.(*storagev1.VolumeAttachment); ok {
+			return leanVolumeAttachment(va, node), nil
+		}
+		return LeanPersistentVolume(obj)
+	}))
 	pvs := factory.Core().V1().PersistentVolumes().Informer()
 	if err := pvs.AddIndexers(PersistentVolumeIndexers()); err != nil {
 		return nil, fmt.Errorf("index PersistentVolumes: %w", err)
 	}
+	vas := factory.Storage().V1().VolumeAttachments().Informer()
+	if err := vas.AddIndexers(cache.Indexers{vaByPVIndex: indexByPV}); err != nil {
+		return nil, fmt.Errorf("index VolumeAttachments: %w", err)
+	}
 	v := &volumes{
 		pvs:        pvs,
+		vas:        vas,
+		nodeName:   node,
 		factory:    factory,
 		secrets:    newSecretCache(client, o.SecretSyncTimeout),
 		kubeletDir: o.KubeletDir,
@@ -133,7 +150,50 @@ func (v *volumes) stop() {
 }
 
 func (v *volumes) synced() bool {
-	return v.pvs.HasSynced()
+	return v.pvs.HasSynced() && v.vas.HasSynced()
+}
+
+// vaByPVIndex indexes the VolumeAttachments of the sidecar's node by PersistentVolume name.
+const vaByPVIndex = "persistentVolumeName"
+
+func indexByPV(obj any) ([]string, error) {
+	va, ok := obj.(*storagev1.VolumeAttachment)
+	if !ok || va.Spec.Source.PersistentVolumeName == nil {
+		return nil, nil
+	}
+	return []string{*va.Spec.Source.PersistentVolumeName}, nil
+}
+
+// leanVolumeAttachment keeps of a VolumeAttachment to node what attachedHere reads, and of one
+// to another node its name alone: the sidecar never acts on those, and the informer needs an
+// entry to follow their deletion.
+func leanVolumeAttachment(va *storagev1.VolumeAttachment, node string) *storagev1.VolumeAttachment {
+	lean := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: va.Name, UID: va.UID, ResourceVersion: va.ResourceVersion}}
+	if va.Spec.NodeName != node {
+		return lean
+	}
+	lean.DeletionTimestamp = va.DeletionTimestamp
+	lean.Spec = storagev1.VolumeAttachmentSpec{Attacher: va.Spec.Attacher, NodeName: va.Spec.NodeName,
+		Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: va.Spec.Source.PersistentVolumeName}}
+	lean.Status.Attached = va.Status.Attached
+	return lean
+}
+
+// attachedHere reports whether PersistentVolume pvName is attached to the sidecar's node by
+// driverName: a VolumeAttachment there, attached, and not being deleted (the volume is
+// detaching).
+func (v *volumes) attachedHere(driverName, pvName string) bool {
+	objs, err := v.vas.GetIndexer().ByIndex(vaByPVIndex, pvName)
+	if err != nil {
+		return false
+	}
+	for _, o := range objs {
+		va := o.(*storagev1.VolumeAttachment)
+		if va.Spec.NodeName == v.nodeName && va.Spec.Attacher == driverName && va.Status.Attached && va.DeletionTimestamp == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // setDriver records the driver's name and starts the Secret informers of the namespaces its

@@ -204,7 +204,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		dispatchOpts.Lease = lease
 		guard = lease.Guard
 	}
-	sidecars, err := sidecarClient(cfg, guard)
+	sidecars, err := sidecarClient(cfg, clientset.CoreV1(), guard)
 	if err != nil {
 		return err
 	}

@@ -7,18 +7,25 @@ import (
 	"fmt"
 	"os"
 
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/utils/clock"
+
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/probe"
 )
 
 // sidecarClient builds the client of the sidecars from the configuration; guard, when not nil,
-// bounds every call (probe.Options.Guard).
-func sidecarClient(cfg *config.Config, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, error) {
+// bounds every call (probe.Options.Guard). Each call carries a token of the controller's
+// ServiceAccount (the one sidecar.auth.tokenFile belongs to) for the called node alone, requested
+// through accounts.
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, error) {
 	opts := probe.Options{
-		TokenFile:    cfg.Sidecar.Auth.TokenFile,
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
 		Guard:        guard,
+	}
+	if cfg.Sidecar.Auth.TokenFile != "" {
+		opts.Tokens = newNodeTokens(accounts, cfg.Sidecar.Auth.TokenFile, cfg.Sidecar.Auth.Audience, clock.RealClock{})
 	}
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
