@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/probe"
@@ -66,6 +67,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_policy_decisions_total":                          {dto.MetricType_COUNTER, []string{"action"}},
 	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
+	"volume_healer_evictions_total":                                 {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_evictions_throttled_total":                       {dto.MetricType_COUNTER, nil},
 }
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
@@ -103,6 +106,7 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 // the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
 func controllerMetrics(reg prometheus.Registerer) error {
 	NewMetrics(reg)
+	evict.NewMetrics(reg)
 	trigger.NewMetrics(reg)
 	dispatch.NewMetrics(reg)
 	if _, err := policy.NewMetrics(reg); err != nil {

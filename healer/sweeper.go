@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -88,7 +89,18 @@ type Options struct {
 	PrepareConcurrency int
 	// Clock tells time and waits between tries. Default real.
 	Clock clock.Clock
+	// Restarter restarts the pods that still see a volume's dead mount after its heal (the
+	// driver reports healerv1alpha1.ReasonStaleMountInPods). Default: none; the operator is told
+	// on the PVC to restart them (Event VolumePodsMustRestart).
+	Restarter Restarter
 }
+
+// Restarter restarts the pods on a node that still see a volume's dead mount.
+type Restarter interface {
+	Add(req evict.Request)
+}
+
+var _ Restarter = (*evict.Evictor)(nil)
 
 // Defaults of Options.
 const (
@@ -760,7 +772,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res)
+			s.podsMustRestart(v, res, s.opts.Clock.Now())
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
@@ -807,7 +819,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, statusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed)
+		s.podsMustRestart(v, healed, start)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
@@ -824,11 +836,21 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 }
 
 // podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
-// mount and must be restarted.
-func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result) {
+// mount and must be restarted, and hands them to the Restarter when there is one. healedAt is
+// when the mount was found repaired: the pods created before then are the ones to restart.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time) {
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
+	claim := v.ClaimName()
+	if s.opts.Restarter == nil || claim.Name == "" {
+		return
+	}
+	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt}
+	if pvc := v.Claim(); pvc != nil {
+		req.ClaimUID = pvc.UID
+	}
+	s.opts.Restarter.Add(req)
 }
 
 // recheck returns why the volume must now be left alone, or "".
