@@ -772,7 +772,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res, s.opts.Clock.Now())
+			s.podsMustRestart(v, res, s.opts.Clock.Now(), in)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
@@ -819,7 +819,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, statusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed, start)
+		s.podsMustRestart(v, healed, start, in)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
@@ -837,8 +837,9 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 
 // podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
 // mount and must be restarted, and hands them to the Restarter when there is one. healedAt is
-// when the mount was found repaired: the pods created before then are the ones to restart.
-func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time) {
+// when the mount was found repaired: the pods created before then are the ones to restart. in is
+// the volume's policy input, which the restart decision of each pod sees with res as its probe.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input) {
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
@@ -846,7 +847,8 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 	if s.opts.Restarter == nil || claim.Name == "" {
 		return
 	}
-	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt}
+	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
+	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt, Input: in}
 	if pvc := v.Claim(); pvc != nil {
 		req.ClaimUID = pvc.UID
 	}

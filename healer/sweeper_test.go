@@ -345,7 +345,10 @@ func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
 		t.Errorf("restart request %+v has no heal time: every pod would be a replacement", got)
 	}
 	got.HealedAt = time.Time{}
-	if got != want {
+	if p := got.Input.Probe; got.Input.Volume.PV != "v1" || p == nil || len(p.Health) != 1 || p.Health[0].Reason != healerv1alpha1.ReasonStaleMountInPods {
+		t.Errorf("restart request's policy input = %+v, want volume v1 with the probe that found the dead mount", got.Input)
+	}
+	if got.PV != want.PV || got.Claim != want.Claim || got.ClaimUID != want.ClaimUID || got.Node != want.Node || got.Driver != want.Driver {
 		t.Errorf("restart request = %+v, want %+v", got, want)
 	}
 }

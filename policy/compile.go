@@ -238,12 +238,23 @@ func Compile(ctx context.Context, modules []Module, opts CompileOptions) (*Revis
 		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", DecisionQuery, err)}
 	}
 
+	restartQuery, err := rego.New(
+		rego.Query(RestartQuery),
+		rego.Compiler(compiler),
+		rego.Store(inmem.New()),
+		rego.StrictBuiltinErrors(true),
+	).PrepareForEval(ctx)
+	if err != nil {
+		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", RestartQuery, err)}
+	}
+
 	rev := &Revision{
-		id:       revisionID(modules),
-		modules:  all,
-		compiler: compiler,
-		query:    query,
-		timeout:  opts.EvalTimeout,
+		id:           revisionID(modules),
+		modules:      all,
+		compiler:     compiler,
+		query:        query,
+		restartQuery: restartQuery,
+		timeout:      opts.EvalTimeout,
 	}
 	for _, m := range modules {
 		rev.files = append(rev.files, m.File)

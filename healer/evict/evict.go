@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 // Event reasons.
@@ -32,7 +34,19 @@ const (
 	ReasonEvictionFailed = "EvictionFailed"
 	// ReasonEvictionDryRun: dry-run would have evicted the pod; on the Pod and on the claim.
 	ReasonEvictionDryRun = "EvictionDryRun"
+	// ReasonPodLeftOnDeadMount: the policy left the pod alone (its restart decision was leave);
+	// on the Pod and on the claim, with the policy's reason.
+	ReasonPodLeftOnDeadMount = "PodLeftOnDeadMount"
+	// ReasonEvictionPolicyFailed: the policy failed to decide for the pod, which is left alone.
+	ReasonEvictionPolicyFailed = "EvictionPolicyFailed"
 )
+
+// Decider is the policy engine as the evictor uses it.
+type Decider interface {
+	DecideRestart(ctx context.Context, in *policy.RestartInput) (policy.RestartDecision, error)
+}
+
+var _ Decider = (*policy.Engine)(nil)
 
 // Request asks for the pods that still see a healed volume's dead mount to be evicted.
 type Request struct {
@@ -49,6 +63,9 @@ type Request struct {
 	// HealedAt is when the heal (or the probe) found the mount repaired on the node but not in
 	// the pods: pods created before then are evicted, pods created later are their replacements.
 	HealedAt time.Time
+	// Input is the volume's policy input, with the probe result that reported the dead mount;
+	// each pod's restart decision sees it.
+	Input policy.Input
 }
 
 // heal names the heal that caused the request, for Events and logs.
@@ -64,6 +81,8 @@ func (r Request) claimRef() *corev1.ObjectReference {
 type Options struct {
 	// Client lists pods and evicts them. Required.
 	Client kubernetes.Interface
+	// Policy decides, pod by pod, whether to evict or leave alone. Required.
+	Policy Decider
 	// Recorder receives Events on Pods and claims. Default: none.
 	Recorder record.EventRecorder
 	// Metrics counts evictions. Default: none.
@@ -103,8 +122,8 @@ type Evictor struct {
 
 // New returns an Evictor.
 func New(opts Options) (*Evictor, error) {
-	if opts.Client == nil {
-		return nil, errors.New("evict: Client is required")
+	if opts.Client == nil || opts.Policy == nil {
+		return nil, errors.New("evict: Client and Policy are required")
 	}
 	if opts.PerMinute <= 0 {
 		opts.PerMinute = 10
@@ -218,9 +237,40 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 	}
 	now := e.opts.Clock.Now()
 	e.expireHandled(now)
+	var scope *policy.PodScope
 	for i := range pods {
 		pod := &pods[i]
 		if e.wasHandled(pod.UID) {
+			continue
+		}
+		if scope == nil {
+			s, err := e.readScope(ctx, req)
+			if err != nil {
+				logger.Error(err, "Cannot read what the restart decision needs")
+				e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
+					"The pods on node %s that still see this volume's dead mount after %s are left alone for now: %v", req.Node, req.heal(), err)
+				return true, 0
+			}
+			scope = &s
+		}
+		in := scope.Input(req.Input, pod, now)
+		d, err := e.opts.Policy.DecideRestart(ctx, &in)
+		if err != nil {
+			// Fail closed: the pod is left alone; the next report of the dead mount asks again.
+			logger.Error(err, "Restart decision failed; the pod is left alone", "pod", klog.KObj(pod))
+			e.opts.Metrics.eviction(ResultPolicyFailed)
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionPolicyFailed,
+				"Pod %s still sees this volume's dead mount after %s; the policy failed to decide for it, so it is left alone: %v", pod.Name, req.heal(), err)
+			continue
+		}
+		if d.Action != policy.RestartEvict {
+			logger.Info("Policy leaves the pod on the dead mount", "pod", klog.KObj(pod), "reason", d.Reason)
+			e.opts.Metrics.eviction(ResultLeftAlone)
+			e.event(pod, corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
+				"The pod still sees the dead mount of claim %s after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", req.Claim.Name, req.heal(), d.Reason)
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
+				"Pod %s still sees this volume's dead mount after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", pod.Name, req.heal(), d.Reason)
+			e.markHandled(pod.UID, now)
 			continue
 		}
 		if e.opts.DryRun {
@@ -272,6 +322,18 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 		}
 	}
 	return retry, after
+}
+
+// readScope reads the namespace, StorageClass and disruption budgets that the restart decisions
+// of the request's pods share, under the call timeout.
+func (e *Evictor) readScope(ctx context.Context, req Request) (policy.PodScope, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
+	defer cancel()
+	sc := ""
+	if req.Input.Volume.StorageClass != nil {
+		sc = req.Input.Volume.StorageClass.Name
+	}
+	return policy.ReadPodScope(ctx, e.opts.Client, req.Claim.Namespace, sc)
 }
 
 // evict asks the API server to evict the pod, with the pod's UID as precondition so that a pod

@@ -13,6 +13,10 @@ const (
 	ResultError = "error"
 	// ResultDryRun: dry-run recorded the eviction without making it.
 	ResultDryRun = "dry_run"
+	// ResultLeftAlone: the policy's restart decision was leave.
+	ResultLeftAlone = "left_alone"
+	// ResultPolicyFailed: the policy failed to decide; the pod was left alone.
+	ResultPolicyFailed = "policy_failed"
 )
 
 // Metrics are the eviction instruments. A nil *Metrics records nothing.
@@ -26,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_evictions_total",
-			Help: "Evictions of pods that still saw a healed volume's dead mount, by result (evicted, blocked: a PodDisruptionBudget refused it and it is tried again, error, dry_run).",
+			Help: "Evictions of pods that still saw a healed volume's dead mount, by result (evicted; blocked: a PodDisruptionBudget refused it and it is tried again; error; dry_run; left_alone: the policy said leave; policy_failed: the policy failed to decide).",
 		}, []string{"result"}),
 		throttled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "volume_healer_evictions_throttled_total",
@@ -34,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.evictions, m.throttled)
-	for _, r := range []string{ResultEvicted, ResultBlocked, ResultError, ResultDryRun} {
+	for _, r := range []string{ResultEvicted, ResultBlocked, ResultError, ResultDryRun, ResultLeftAlone, ResultPolicyFailed} {
 		m.evictions.WithLabelValues(r)
 	}
 	return m

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +22,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer/evict"
+	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -43,7 +46,11 @@ func newEvictFixture(t *testing.T, name string, opts evict.Options) *evictFixtur
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: f.Clientset.CoreV1().Events("")})
 	t.Cleanup(broadcaster.Shutdown)
-	opts.Client, opts.Clock, opts.Metrics = f.Clientset, f.clock, f.metrics
+	engine, err := policy.NewEngine(context.Background(), policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Client, opts.Clock, opts.Metrics, opts.Policy = f.Clientset, f.clock, f.metrics, engine
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "volume-healer"})
 	e, err := evict.New(opts)
 	if err != nil {
@@ -62,8 +69,22 @@ func newEvictFixture(t *testing.T, name string, opts evict.Options) *evictFixtur
 	return f
 }
 
-// claim creates a bound-looking claim in ns and returns its request for node, healed at healedAt.
+// optIn labels the namespace so that the built-in policy evicts its controller-owned pods.
+func (f *evictFixture) optIn(ns string) {
+	f.t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, annotations.EvictPodsLabel)
+	if _, err := f.Clientset.CoreV1().Namespaces().Patch(f.Ctx(), ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		f.t.Fatalf("opt namespace %s in: %v", ns, err)
+	}
+}
+
+// claim creates a claim of the StorageClass class in ns and returns its request for node, healed
+// at healedAt, with the policy input of a restart sweep's heal.
 func (f *evictFixture) claim(ns, name, node string, healedAt time.Time) evict.Request {
+	return f.claimOfClass(ns, name, node, "", healedAt)
+}
+
+func (f *evictFixture) claimOfClass(ns, name, node, class string, healedAt time.Time) evict.Request {
 	f.t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -72,8 +93,17 @@ func (f *evictFixture) claim(ns, name, node string, healedAt time.Time) evict.Re
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
 	}
+	if class != "" {
+		pvc.Spec.StorageClassName = &class
+	}
 	f.Create(pvc)
-	return evict.Request{PV: "pv-" + name, Claim: types.NamespacedName{Namespace: ns, Name: name}, ClaimUID: pvc.UID, Node: node, Driver: f.Driver, HealedAt: healedAt}
+	in := policy.Input{Trigger: policy.TriggerRestart, Volume: policy.Volume{PV: "pv-" + name, Driver: f.Driver,
+		PVC: &policy.Claim{Namespace: ns, Name: name}}}
+	if class != "" {
+		in.Volume.StorageClass = &policy.StorageClass{Name: class}
+	}
+	return evict.Request{PV: "pv-" + name, Claim: types.NamespacedName{Namespace: ns, Name: name}, ClaimUID: pvc.UID,
+		Node: node, Driver: f.Driver, HealedAt: healedAt, Input: in}
 }
 
 // pod creates a running pod on node that mounts claim, owned by a ReplicaSet when owned. It must
@@ -157,6 +187,7 @@ func (f *evictFixture) waitEvent(ns, kind, name, reason string) string {
 // backoff) evicts it, with an Event on the Pod and the claim naming the heal.
 func TestEvictionBlockedByDisruptionBudget(t *testing.T) {
 	f := newEvictFixture(t, "evpdb", evict.Options{BackoffBase: 10 * time.Second})
+	f.optIn(f.AppNS)
 	node := "evpdb-node"
 	p := f.pod(f.AppNS, "evpdb-app", node, "evpdb-data", true)
 	zero := intstr.FromInt32(0)
@@ -208,6 +239,7 @@ func TestEvictionBlockedByDisruptionBudget(t *testing.T) {
 // another node, and a replacement started after the heal, are not.
 func TestEvictionOncePerHeal(t *testing.T) {
 	f := newEvictFixture(t, "evonce", evict.Options{})
+	f.optIn(f.AppNS)
 	node := "evonce-node"
 	old1 := f.pod(f.AppNS, "evonce-a", node, "evonce-data", true)
 	old2 := f.pod(f.AppNS, "evonce-b", node, "evonce-data", true)
@@ -246,6 +278,7 @@ func TestEvictionOncePerHeal(t *testing.T) {
 // TestEvictionDryRun: dry-run evicts nothing, and records once per pod what it would evict.
 func TestEvictionDryRun(t *testing.T) {
 	f := newEvictFixture(t, "evdry", evict.Options{DryRun: true})
+	f.optIn(f.AppNS)
 	node := "evdry-node"
 	p := f.pod(f.AppNS, "evdry-app", node, "evdry-data", true)
 	req := f.claim(f.AppNS, "evdry-data", node, time.Now().Add(2*time.Second))
@@ -278,7 +311,7 @@ func TestEvictionBudgetUnderBurst(t *testing.T) {
 	var namespaces []string
 	for i := range 4 {
 		ns := fmt.Sprintf("%s-ns%d", f.AppNS, i)
-		f.Create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		f.Create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{annotations.EvictPodsLabel: "true"}}})
 		namespaces = append(namespaces, ns)
 	}
 	var pods []*corev1.Pod
@@ -329,5 +362,50 @@ func TestEvictionBudgetUnderBurst(t *testing.T) {
 				t.Errorf("minute %d: %d pods evicted in namespace %s, over its budget of 4 a minute", minute, c, ns)
 			}
 		}
+	}
+}
+
+// TestEvictionByDefaultPolicy: with the built-in policy, the controller-owned pods of a claim
+// whose StorageClass opted in are evicted; a bare pod on the same claim, and the pods of a claim
+// whose StorageClass and namespace did not opt in, are left alone, each with an Event that says
+// why and tells the operator to restart it.
+func TestEvictionByDefaultPolicy(t *testing.T) {
+	f := newEvictFixture(t, "evpol", evict.Options{})
+	node := "evpol-node"
+	optedIn := "evpol-opted-in"
+	f.Create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: optedIn, Labels: map[string]string{annotations.EvictPodsLabel: "true"}}, Provisioner: f.Driver})
+	f.Create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "evpol-plain"}, Provisioner: f.Driver})
+	t.Cleanup(func() {
+		for _, sc := range []string{optedIn, "evpol-plain"} {
+			if err := f.Clientset.StorageV1().StorageClasses().Delete(context.Background(), sc, metav1.DeleteOptions{}); err != nil {
+				t.Errorf("delete StorageClass %s: %v", sc, err)
+			}
+		}
+	})
+	rs := f.pod(f.AppNS, "evpol-rs", node, "evpol-in", true)
+	bare := f.pod(f.AppNS, "evpol-bare", node, "evpol-in", false)
+	plain := f.pod(f.AppNS, "evpol-plain", node, "evpol-out", true)
+	healedAt := time.Now().Add(2 * time.Second)
+	f.evictor.Add(f.claimOfClass(f.AppNS, "evpol-in", node, optedIn, healedAt))
+	f.evictor.Add(f.claimOfClass(f.AppNS, "evpol-out", node, "evpol-plain", healedAt))
+
+	harness.Eventually(t, harness.EventWait, "the ReplicaSet's pod evicted", func() (bool, string) { return f.evicted(rs), "still running" })
+	harness.Eventually(t, harness.EventWait, "the evictor idle", func() (bool, string) { return f.evictor.Idle(), "busy" })
+	for _, p := range []*corev1.Pod{bare, plain} {
+		if f.evicted(p) {
+			t.Errorf("pod %s was evicted; the built-in policy leaves it alone", p.Name)
+		}
+	}
+	if msg := f.waitEvent(f.AppNS, "Pod", bare.Name, evict.ReasonPodLeftOnDeadMount); !strings.Contains(msg, "NoController") || !strings.Contains(msg, "restart it") {
+		t.Errorf("bare pod's Event = %q, want the policy's reason NoController and what to do", msg)
+	}
+	if msg := f.waitEvent(f.AppNS, "PersistentVolumeClaim", "evpol-out", evict.ReasonPodLeftOnDeadMount); !strings.Contains(msg, "NotOptedIn") || !strings.Contains(msg, plain.Name) {
+		t.Errorf("claim's Event = %q, want the pod and the policy's reason NotOptedIn", msg)
+	}
+	if got := f.count(evict.ResultEvicted); got != 1 {
+		t.Errorf("evictions_total{result=evicted} = %d, want 1", got)
+	}
+	if got := f.count(evict.ResultLeftAlone); got != 2 {
+		t.Errorf("evictions_total{result=left_alone} = %d, want 2", got)
 	}
 }

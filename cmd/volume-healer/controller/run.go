@@ -232,6 +232,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if cfg.Remediation.Enabled {
 		evictor, err = evict.New(evict.Options{
 			Client:                clientset,
+			Policy:                engine,
 			Recorder:              recorder,
 			Metrics:               evictMetrics,
 			DryRun:                cfg.Remediation.DryRun || cfg.DryRun,
