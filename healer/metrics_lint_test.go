@@ -40,6 +40,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_call_duration_seconds":                           {dto.MetricType_HISTOGRAM, []string{"operation"}},
 	"volume_healer_volume_heal_failing":                             {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_volumes_unhealthy":                               {dto.MetricType_GAUGE, []string{"driver", "status"}},
+	"volume_healer_pods_on_dead_mount_since_timestamp_seconds":      {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_sidecar_call_errors_total":                       {dto.MetricType_COUNTER, []string{"driver", "reason"}},
 	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},

@@ -145,6 +145,12 @@ func (s *Sweeper) Forget(pv *corev1.PersistentVolume) {
 	s.mem.forget(pv.Name)
 	if m := s.opts.Metrics; m != nil && pv.Spec.ClaimRef != nil {
 		m.healFailing.DeletePartialMatch(prometheus.Labels{"namespace": pv.Spec.ClaimRef.Namespace, "persistentvolumeclaim": pv.Spec.ClaimRef.Name})
+		m.deadMountSeen.Range(func(k, _ any) bool {
+			if key := k.([3]string); key[0] == pv.Spec.ClaimRef.Namespace && key[1] == pv.Spec.ClaimRef.Name {
+				m.podsOnDeadMount(key[0], key[1], key[2], false, time.Time{})
+			}
+			return true
+		})
 	}
 }
 
@@ -844,6 +850,9 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
 	claim := v.ClaimName()
+	if claim.Name != "" {
+		s.opts.Metrics.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, true, healedAt)
+	}
 	if s.opts.Restarter == nil || claim.Name == "" {
 		return
 	}
@@ -977,6 +986,7 @@ func (s *Sweeper) setFailing(v planner.Volume, failing bool) {
 		return
 	}
 	m.healFailing.DeleteLabelValues(claim.Namespace, claim.Name, v.Driver)
+	m.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, false, time.Time{})
 }
 
 // volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.

@@ -336,6 +336,16 @@ func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
 	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.heals.WithLabelValues("rbd", "pods_must_restart")); got != 1 {
 		t.Errorf("heals_total{result=pods_must_restart} = %v, want 1", got)
 	}
+	since := testutil.ToFloat64(f.sweeper.opts.Metrics.deadMountSince.WithLabelValues("app", "claim-v1", "rbd"))
+	if now := float64(time.Now().Unix()); since < now-60 || since > now+1 {
+		t.Errorf("pods_on_dead_mount_since_timestamp_seconds = %v, want the heal's time, about %v", since, now)
+	}
+	// A later sweep finds the volume healthy (the pods were restarted): the series goes away.
+	f.sidecars.health["v1"], f.sidecars.afterHeal = nil, nil
+	f.sweeper.Run(context.Background(), f.restart())
+	if n := testutil.CollectAndCount(f.sweeper.opts.Metrics.deadMountSince); n != 0 {
+		t.Errorf("%d pods_on_dead_mount series after the volume was found healthy, want 0", n)
+	}
 	want := evict.Request{PV: "v1", Claim: types.NamespacedName{Namespace: "app", Name: "claim-v1"}, ClaimUID: pvc.UID, Node: "node-a", Driver: "rbd"}
 	if len(restarter.reqs) != 1 {
 		t.Fatalf("restart requests = %+v, want one for the claim's pods on node-a", restarter.reqs)
