@@ -366,7 +366,8 @@ func TestEvictionBudgetUnderBurst(t *testing.T) {
 }
 
 // TestEvictionByDefaultPolicy: with the built-in policy, the controller-owned pods of a claim
-// whose StorageClass opted in are evicted; a bare pod on the same claim, and the pods of a claim
+// whose StorageClass opted in are evicted, once however often the heal is reported; a bare pod on
+// the same claim, and the pods of a claim
 // whose StorageClass and namespace did not opt in, are left alone, each with an Event that says
 // why and tells the operator to restart it.
 func TestEvictionByDefaultPolicy(t *testing.T) {
@@ -386,10 +387,14 @@ func TestEvictionByDefaultPolicy(t *testing.T) {
 	bare := f.pod(f.AppNS, "evpol-bare", node, "evpol-in", false)
 	plain := f.pod(f.AppNS, "evpol-plain", node, "evpol-out", true)
 	healedAt := time.Now().Add(2 * time.Second)
-	f.evictor.Add(f.claimOfClass(f.AppNS, "evpol-in", node, optedIn, healedAt))
+	in := f.claimOfClass(f.AppNS, "evpol-in", node, optedIn, healedAt)
+	f.evictor.Add(in)
 	f.evictor.Add(f.claimOfClass(f.AppNS, "evpol-out", node, "evpol-plain", healedAt))
 
 	harness.Eventually(t, harness.EventWait, "the ReplicaSet's pod evicted", func() (bool, string) { return f.evicted(rs), "still running" })
+	// The next probe reports the same dead mount while the evicted pod terminates.
+	in.HealedAt = healedAt.Add(time.Second)
+	f.evictor.Add(in)
 	harness.Eventually(t, harness.EventWait, "the evictor idle", func() (bool, string) { return f.evictor.Idle(), "busy" })
 	for _, p := range []*corev1.Pod{bare, plain} {
 		if f.evicted(p) {
@@ -403,9 +408,12 @@ func TestEvictionByDefaultPolicy(t *testing.T) {
 		t.Errorf("claim's Event = %q, want the pod and the policy's reason NotOptedIn", msg)
 	}
 	if got := f.count(evict.ResultEvicted); got != 1 {
-		t.Errorf("evictions_total{result=evicted} = %d, want 1", got)
+		t.Errorf("evictions_total{result=evicted} = %d, want 1: the ReplicaSet's pod, once", got)
 	}
 	if got := f.count(evict.ResultLeftAlone); got != 2 {
-		t.Errorf("evictions_total{result=left_alone} = %d, want 2", got)
+		t.Errorf("evictions_total{result=left_alone} = %d, want 2: each pod left alone once, however often reported", got)
+	}
+	if _, n := f.Events(f.AppNS, "Pod", rs.Name, evict.ReasonEvictedForStaleMount); n != 1 {
+		t.Errorf("%d %s Events on pod %s, want 1", n, evict.ReasonEvictedForStaleMount, rs.Name)
 	}
 }
