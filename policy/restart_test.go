@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,7 +102,8 @@ func TestRestartDecisionOfTheBuiltinPolicy(t *testing.T) {
 }
 
 // TestRestartDecisionOfAPolicy: a policy without a restart rule leaves every pod alone, and a
-// restart output that is not the documented object is an error that names the problem.
+// policy whose restart output is not the documented object is refused when it loads, with an
+// error that names the problem.
 func TestRestartDecisionOfAPolicy(t *testing.T) {
 	ctx := context.Background()
 	rin := RestartInput{Input: Input{Trigger: TriggerRestart}, Pod: Pod{Namespace: "shop", Name: "web-1", OwnerKind: "ReplicaSet"}, Time: time.Now()}
@@ -112,7 +114,7 @@ func TestRestartDecisionOfAPolicy(t *testing.T) {
 	}{
 		"no restart rule":  {want: RestartDecision{RestartLeave, RestartNoRule}},
 		"evict":            {rules: `restart := {"action": "evict", "reason": "Always"}`, want: RestartDecision{RestartEvict, "Always"}},
-		"reads the pod":    {rules: `restart := {"action": "leave", "reason": input.pod.ownerKind}`, want: RestartDecision{RestartLeave, "ReplicaSet"}},
+		"reads the pod":    {rules: `restart := {"action": "leave", "reason": concat(":", ["owner", input.pod.ownerKind])}`, want: RestartDecision{RestartLeave, "owner:ReplicaSet"}},
 		"unknown action":   {rules: `restart := {"action": "delete", "reason": "x"}`, wantErr: `action "delete" is not one of evict, leave`},
 		"no reason":        {rules: `restart := {"action": "evict"}`, wantErr: "reason is missing"},
 		"not an object":    {rules: `restart := "evict"`, wantErr: "want an object with action and reason"},
@@ -124,18 +126,46 @@ func TestRestartDecisionOfAPolicy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			src := "package volumehealer\n\ndecision := data.volumehealer.builtin.decision\n\n" + tc.rules + "\n"
 			rev, err := Compile(ctx, []Module{{File: "site.rego", Text: src}}, patient(CompileOptions{}))
+			if tc.wantErr != "" {
+				// Refused before it serves: the restart rule is evaluated on canned pods at load.
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalidDecision) {
+					t.Fatalf("Compile = %v, want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			got, err := rev.DecideRestart(ctx, &rin)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalidDecision) {
-					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
-				}
-				return
-			}
 			if err != nil || got != tc.want {
 				t.Fatalf("restart decision = %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRestartRuleCheckedBeforeServing: a restart rule that fails for an ordinary pod (here a bare
+// one) is refused when the policy loads, naming the file, as a broken decision rule is.
+func TestRestartRuleCheckedBeforeServing(t *testing.T) {
+	ctx := context.Background()
+	tests := map[string]struct {
+		rules   string
+		wantErr string
+	}{
+		"bare pods break it": {`restart := {"action": "evict", "reason": concat("/", ["owner", input.pod.ownerKind])} if {
+	1 / count(input.pod.ownerKind) > 0
+}`, "divide by zero"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			src := "package volumehealer\n\ndecision := data.volumehealer.builtin.decision\n\n" + tc.rules + "\n"
+			_, err := Compile(ctx, []Module{{File: "site.rego", Text: src}}, patient(CompileOptions{}))
+			var le *LoadError
+			if !errors.As(err, &le) || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), RestartQuery) {
+				t.Fatalf("Compile = %v, want a LoadError about %s containing %q", err, RestartQuery, tc.wantErr)
+			}
+			if !slices.Contains(le.Files, "site.rego") {
+				t.Errorf("the error blames %v, want site.rego", le.Files)
 			}
 		})
 	}
