@@ -46,6 +46,8 @@ type Config struct {
 	// DryRun makes the controller decide and report what it would heal without sending heal
 	// calls. Default false.
 	DryRun bool
+	// Remediation restarts, by eviction, the pods that still see a healed volume's dead mount.
+	Remediation Remediation
 	// Sidecar configures how the controller connects and authenticates to the sidecars.
 	Sidecar Sidecar
 	// Log configures logging.
@@ -142,6 +144,23 @@ type Restart struct {
 	// changed (same pod, same healer sidecar start): a restart of that container alone, which
 	// kills no mounter. Default false.
 	SweepCSIAddonsSidecarRestarts bool
+}
+
+// Remediation configures the eviction of the pods that still see a volume's dead mount after its
+// heal (their mount propagation is None, so the repaired mount cannot reach them). It needs the
+// RBAC that deploy/ grants only when remediation is turned on there.
+type Remediation struct {
+	// Enabled evicts the pods; with it off the controller only tells the operator, by the Event
+	// VolumePodsMustRestart on the PVC, to restart them. Default false.
+	Enabled bool
+	// DryRun logs and records (Event EvictionDryRun) the pods that would be evicted, and evicts
+	// none. The controller's own dryRun implies it. Default false.
+	DryRun bool
+	// EvictionsPerMinute is the most evictions in any minute across the cluster. Default 10.
+	EvictionsPerMinute int
+	// EvictionsPerNamespacePerMinute is the most evictions in any minute in one namespace; at
+	// most EvictionsPerMinute. Default 5.
+	EvictionsPerNamespacePerMinute int
 }
 
 // Budgets limits the probe and heal calls in flight at once. Every limit is at least 1, and
@@ -248,10 +267,11 @@ func Default() Config {
 			StorageClasses: map[string]string{},
 			Stagger:        5 * time.Minute,
 		},
-		Restart:  Restart{Debounce: 2 * time.Second},
-		Budgets:  Budgets{Global: 64, PerDriver: 32, PerNode: 4},
-		Timeouts: Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
-		Backoff:  Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
+		Restart:     Restart{Debounce: 2 * time.Second},
+		Budgets:     Budgets{Global: 64, PerDriver: 32, PerNode: 4},
+		Remediation: Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5},
+		Timeouts:    Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
+		Backoff:     Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
 			TLS:  SidecarTLS{Enabled: true},
 			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token", Audience: healerv1alpha1.DefaultTokenAudience},

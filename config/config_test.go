@@ -314,6 +314,14 @@ func TestLoadInvalidValues(t *testing.T) {
 			args: []string{"--budgets-per-driver=65"},
 			want: []string{"budgets.perDriver (flag --budgets-per-driver): 65 is not allowed", "must be <= budgets.global (64)", "per-driver limit could never be reached"},
 		},
+		"eviction budget zero": {
+			env:  map[string]string{"VOLUME_HEALER_REMEDIATION_EVICTIONS_PER_MINUTE": "0"},
+			want: []string{"remediation.evictionsPerMinute (env VOLUME_HEALER_REMEDIATION_EVICTIONS_PER_MINUTE): 0 is not allowed: must be an integer >= 1"},
+		},
+		"namespace eviction budget above the cluster's": {
+			file: "remediation:\n  evictionsPerNamespacePerMinute: 11\n",
+			want: []string{"remediation.evictionsPerNamespacePerMinute (file ", "11 is not allowed", "must be <= remediation.evictionsPerMinute (10)", "could never be reached"},
+		},
 		"probe timeout not positive": {
 			args: []string{"--timeouts-probe=0s"},
 			want: []string{"timeouts.probe (flag --timeouts-probe): 0s is not allowed", "> 0"},
@@ -647,11 +655,12 @@ func TestYAMLRoundTrip(t *testing.T) {
 			},
 			Stagger: 0,
 		},
-		Restart:  Restart{Debounce: 0},
-		Budgets:  Budgets{Global: 1000, PerDriver: 100, PerNode: 1},
-		Timeouts: Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
-		Backoff:  Backoff{Base: time.Second, Max: time.Second},
-		DryRun:   true,
+		Restart:     Restart{Debounce: 0},
+		Budgets:     Budgets{Global: 1000, PerDriver: 100, PerNode: 1},
+		Timeouts:    Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
+		Backoff:     Backoff{Base: time.Second, Max: time.Second},
+		DryRun:      true,
+		Remediation: Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100},
 		Sidecar: Sidecar{
 			TLS: SidecarTLS{Enabled: true, CAFile: "true", CertFile: "# not a comment", KeyFile: "key: value",
 				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true},

@@ -213,6 +213,30 @@ var settings = []setting{
 		allowed: "true or false",
 	},
 	{
+		path:    "remediation.enabled",
+		field:   func(c *Config) any { return &c.Remediation.Enabled },
+		help:    "Evict, through the Eviction API, the pods that still see a healed volume's dead mount (mount propagation None); off, the PVC's Event VolumePodsMustRestart asks the operator to restart them. Needs the RBAC that deploy/ grants with remediation turned on (docs/operations.md).",
+		allowed: "true or false",
+	},
+	{
+		path:    "remediation.dryRun",
+		field:   func(c *Config) any { return &c.Remediation.DryRun },
+		help:    "Log and record (Event EvictionDryRun on the Pod and the PVC) the pods that would be evicted, and evict none; dryRun implies it.",
+		allowed: "true or false",
+	},
+	{
+		path:    "remediation.evictionsPerMinute",
+		field:   func(c *Config) any { return &c.Remediation.EvictionsPerMinute },
+		help:    "Most evictions in any minute across the cluster; the others wait for the budget.",
+		allowed: "an integer >= 1",
+	},
+	{
+		path:    "remediation.evictionsPerNamespacePerMinute",
+		field:   func(c *Config) any { return &c.Remediation.EvictionsPerNamespacePerMinute },
+		help:    "Most evictions in any minute in one namespace.",
+		allowed: "an integer >= 1 and <= remediation.evictionsPerMinute",
+	},
+	{
 		path:    "sidecar.tls.enabled",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.Enabled },
 		help:    "Use TLS for connections to the sidecars; off means plaintext.",

@@ -180,6 +180,15 @@ func (c *Config) validate() []issue {
 			"budgets.perDriver")
 	}
 
+	r := c.Remediation
+	v.atLeastOne("remediation.evictionsPerMinute", r.EvictionsPerMinute)
+	v.atLeastOne("remediation.evictionsPerNamespacePerMinute", r.EvictionsPerNamespacePerMinute)
+	if r.EvictionsPerMinute >= 1 && r.EvictionsPerNamespacePerMinute > r.EvictionsPerMinute {
+		v.add("remediation.evictionsPerNamespacePerMinute", strconv.Itoa(r.EvictionsPerNamespacePerMinute),
+			fmt.Sprintf("must be <= remediation.evictionsPerMinute (%d): the cluster's budget is always spent first, so the namespace's could never be reached", r.EvictionsPerMinute),
+			"remediation.evictionsPerMinute")
+	}
+
 	v.positive("timeouts.probe", c.Timeouts.Probe)
 	v.positive("timeouts.heal", c.Timeouts.Heal)
 	for _, t := range []struct {

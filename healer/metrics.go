@@ -21,6 +21,11 @@ type Metrics struct {
 	heals          *prometheus.CounterVec
 	callDuration   *prometheus.HistogramVec
 	healFailing    *prometheus.GaugeVec
+	// deadMountSince holds, per claim whose running pods still see its dead mount, when that was
+	// first found; deadMountSeen says which claims have the series, so that a later report keeps
+	// the first time.
+	deadMountSince *prometheus.GaugeVec
+	deadMountSeen  sync.Map
 	callErrors     *prometheus.CounterVec
 	lastFinished   *prometheus.GaugeVec
 	// classFinished holds the last finished periodic sweep per StorageClass, which the overdue
@@ -74,6 +79,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_volume_heal_failing",
 			Help: "1 for each PVC whose last heal failed; the series goes away when the volume is healthy again.",
 		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
+		deadMountSince: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "volume_healer_pods_on_dead_mount_since_timestamp_seconds",
+			Help: "For each PVC whose volume was repaired on its node while running pods still see its dead mount (StaleMountInPods), when that was first found; the series goes away when the volume is found healthy again.",
+		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_sidecar_call_errors_total",
 			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
@@ -103,7 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.restartsPending, m.restartRetries, m.sweepPanics)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.restartsPending, m.restartRetries, m.sweepPanics)
 	return m
 }
 
@@ -208,4 +217,22 @@ func errorReason(err error) string {
 		}
 	}
 	return "other"
+}
+
+// podsOnDeadMount records that running pods see the claim's dead mount since at, unless an earlier
+// time is recorded already; with on false it drops the claim's series.
+func (m *Metrics) podsOnDeadMount(namespace, claim, driver string, on bool, at time.Time) {
+	if m == nil {
+		return
+	}
+	key := [3]string{namespace, claim, driver}
+	if !on {
+		if _, had := m.deadMountSeen.LoadAndDelete(key); had {
+			m.deadMountSince.DeleteLabelValues(namespace, claim, driver)
+		}
+		return
+	}
+	if _, had := m.deadMountSeen.LoadOrStore(key, true); !had {
+		m.deadMountSince.WithLabelValues(namespace, claim, driver).Set(float64(at.UnixNano()) / 1e9)
+	}
 }

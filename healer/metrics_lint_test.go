@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/probe"
@@ -41,6 +42,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_call_duration_seconds":                           {dto.MetricType_HISTOGRAM, []string{"operation"}},
 	"volume_healer_volume_heal_failing":                             {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_volumes_unhealthy":                               {dto.MetricType_GAUGE, []string{"driver", "status"}},
+	"volume_healer_pods_on_dead_mount_since_timestamp_seconds":      {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_sidecar_call_errors_total":                       {dto.MetricType_COUNTER, []string{"driver", "reason"}},
 	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},
@@ -69,6 +71,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
 	"volume_healer_build_info":                                      {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
+	"volume_healer_evictions_total":                                 {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_evictions_throttled_total":                       {dto.MetricType_COUNTER, nil},
 }
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
@@ -107,6 +111,7 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 // the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
 func controllerMetrics(reg prometheus.Registerer) error {
 	NewMetrics(reg)
+	evict.NewMetrics(reg)
 	trigger.NewMetrics(reg)
 	dispatch.NewMetrics(reg)
 	if _, err := policy.NewMetrics(reg); err != nil {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -88,7 +89,18 @@ type Options struct {
 	PrepareConcurrency int
 	// Clock tells time and waits between tries. Default real.
 	Clock clock.Clock
+	// Restarter restarts the pods that still see a volume's dead mount after its heal (the
+	// driver reports healerv1alpha1.ReasonStaleMountInPods). Default: none; the operator is told
+	// on the PVC to restart them (Event VolumePodsMustRestart).
+	Restarter Restarter
 }
+
+// Restarter restarts the pods on a node that still see a volume's dead mount.
+type Restarter interface {
+	Add(req evict.Request)
+}
+
+var _ Restarter = (*evict.Evictor)(nil)
 
 // Defaults of Options.
 const (
@@ -133,6 +145,12 @@ func (s *Sweeper) Forget(pv *corev1.PersistentVolume) {
 	s.mem.forget(pv.Name)
 	if m := s.opts.Metrics; m != nil && pv.Spec.ClaimRef != nil {
 		m.healFailing.DeletePartialMatch(prometheus.Labels{"namespace": pv.Spec.ClaimRef.Namespace, "persistentvolumeclaim": pv.Spec.ClaimRef.Name})
+		m.deadMountSeen.Range(func(k, _ any) bool {
+			if key := k.([3]string); key[0] == pv.Spec.ClaimRef.Namespace && key[1] == pv.Spec.ClaimRef.Name {
+				m.podsOnDeadMount(key[0], key[1], key[2], false, time.Time{})
+			}
+			return true
+		})
 	}
 }
 
@@ -760,7 +778,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res)
+			s.podsMustRestart(v, res, s.opts.Clock.Now(), in)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
@@ -807,7 +825,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed)
+		s.podsMustRestart(v, healed, start, in)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
@@ -824,11 +842,26 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 }
 
 // podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
-// mount and must be restarted.
-func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result) {
+// mount and must be restarted, and hands them to the Restarter when there is one. healedAt is
+// when the mount was found repaired: the pods created before then are the ones to restart. in is
+// the volume's policy input, which the restart decision of each pod sees with res as its probe.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input) {
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
+	claim := v.ClaimName()
+	if claim.Name != "" {
+		s.opts.Metrics.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, true, healedAt)
+	}
+	if s.opts.Restarter == nil || claim.Name == "" {
+		return
+	}
+	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
+	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt, Input: in}
+	if pvc := v.Claim(); pvc != nil {
+		req.ClaimUID = pvc.UID
+	}
+	s.opts.Restarter.Add(req)
 }
 
 // recheck returns why the volume must now be left alone, or "".
@@ -953,6 +986,7 @@ func (s *Sweeper) setFailing(v planner.Volume, failing bool) {
 		return
 	}
 	m.healFailing.DeleteLabelValues(claim.Namespace, claim.Name, v.Driver)
+	m.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, false, time.Time{})
 }
 
 // volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.

@@ -15,6 +15,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -307,6 +309,8 @@ func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
 	f.sweeper.opts.Metrics = NewMetrics(prometheus.NewRegistry())
 	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
 	f.sidecars.afterHeal = map[string][]probe.Health{"v1": {{Status: "INACCESSIBLE", Reason: healerv1alpha1.ReasonStaleMountInPods, Message: "1 process in 1 mount namespace"}}}
+	restarter := &recordingRestarter{}
+	f.sweeper.opts.Restarter = restarter
 
 	sum := f.sweeper.Run(context.Background(), f.restart())
 	if sum.Healed != 0 || sum.Unhealthy != 1 || sum.Failed != 0 {
@@ -332,6 +336,43 @@ func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
 	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.heals.WithLabelValues("rbd", "pods_must_restart")); got != 1 {
 		t.Errorf("heals_total{result=pods_must_restart} = %v, want 1", got)
 	}
+	since := testutil.ToFloat64(f.sweeper.opts.Metrics.deadMountSince.WithLabelValues("app", "claim-v1", "rbd"))
+	if now := float64(time.Now().Unix()); since < now-60 || since > now+1 {
+		t.Errorf("pods_on_dead_mount_since_timestamp_seconds = %v, want the heal's time, about %v", since, now)
+	}
+	// A later sweep finds the volume healthy (the pods were restarted): the series goes away.
+	f.sidecars.health["v1"], f.sidecars.afterHeal = nil, nil
+	f.sweeper.Run(context.Background(), f.restart())
+	if n := testutil.CollectAndCount(f.sweeper.opts.Metrics.deadMountSince); n != 0 {
+		t.Errorf("%d pods_on_dead_mount series after the volume was found healthy, want 0", n)
+	}
+	want := evict.Request{PV: "v1", Claim: types.NamespacedName{Namespace: "app", Name: "claim-v1"}, ClaimUID: pvc.UID, Node: "node-a", Driver: "rbd"}
+	if len(restarter.reqs) != 1 {
+		t.Fatalf("restart requests = %+v, want one for the claim's pods on node-a", restarter.reqs)
+	}
+	got := restarter.reqs[0]
+	if got.HealedAt.IsZero() {
+		t.Errorf("restart request %+v has no heal time: every pod would be a replacement", got)
+	}
+	got.HealedAt = time.Time{}
+	if p := got.Input.Probe; got.Input.Volume.PV != "v1" || p == nil || len(p.Health) != 1 || p.Health[0].Reason != healerv1alpha1.ReasonStaleMountInPods {
+		t.Errorf("restart request's policy input = %+v, want volume v1 with the probe that found the dead mount", got.Input)
+	}
+	if got.PV != want.PV || got.Claim != want.Claim || got.ClaimUID != want.ClaimUID || got.Node != want.Node || got.Driver != want.Driver {
+		t.Errorf("restart request = %+v, want %+v", got, want)
+	}
+}
+
+// recordingRestarter records the restart requests of a sweep.
+type recordingRestarter struct {
+	mu   sync.Mutex
+	reqs []evict.Request
+}
+
+func (r *recordingRestarter) Add(req evict.Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs = append(r.reqs, req)
 }
 
 func TestNotHealableVolumeIsNotOfferedAgainUntilRestart(t *testing.T) {

@@ -238,12 +238,23 @@ func Compile(ctx context.Context, modules []Module, opts CompileOptions) (*Revis
 		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", DecisionQuery, err)}
 	}
 
+	restartQuery, err := rego.New(
+		rego.Query(RestartQuery),
+		rego.Compiler(compiler),
+		rego.Store(inmem.New()),
+		rego.StrictBuiltinErrors(true),
+	).PrepareForEval(ctx)
+	if err != nil {
+		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", RestartQuery, err)}
+	}
+
 	rev := &Revision{
-		id:       revisionID(modules),
-		modules:  all,
-		compiler: compiler,
-		query:    query,
-		timeout:  opts.EvalTimeout,
+		id:           revisionID(modules),
+		modules:      all,
+		compiler:     compiler,
+		query:        query,
+		restartQuery: restartQuery,
+		timeout:      opts.EvalTimeout,
 	}
 	for _, m := range modules {
 		rev.files = append(rev.files, m.File)
@@ -279,14 +290,30 @@ func (r *Revision) validate(ctx context.Context) error {
 			return &LoadError{Kind: kind, Files: files, Err: fmt.Errorf("evaluating %s: %w", c.name, err)}
 		}
 	}
+	for _, c := range restartValidationInputs() {
+		if _, err := r.decideRestart(ctx, &c.input); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("validating policy revision: %w", ctx.Err())
+			}
+			files := r.ruleFiles(RestartQuery)
+			var te *topdown.Error
+			if errors.As(err, &te) && te.Location != nil && te.Location.File != "" {
+				files = []string{te.Location.File}
+			}
+			return &LoadError{Kind: errorKindOf(err), Files: files, Err: fmt.Errorf("evaluating %s for %s: %w", RestartQuery, c.name, err)}
+		}
+	}
 	return nil
 }
 
 // decisionFiles lists the files that define the decision rule, to blame for a decision of the
 // wrong shape. The built-in library is not blamed: it is tested with the binary.
-func (r *Revision) decisionFiles() []string {
+func (r *Revision) decisionFiles() []string { return r.ruleFiles(DecisionQuery) }
+
+// ruleFiles lists the files that define the rule of query.
+func (r *Revision) ruleFiles(query string) []string {
 	var files []string
-	for _, rule := range r.compiler.GetRules(ast.MustParseRef(DecisionQuery)) {
+	for _, rule := range r.compiler.GetRules(ast.MustParseRef(query)) {
 		if rule.Location != nil && !slices.Contains(files, rule.Location.File) {
 			files = append(files, rule.Location.File)
 		}

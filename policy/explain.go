@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -18,8 +20,13 @@ type Explanation struct {
 	Revision string
 	// Input is what the policy saw.
 	Input Input
-	// Decision is the decision, when Err is nil.
+	// Decision is the decision, when Err is nil and Restart is nil.
 	Decision Decision
+	// Restart is the restart input of a pod, for an explanation of the restart decision
+	// (ExplainRestart); nil for the volume's decision.
+	Restart *RestartInput
+	// RestartDecision is the restart decision, when Err is nil and Restart is set.
+	RestartDecision RestartDecision
 	// Err is the evaluation error, if any.
 	Err error
 	// Fired lists the rules whose body held, in the order they first did.
@@ -50,11 +57,29 @@ func (r *Revision) Explain(ctx context.Context, in *Input) (*Explanation, error)
 	// Without rule indexing every candidate rule is entered, so rules that did not fire show up.
 	d, err := r.evaluate(ctx, in, rego.EvalQueryTracer(tracer), rego.EvalRuleIndexing(false))
 	x := &Explanation{Revision: r.id, Input: *in, Decision: d, Err: err, Trace: *tracer}
+	x.rules()
+	return x, nil
+}
 
+// ExplainRestart evaluates the restart decision for one pod with tracing on and reports which
+// rules fired, as Explain does for the volume's decision.
+func (r *Revision) ExplainRestart(ctx context.Context, in *RestartInput) (*Explanation, error) {
+	if err := in.validate(); err != nil {
+		return nil, err
+	}
+	tracer := topdown.NewBufferTracer()
+	d, err := r.decideRestart(ctx, in, rego.EvalQueryTracer(tracer), rego.EvalRuleIndexing(false))
+	x := &Explanation{Revision: r.id, Input: in.Input, Restart: in, RestartDecision: d, Err: err, Trace: *tracer}
+	x.rules()
+	return x, nil
+}
+
+// rules sorts the rules of the trace into those that fired and those that did not.
+func (x *Explanation) rules() {
 	entered := map[*ast.Rule]bool{}
 	exited := map[*ast.Rule]bool{}
 	var order []*ast.Rule
-	for _, ev := range *tracer {
+	for _, ev := range x.Trace {
 		rule, ok := ev.Node.(*ast.Rule)
 		if !ok {
 			continue
@@ -77,7 +102,6 @@ func (r *Revision) Explain(ctx context.Context, in *Input) (*Explanation, error)
 			x.NotFired = append(x.NotFired, ruleTrace(rule))
 		}
 	}
-	return x, nil
 }
 
 func ruleTrace(rule *ast.Rule) RuleTrace {
@@ -118,14 +142,28 @@ func (x *Explanation) WriteText(w io.Writer, full bool) error {
 		fmt.Fprintf(&b, ", after a probe (healthy: %t)", x.Input.Probe.Healthy)
 	}
 	b.WriteString("\n")
+	var decision any = x.Decision
+	if p := x.Restart; p != nil {
+		fmt.Fprintf(&b, "pod: %s/%s (owner %s, disruption budget: %t), time %s\n", p.Pod.Namespace, p.Pod.Name,
+			orNone(p.Pod.OwnerKind), p.Pod.DisruptionBudget, formatTime(p.Time))
+		fmt.Fprintf(&b, "namespace labels: %s\n", formatLabels(p.Namespace.Labels))
+		if p.StorageClass != nil {
+			fmt.Fprintf(&b, "storage class %s labels: %s\n", p.StorageClass.Name, formatLabels(p.StorageClass.Labels))
+		}
+		decision = x.RestartDecision
+	}
 	if x.Err != nil {
 		fmt.Fprintf(&b, "error: %v\n", x.Err)
 	} else {
-		dj, err := json.Marshal(x.Decision)
+		dj, err := json.Marshal(decision)
 		if err != nil {
 			return fmt.Errorf("encoding decision: %w", err)
 		}
-		fmt.Fprintf(&b, "decision: %s\n", dj)
+		if x.Restart != nil {
+			fmt.Fprintf(&b, "restart decision: %s\n", dj)
+		} else {
+			fmt.Fprintf(&b, "decision: %s\n", dj)
+		}
 	}
 	writeRules(&b, "rules that fired", x.Fired, -1)
 	writeRules(&b, "rules tried that did not fire", x.NotFired, 1)
@@ -153,4 +191,24 @@ func writeRules(b *strings.Builder, title string, rules []RuleTrace, lines int) 
 			fmt.Fprintf(b, "      %s\n", line)
 		}
 	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// formatLabels prints labels sorted, "(none)" when there are none.
+func formatLabels(l map[string]string) string {
+	if len(l) == 0 {
+		return "(none)"
+	}
+	keys := slices.Sorted(maps.Keys(l))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + l[k]
+	}
+	return strings.Join(parts, ", ")
 }

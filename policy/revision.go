@@ -21,7 +21,9 @@ type Revision struct {
 	modules  []Module // every module compiled, the built-in library included
 	compiler *ast.Compiler
 	query    rego.PreparedEvalQuery
-	timeout  time.Duration
+	// restartQuery evaluates RestartQuery, the per-pod decision after a heal pods cannot see.
+	restartQuery rego.PreparedEvalQuery
+	timeout      time.Duration
 
 	plan    *keyPlan // the input fields decisions depend on; nil when they cannot be memoized
 	memoOff string   // why decisions are not memoized, when they are not

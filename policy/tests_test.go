@@ -29,8 +29,8 @@ func TestDefaultPolicyRegoTests(t *testing.T) {
 func exampleDirs(t testing.TB) []string {
 	t.Helper()
 	dirs, err := filepath.Glob("testdata/examples/*")
-	if err != nil || len(dirs) != 3 {
-		t.Fatalf("example folders %v, %v; want the three of docs/policy.md", dirs, err)
+	if err != nil || len(dirs) != 6 {
+		t.Fatalf("example folders %v, %v; want the six of docs/policy.md", dirs, err)
 	}
 	return dirs
 }
@@ -39,7 +39,8 @@ func exampleDirs(t testing.TB) []string {
 // through the engine's loader and is accepted as a serving policy.
 func TestDocumentedExamples(t *testing.T) {
 	ctx := context.Background()
-	memoized := map[string]bool{"userspace-mounters": true, "skip-namespace": true, "hourly-probe": false}
+	memoized := map[string]bool{"userspace-mounters": true, "skip-namespace": true, "hourly-probe": false,
+		"evict-except-namespace": true, "never-evict-statefulsets": true, "maintenance-window": true}
 	for _, dir := range exampleDirs(t) {
 		name := filepath.Base(dir)
 		t.Run(name, func(t *testing.T) {

@@ -103,3 +103,44 @@ func validationInputs() []cannedInput {
 	}
 	return out
 }
+
+// restartCanned is a restart input the restart rule must decide before a revision serves.
+type restartCanned struct {
+	name  string
+	input RestartInput
+}
+
+// restartValidationInputs returns restart inputs through the usual branches: a controller's pod
+// and a bare one, opted in by its StorageClass, by its namespace, or not at all.
+func restartValidationInputs() []restartCanned {
+	base := validationInputs()[0].input
+	base.Probe = &ProbeResult{Healable: true, Health: []Health{{Status: HealthInaccessible, Reason: "StaleMountInPods", Message: "1 process in 1 mount namespace"}}}
+	optIn := map[string]string{"healer.csiaddons.openshift.io/evict-pods": "true"}
+	at := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC)
+	var out []restartCanned
+	for _, owner := range []string{"ReplicaSet", ""} {
+		for _, o := range []struct {
+			name     string
+			ns, sc   map[string]string
+			hasClass bool
+		}{
+			{"not opted in", nil, nil, true},
+			{"its StorageClass opted in", nil, optIn, true},
+			{"its namespace opted in, no StorageClass", optIn, nil, false},
+		} {
+			in := RestartInput{Input: base, Time: at,
+				Pod:       Pod{Namespace: "shop", Name: "app-0", OwnerKind: owner, Labels: map[string]string{"app": "shop"}},
+				Namespace: Labeled{Name: "shop", Labels: o.ns},
+			}
+			if o.hasClass {
+				in.StorageClass = &Labeled{Name: "fast", Labels: o.sc}
+			}
+			kind := "a bare pod"
+			if owner != "" {
+				kind = "a " + owner + "'s pod"
+			}
+			out = append(out, restartCanned{name: kind + ", " + o.name, input: in})
+		}
+	}
+	return out
+}

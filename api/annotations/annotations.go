@@ -74,6 +74,14 @@ const (
 	ScheduleOff = "off"
 )
 
+// On a StorageClass or a Namespace: opting in to pod restarts.
+const (
+	// EvictPodsLabel with the value "true", on a StorageClass or a Namespace, lets the built-in
+	// policy evict the controller-owned pods that still see a healed volume's dead mount (the
+	// rule volumehealer.builtin.restart reads it; with remediation.enabled).
+	EvictPodsLabel = "healer.csiaddons.openshift.io/evict-pods"
+)
+
 // On a PVC.
 const (
 	// VolumeStatus holds, as JSON, what the healer last found and did with the claim's volume. It

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/policy"
 )
 
@@ -136,6 +138,8 @@ func newPolicyExplainCommand() *cobra.Command {
 		attributes               map[string]string
 		paths                    []string
 		namespace, selector      string
+		pod                      string
+		at                       time.Time
 		opts                     policy.CompileOptions
 	)
 	cmd := &cobra.Command{
@@ -170,6 +174,10 @@ func newPolicyExplainCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if probe == "" && pod != "" {
+				// The restart decision is asked after a heal that running pods cannot see.
+				probe, probeReason = string(policy.HealthInaccessible), healerv1alpha1.ReasonStaleMountInPods
+			}
 			if probe != "" {
 				if in.Probe, err = policy.AssumedProbe(probe, probeReason, healable); err != nil {
 					return err
@@ -201,7 +209,18 @@ func newPolicyExplainCommand() *cobra.Command {
 				}
 				return err
 			}
-			x, err := rev.Explain(ctx, &in)
+			if pod == "" {
+				x, err := rev.Explain(ctx, &in)
+				if err != nil {
+					return err
+				}
+				return x.WriteText(cmd.OutOrStdout(), full)
+			}
+			rin, err := restartInput(ctx, client, in, pod, at)
+			if err != nil {
+				return err
+			}
+			x, err := rev.ExplainRestart(ctx, &rin)
 			if err != nil {
 				return err
 			}
@@ -224,5 +243,40 @@ func newPolicyExplainCommand() *cobra.Command {
 	f.StringVar(&selector, "policy-selector", policy.DefaultPolicySelector, "label selector of the policy ConfigMaps")
 	f.DurationVar(&opts.EvalTimeout, "timeout", policy.DefaultEvalTimeout, "evaluation timeout")
 	f.BoolVar(&full, "trace", false, "also print OPA's full evaluation trace")
+	f.StringVar(&pod, "pod", "", "explain the restart decision for this pod of the volume's claim (its namespace), after a heal it cannot see "+
+		"(the probe result defaults to INACCESSIBLE "+healerv1alpha1.ReasonStaleMountInPods+")")
+	f.Func("time", "time of the restart decision, RFC 3339; default: now", func(v string) error {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return fmt.Errorf("--time %q is not an RFC 3339 time such as 2026-12-01T03:00:00Z: %w", v, err)
+		}
+		at = t
+		return nil
+	})
 	return cmd
+}
+
+// restartInput builds the restart input of the pod named name, in the namespace of the volume's
+// claim, from the cluster, at the time at (now when zero).
+func restartInput(ctx context.Context, client kubernetes.Interface, in policy.Input, name string, at time.Time) (policy.RestartInput, error) {
+	if in.Volume.PVC == nil {
+		return policy.RestartInput{}, fmt.Errorf("--pod %s: PersistentVolume %s is not bound to a claim, so no pod uses it", name, in.Volume.PV)
+	}
+	ns := in.Volume.PVC.Namespace
+	p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return policy.RestartInput{}, fmt.Errorf("reading pod %s/%s: %w", ns, name, err)
+	}
+	sc := ""
+	if in.Volume.StorageClass != nil {
+		sc = in.Volume.StorageClass.Name
+	}
+	scope, err := policy.ReadPodScope(ctx, client, ns, sc)
+	if err != nil {
+		return policy.RestartInput{}, err
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	return scope.Input(in, p, at), nil
 }

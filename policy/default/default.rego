@@ -58,3 +58,24 @@ probe_reason := {"restart": "ProbeAfterRestart", "manual": "ProbeRequested", "sc
 heal_reason := {"restart": "HealAfterRestart", "manual": "HealRequested", "schedule": "HealAfterScheduledProbe"}
 
 skip(reason) := {"action": "skip", "reason": reason}
+
+# Restart: asked once per pod when a heal repaired the volume on its node but the pod still sees
+# the dead mount (input.pod set; input.time is now). Evict only pods that a controller recreates,
+# and only where the StorageClass or the namespace opted in with the label
+# healer.csiaddons.openshift.io/evict-pods: "true". A bare pod is never evicted: nothing would
+# recreate it.
+default restart := {"action": "leave", "reason": "NotOptedIn"}
+
+restart := leave("NoController") if {
+	not restartable_owner[input.pod.ownerKind]
+} else := {"action": "evict", "reason": "StorageClassOptedIn"} if {
+	input.storageClass.labels[evict_pods_label] == "true"
+} else := {"action": "evict", "reason": "NamespaceOptedIn"} if {
+	input.namespace.labels[evict_pods_label] == "true"
+}
+
+restartable_owner := {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
+
+evict_pods_label := "healer.csiaddons.openshift.io/evict-pods"
+
+leave(reason) := {"action": "leave", "reason": reason}

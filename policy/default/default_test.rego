@@ -104,3 +104,50 @@ test_driver_without_heal_is_skipped if {
 	doc := object.union(second("restart", broken), {"driver": d})
 	volumehealer.decision == {"action": "skip", "reason": "DriverCannotHeal"} with input as doc
 }
+
+# A pod that still sees the dead mount after the heal of the volume above.
+pod_input(owner, sc_labels, ns_labels) := object.union(second("restart", stale), {
+	"pod": {"namespace": "shop", "name": "orders-0", "ownerKind": owner, "labels": {"app": "orders"}, "disruptionBudget": false},
+	"namespace": {"name": "shop", "labels": ns_labels},
+	"storageClass": {"name": "ceph-rbd-nbd", "labels": sc_labels},
+	"time": "2026-12-01T03:00:00Z",
+})
+
+stale := {
+	"healthy": false,
+	"health": [{"status": "INACCESSIBLE", "reason": "StaleMountInPods", "message": "1 process in 1 mount namespace"}],
+	"healable": true,
+	"recheckAfterSeconds": 0,
+}
+
+opted_in := {"healer.csiaddons.openshift.io/evict-pods": "true"}
+
+test_restart_left_alone_without_opt_in if {
+	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as pod_input("ReplicaSet", {}, {})
+}
+
+test_restart_evicts_in_opted_in_storage_class if {
+	volumehealer.restart == {"action": "evict", "reason": "StorageClassOptedIn"} with input as pod_input("StatefulSet", opted_in, {})
+}
+
+test_restart_evicts_in_opted_in_namespace if {
+	volumehealer.restart == {"action": "evict", "reason": "NamespaceOptedIn"} with input as pod_input("DaemonSet", {}, opted_in)
+}
+
+test_restart_evicts_every_controller_kind if {
+	every kind in {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"} {
+		volumehealer.restart.action == "evict" with input as pod_input(kind, opted_in, {})
+	}
+}
+
+test_restart_never_evicts_a_bare_pod if {
+	volumehealer.restart == {"action": "leave", "reason": "NoController"} with input as pod_input("", opted_in, opted_in)
+}
+
+test_restart_never_evicts_an_unknown_owner if {
+	volumehealer.restart.action == "leave" with input as pod_input("Node", opted_in, opted_in)
+}
+
+test_restart_opt_in_needs_the_value_true if {
+	volumehealer.restart.action == "leave" with input as pod_input("ReplicaSet", {"healer.csiaddons.openshift.io/evict-pods": "yes"}, {})
+}

@@ -102,6 +102,8 @@ func TestDashboard(t *testing.T) {
 		"probes per driver":                     "volume_healer_probes_total",
 		"heals and failures per driver":         "volume_healer_heals_total",
 		"claims failing to heal":                "volume_healer_volume_heal_failing",
+		"claims whose pods see a dead mount":    "volume_healer_pods_on_dead_mount_since_timestamp_seconds",
+		"pod evictions":                         "volume_healer_evictions_total",
 		"unhealthy volumes":                     "volume_healer_volumes_unhealthy",
 		"failed sidecar calls":                  "volume_healer_sidecar_call_errors_total",
 		"calls in flight":                       "volume_healer_dispatch_in_flight",

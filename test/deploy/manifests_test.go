@@ -57,6 +57,27 @@ components:
 	})
 }
 
+// baseWithRemediation renders deploy/base with the component that turns remediation on.
+func baseWithRemediation(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	return kustomizeWith(t, func(dir string) string {
+		rel := func(elem ...string) string {
+			r, err := filepath.Rel(dir, path(t, elem...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		return fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+components:
+  - %s
+`, rel("deploy", "base"), rel("deploy", "components", "remediation"))
+	})
+}
+
 // TestManifestsServerSideDryRun sends every rendering of deploy/ to a real kube-apiserver as a
 // server-side apply dry run with strict field validation: what kubectl apply --server-side and
 // helm install would send.
@@ -81,6 +102,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	c.installCRDs(t)
 	renders := map[string][]*unstructured.Unstructured{
 		"kustomize deploy/base":                  kustomize(t, "deploy/base"),
+		"kustomize deploy/base with remediation": baseWithRemediation(t),
 		"kustomize deploy/examples/ceph-csi-rbd": kustomize(t, "deploy/examples/ceph-csi-rbd"),
 		"helm template, default values":          helmTemplate(t, "volume-healer", "volume-healer", nil),
 		"helm template, every option":            helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}),
@@ -130,6 +152,8 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 	c.apply(t, kustomize(t, "deploy/base"), false)
 	c.apply(t, kustomize(t, "deploy/examples/ceph-csi-rbd"), false)
 	c.apply(t, helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}), false)
+	// The chart with its default values, in another release: remediation off.
+	c.apply(t, helmTemplate(t, "plain-healer", "plain-healer", nil), false)
 
 	ra := func(verb, group, resource, namespace string) authorizationv1.ResourceAttributes {
 		return authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: resource, Namespace: namespace}
@@ -171,6 +195,16 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"sidecar writes no Secrets":                        {"ceph-csi/rbd-csi-nodeplugin", ra("update", "", "secrets", "rook-ceph"), false},
 		"sidecar touches no CSIAddonsNodes elsewhere":      {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), false},
 		"sidecar changes no PersistentVolumes":             {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "", "persistentvolumes", ""), false},
+		"controller evicts no pods without remediation":    {"volume-healer/volume-healer", ra("create", "", "pods/eviction", "shop"), false},
+		"controller lists no pods without remediation":     {"volume-healer/volume-healer", ra("list", "", "pods", "shop"), false},
+		"chart: controller evicts pods with remediation":   {"healer-system/healer", ra("create", "", "pods/eviction", "shop"), true},
+		"chart: controller lists pods with remediation":    {"healer-system/healer", ra("list", "", "pods", "shop"), true},
+		"chart: remediation reads namespaces":              {"healer-system/healer", ra("get", "", "namespaces", ""), true},
+		"chart: remediation lists disruption budgets":      {"healer-system/healer", ra("list", "policy", "poddisruptionbudgets", "shop"), true},
+		"chart: remediation deletes no pods":               {"healer-system/healer", ra("delete", "", "pods", "shop"), false},
+		"chart: remediation reads no pod logs":             {"healer-system/healer", ra("get", "", "pods/log", "shop"), false},
+		"chart: remediation changes no disruption budgets": {"healer-system/healer", ra("update", "policy", "poddisruptionbudgets", "shop"), false},
+		"chart defaults: no evictions":                     {"plain-healer/plain-healer-volume-healer", ra("create", "", "pods/eviction", "shop"), false},
 		"chart: controller marks policy ConfigMaps":        {"healer-system/healer", ra("patch", "", "configmaps", "healer-policies"), true},
 		"chart: controller keeps the last accepted policy": {"healer-system/healer", ra("create", "", "configmaps", "healer-policies"), true},
 		"chart: controller renews its Lease":               {"healer-system/healer", ra("update", "coordination.k8s.io", "leases", "healer-system"), true},
@@ -912,4 +946,78 @@ func TestHelmRequiredValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRemediationComponent: the base alone grants no eviction and leaves remediation off; the
+// component turns remediation on in the controller's environment and grants the eviction, and
+// the chart does both with config.remediation.enabled.
+func TestRemediationComponent(t *testing.T) {
+	tool(t, "kustomize")
+	tool(t, "helm")
+	grants := func(objs []*unstructured.Unstructured, resource, verb string) bool {
+		for _, o := range ofKind(objs, "ClusterRole") {
+			var role rbacv1.ClusterRole
+			convert(t, o, &role)
+			for _, r := range role.Rules {
+				if slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	enabledByEnv := func(objs []*unstructured.Unstructured) bool {
+		var dep appsv1.Deployment
+		convert(t, ofKind(objs, "Deployment")[0], &dep)
+		for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "VOLUME_HEALER_REMEDIATION_ENABLED" {
+				return e.Value == "true"
+			}
+		}
+		return false
+	}
+	tests := map[string]struct {
+		objs    []*unstructured.Unstructured
+		enabled bool
+	}{
+		"kustomize deploy/base":                  {kustomize(t, "deploy/base"), false},
+		"kustomize deploy/base with remediation": {baseWithRemediation(t), true},
+		"helm template, default values":          {helmTemplate(t, "volume-healer", "volume-healer", nil), false},
+		"helm template, every option":            {helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}), true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := grants(tc.objs, "pods/eviction", "create"); got != tc.enabled {
+				t.Errorf("grants create pods/eviction: %t, want %t", got, tc.enabled)
+			}
+			if grants(tc.objs, "pods", "delete") {
+				t.Error("grants delete on pods: remediation evicts, never deletes")
+			}
+			enabled := enabledByEnv(tc.objs)
+			if !strings.HasPrefix(name, "kustomize") {
+				cfg, err := loadConfig(t, []byte(controllerConfig(t, tc.objs)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				enabled = cfg.Remediation.Enabled
+			}
+			if enabled != tc.enabled {
+				t.Errorf("remediation enabled: %t, want %t", enabled, tc.enabled)
+			}
+		})
+	}
+}
+
+// controllerConfig returns the configuration file the rendering's ConfigMap holds.
+func controllerConfig(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	for _, o := range ofKind(objs, "ConfigMap") {
+		var cm corev1.ConfigMap
+		convert(t, o, &cm)
+		if data, ok := cm.Data["config.yaml"]; ok {
+			return data
+		}
+	}
+	t.Fatal("no ConfigMap with config.yaml rendered")
+	return ""
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/probe"
@@ -35,6 +36,7 @@ func seriesNames(t *testing.T) map[string]string {
 	for _, build := range []func(prometheus.Registerer) error{
 		func(reg prometheus.Registerer) error {
 			healer.NewMetrics(reg)
+			evict.NewMetrics(reg)
 			trigger.NewMetrics(reg)
 			dispatch.NewMetrics(reg)
 			if _, err := policy.NewMetrics(reg); err != nil {

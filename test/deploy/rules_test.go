@@ -54,6 +54,7 @@ func generic(t *testing.T, data []byte) any {
 // requiredAlerts are the alerts the project promises operators (docs/alerts.md).
 var requiredAlerts = []string{
 	"VolumeHealFailed",
+	"VolumePodsOnDeadMount",
 	"VolumeHealFailureRatioHigh",
 	"VolumeDataLoss",
 	"VolumeHealerSidecarUnreachable",
@@ -185,6 +186,7 @@ func TestRulesHelmValues(t *testing.T) {
 		"prometheusRule.sidecarJob=csi/.*-sidecar",
 		"prometheusRule.healFailureRatio=0.25",
 		"prometheusRule.healFailureMinHeals=20",
+		"prometheusRule.podsOnDeadMountSeconds=600",
 		"prometheusRule.runbookBaseURL=https://runbooks.example.com/volume-healer",
 	)
 	pr := find(t, objs, "PrometheusRule", "volume-healer")
@@ -209,6 +211,7 @@ func TestRulesHelmValues(t *testing.T) {
 		"VolumeHealerScheduledSweepOverdue": {`process_start_time_seconds{job="healer"}`, `volume_healer_leader{job="healer"}`, `volume_healer_schedule_interval_seconds{job="healer"}`},
 		"VolumeHealerSidecarDown":           {`up{job=~"csi/.*-sidecar"}`},
 		"VolumeHealFailureRatioHigh":        {") > 0.25\n", ">= 20\n"},
+		"VolumePodsOnDeadMount":             {"(volume_healer_pods_on_dead_mount_since_timestamp_seconds) > 600\n"},
 	} {
 		for _, w := range wants {
 			if !strings.Contains(rules[alert], w) {

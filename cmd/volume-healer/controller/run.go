@@ -33,6 +33,7 @@ import (
 	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
@@ -227,6 +228,27 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	})}); err != nil {
 		return err
 	}
+	// The eviction metrics are exposed with remediation off too, at zero, so that the dashboard
+	// and the alerts read the same series whatever the setting.
+	evictMetrics := evict.NewMetrics(reg)
+	var evictor *evict.Evictor
+	if cfg.Remediation.Enabled {
+		evictor, err = evict.New(evict.Options{
+			Client:                clientset,
+			Policy:                engine,
+			Recorder:              recorder,
+			Metrics:               evictMetrics,
+			DryRun:                cfg.Remediation.DryRun || cfg.DryRun,
+			PerMinute:             cfg.Remediation.EvictionsPerMinute,
+			PerNamespacePerMinute: cfg.Remediation.EvictionsPerNamespacePerMinute,
+			// A blocked eviction is tried again on the same backoff as a failing volume.
+			BackoffBase: cfg.Backoff.Base,
+			BackoffMax:  cfg.Backoff.Max,
+		})
+		if err != nil {
+			return err
+		}
+	}
 	sweeper, err := healer.New(healer.Options{
 		Planner:    planner.NewPlanner(caches),
 		Policy:     engine,
@@ -240,6 +262,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		// An incomplete restart sweep is tried again on the same backoff as a failing volume.
 		RetryBase: cfg.Backoff.Base,
 		RetryMax:  cfg.Backoff.Max,
+		Restarter: restarter(evictor),
 	})
 	if err != nil {
 		return err
@@ -316,8 +339,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return err
 		}
 	}
+	if evictor != nil {
+		if err := mgr.Add(evictor); err != nil {
+			return err
+		}
+	}
 
-	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled)
+	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled,
+		"remediation", cfg.Remediation.Enabled, "remediationDryRun", cfg.Remediation.DryRun)
 	err = mgr.Start(ctx)
 	if lease != nil {
 		// Leadership is over, whether the process stops or the Lease was lost. When it was lost,
@@ -370,4 +399,13 @@ func restConfig(path string) (*rest.Config, error) {
 	// requests per second would make those writes, not the budgets, bound a rollout's heal rate.
 	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
+}
+
+// restarter is the sweeper's Restarter: the evictor, or none when remediation is off (a nil
+// *evict.Evictor in the interface would not be nil).
+func restarter(e *evict.Evictor) healer.Restarter {
+	if e == nil {
+		return nil
+	}
+	return e
 }

@@ -1,0 +1,391 @@
+package evict
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-healer/volume-healer/policy"
+)
+
+// Event reasons.
+const (
+	// ReasonEvictedForStaleMount: the pod was evicted because it still saw a healed volume's
+	// dead mount; on the Pod and on the claim.
+	ReasonEvictedForStaleMount = "EvictedForStaleMount"
+	// ReasonEvictionBlocked: the API server refused the eviction because a PodDisruptionBudget
+	// would be violated; it is tried again with backoff. On the claim and on the Pod.
+	ReasonEvictionBlocked = "EvictionBlocked"
+	// ReasonEvictionFailed: the eviction call failed otherwise; it is tried again with backoff.
+	ReasonEvictionFailed = "EvictionFailed"
+	// ReasonEvictionDryRun: dry-run would have evicted the pod; on the Pod and on the claim.
+	ReasonEvictionDryRun = "EvictionDryRun"
+	// ReasonPodLeftOnDeadMount: the policy left the pod alone (its restart decision was leave);
+	// on the Pod and on the claim, with the policy's reason.
+	ReasonPodLeftOnDeadMount = "PodLeftOnDeadMount"
+	// ReasonEvictionPolicyFailed: the policy failed to decide for the pod, which is left alone.
+	ReasonEvictionPolicyFailed = "EvictionPolicyFailed"
+)
+
+// Decider is the policy engine as the evictor uses it.
+type Decider interface {
+	DecideRestart(ctx context.Context, in *policy.RestartInput) (policy.RestartDecision, error)
+}
+
+var _ Decider = (*policy.Engine)(nil)
+
+// Request asks for the pods that still see a healed volume's dead mount to be evicted.
+type Request struct {
+	// PV is the PersistentVolume's name.
+	PV string
+	// Claim is the volume's PersistentVolumeClaim; its namespace is where the pods are.
+	Claim types.NamespacedName
+	// ClaimUID is the claim's UID, for its Events.
+	ClaimUID types.UID
+	// Node is the node whose pods see the dead mount.
+	Node string
+	// Driver is the volume's CSI driver.
+	Driver string
+	// HealedAt is when the heal (or the probe) found the mount repaired on the node but not in
+	// the pods: pods created before then are evicted, pods created later are their replacements.
+	HealedAt time.Time
+	// Input is the volume's policy input, with the probe result that reported the dead mount;
+	// each pod's restart decision sees it.
+	Input policy.Input
+}
+
+// heal names the heal that caused the request, for Events and logs.
+func (r Request) heal() string {
+	return fmt.Sprintf("the heal of volume %s by %s on node %s at %s", r.PV, r.Driver, r.Node, r.HealedAt.UTC().Format(time.RFC3339))
+}
+
+func (r Request) claimRef() *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: r.Claim.Namespace, Name: r.Claim.Name, UID: r.ClaimUID}
+}
+
+// Options configure an Evictor.
+type Options struct {
+	// Client lists pods and evicts them. Required.
+	Client kubernetes.Interface
+	// Policy decides, pod by pod, whether to evict or leave alone. Required.
+	Policy Decider
+	// Recorder receives Events on Pods and claims. Default: none.
+	Recorder record.EventRecorder
+	// Metrics counts evictions. Default: none.
+	Metrics *Metrics
+	// DryRun logs and records (Event EvictionDryRun, metric result dry_run) what would be evicted,
+	// and evicts nothing. Default false.
+	DryRun bool
+	// PerMinute is the most evictions in any minute, over every namespace. Default 10.
+	PerMinute int
+	// PerNamespacePerMinute is the most evictions in any minute in one namespace. Default 5.
+	PerNamespacePerMinute int
+	// BackoffBase is the first wait before a blocked or failed eviction is tried again; it
+	// doubles after each further failure, up to BackoffMax. Default 5s.
+	BackoffBase time.Duration
+	// BackoffMax caps the wait between tries. Default 5m.
+	BackoffMax time.Duration
+	// CallTimeout bounds each call to the API server. Default 30s.
+	CallTimeout time.Duration
+	// Clock tells time for the budgets and the backoff. Default real.
+	Clock clock.WithTicker
+}
+
+// Evictor evicts the pods named by Requests, one volume at a time, under its budgets. Add may
+// be called from any goroutine, before or after Start.
+type Evictor struct {
+	opts   Options
+	queue  workqueue.TypedRateLimitingInterface[string]
+	budget *budget
+
+	mu sync.Mutex
+	// pending holds the latest request of each queued volume and node.
+	pending map[string]Request
+	// handled remembers the pods already evicted (or recorded by dry-run), so that no pod is
+	// evicted or reported twice; entries expire after an hour.
+	handled map[types.UID]time.Time
+}
+
+// New returns an Evictor.
+func New(opts Options) (*Evictor, error) {
+	if opts.Client == nil || opts.Policy == nil {
+		return nil, errors.New("evict: Client and Policy are required")
+	}
+	if opts.PerMinute <= 0 {
+		opts.PerMinute = 10
+	}
+	if opts.PerNamespacePerMinute <= 0 {
+		opts.PerNamespacePerMinute = 5
+	}
+	if opts.BackoffBase <= 0 {
+		opts.BackoffBase = 5 * time.Second
+	}
+	if opts.BackoffMax < opts.BackoffBase {
+		opts.BackoffMax = max(5*time.Minute, opts.BackoffBase)
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 30 * time.Second
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	q := workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BackoffBase, opts.BackoffMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "evictions", Clock: opts.Clock})
+	return &Evictor{
+		opts:    opts,
+		queue:   q,
+		budget:  newBudget(opts.PerMinute, opts.PerNamespacePerMinute),
+		pending: map[string]Request{},
+		handled: map[types.UID]time.Time{},
+	}, nil
+}
+
+// Add queues req; a later request for the same volume and node replaces an earlier one still
+// queued.
+func (e *Evictor) Add(req Request) {
+	key := req.PV + "/" + req.Node
+	e.mu.Lock()
+	if old, ok := e.pending[key]; !ok || req.HealedAt.After(old.HealedAt) {
+		e.pending[key] = req
+	}
+	e.mu.Unlock()
+	e.queue.Add(key)
+}
+
+// Start evicts until ctx ends.
+func (e *Evictor) Start(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e.next(ctx) {
+		}
+	}()
+	<-ctx.Done()
+	e.queue.ShutDown()
+	<-done
+	return nil
+}
+
+// Idle reports whether no request is waiting or in progress.
+func (e *Evictor) Idle() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.pending) == 0
+}
+
+func (e *Evictor) next(ctx context.Context) bool {
+	key, shutdown := e.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer e.queue.Done(key)
+	e.mu.Lock()
+	req, ok := e.pending[key]
+	e.mu.Unlock()
+	if !ok {
+		e.queue.Forget(key)
+		return true
+	}
+	retry, after := e.process(ctx, req)
+	switch {
+	case ctx.Err() != nil:
+	case retry:
+		if after > 0 {
+			e.queue.AddAfter(key, after)
+		} else {
+			e.queue.AddRateLimited(key)
+		}
+	default:
+		e.queue.Forget(key)
+		e.mu.Lock()
+		if cur := e.pending[key]; !cur.HealedAt.After(req.HealedAt) {
+			delete(e.pending, key)
+		} else {
+			// A newer request came in while this one ran.
+			e.queue.Add(key)
+		}
+		e.mu.Unlock()
+	}
+	return true
+}
+
+// process evicts the request's pods. It says whether the request must be tried again: after a
+// backoff (after is 0) when an eviction was blocked or failed, or after the wait for the budget.
+func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after time.Duration) {
+	logger := klog.FromContext(ctx).WithValues("pv", req.PV, "node", req.Node, "driver", req.Driver, "pvc", req.Claim.String())
+	pods, err := findPods(ctx, e.opts.Client, req.Claim.Namespace, req.Claim.Name, req.Node, req.HealedAt, e.opts.CallTimeout)
+	if err != nil {
+		logger.Error(err, "Cannot find the pods that still see the volume's dead mount")
+		e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
+			"The pods on node %s that use this claim could not be listed to restart them after %s: %v", req.Node, req.heal(), err)
+		return true, 0
+	}
+	now := e.opts.Clock.Now()
+	e.expireHandled(now)
+	var scope *policy.PodScope
+	for i := range pods {
+		pod := &pods[i]
+		if e.wasHandled(pod.UID) {
+			continue
+		}
+		if scope == nil {
+			s, err := e.readScope(ctx, req)
+			if err != nil {
+				logger.Error(err, "Cannot read what the restart decision needs")
+				e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
+					"The pods on node %s that still see this volume's dead mount after %s are left alone for now: %v", req.Node, req.heal(), err)
+				return true, 0
+			}
+			scope = &s
+		}
+		in := scope.Input(req.Input, pod, now)
+		d, err := e.opts.Policy.DecideRestart(ctx, &in)
+		if err != nil {
+			// Fail closed: the pod is left alone; the next report of the dead mount asks again.
+			logger.Error(err, "Restart decision failed; the pod is left alone", "pod", klog.KObj(pod))
+			e.opts.Metrics.eviction(ResultPolicyFailed)
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionPolicyFailed,
+				"Pod %s still sees this volume's dead mount after %s; the policy failed to decide for it, so it is left alone: %v", pod.Name, req.heal(), err)
+			continue
+		}
+		if d.Action != policy.RestartEvict {
+			logger.Info("Policy leaves the pod on the dead mount", "pod", klog.KObj(pod), "reason", d.Reason)
+			e.opts.Metrics.eviction(ResultLeftAlone)
+			e.event(pod, corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
+				"The pod still sees the dead mount of claim %s after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", req.Claim.Name, req.heal(), d.Reason)
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
+				"Pod %s still sees this volume's dead mount after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", pod.Name, req.heal(), d.Reason)
+			e.markHandled(pod.UID, now)
+			continue
+		}
+		if e.opts.DryRun {
+			logger.Info("Dry run: would evict the pod", "pod", klog.KObj(pod))
+			e.opts.Metrics.eviction(ResultDryRun)
+			e.event(pod, corev1.EventTypeNormal, ReasonEvictionDryRun,
+				"Dry run: would evict this pod, which still sees the dead mount of claim %s after %s", req.Claim.Name, req.heal())
+			e.event(req.claimRef(), corev1.EventTypeNormal, ReasonEvictionDryRun,
+				"Dry run: would evict pod %s, which still sees this volume's dead mount after %s", pod.Name, req.heal())
+			e.markHandled(pod.UID, now)
+			continue
+		}
+		if wait := e.budget.wait(pod.Namespace, now); wait > 0 {
+			logger.V(2).Info("Eviction budget spent; waiting", "pod", klog.KObj(pod), "wait", wait)
+			e.opts.Metrics.throttle()
+			after = max(after, wait)
+			retry = true
+			continue
+		}
+		switch err := e.evict(ctx, pod); {
+		case err == nil:
+			e.budget.spend(pod.Namespace, now)
+			e.markHandled(pod.UID, now)
+			e.opts.Metrics.eviction(ResultEvicted)
+			logger.Info("Evicted a pod that still saw the volume's dead mount", "pod", klog.KObj(pod))
+			e.event(pod, corev1.EventTypeNormal, ReasonEvictedForStaleMount,
+				"Evicted: the pod still saw the dead mount of claim %s after %s; its replacement gets the repaired mount", req.Claim.Name, req.heal())
+			e.event(req.claimRef(), corev1.EventTypeNormal, ReasonEvictedForStaleMount,
+				"Evicted pod %s, which still saw this volume's dead mount after %s", pod.Name, req.heal())
+		case apierrors.IsNotFound(err):
+			// Gone already: nothing sees the dead mount through it any more.
+		case apierrors.IsTooManyRequests(err):
+			retry = true
+			e.opts.Metrics.eviction(ResultBlocked)
+			logger.Info("Eviction blocked by a disruption budget; trying again later", "pod", klog.KObj(pod), "err", err.Error())
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionBlocked,
+				"Eviction of pod %s (still on this volume's dead mount after %s) blocked, tried again later: %v", pod.Name, req.heal(), err)
+			e.event(pod, corev1.EventTypeWarning, ReasonEvictionBlocked,
+				"Eviction blocked, tried again later: the pod still sees the dead mount of claim %s after %s: %v", req.Claim.Name, req.heal(), err)
+		default:
+			if ctx.Err() != nil {
+				return false, 0
+			}
+			retry = true
+			e.opts.Metrics.eviction(ResultError)
+			logger.Error(err, "Eviction failed; trying again later", "pod", klog.KObj(pod))
+			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
+				"Eviction of pod %s (still on this volume's dead mount after %s) failed, tried again later: %v", pod.Name, req.heal(), err)
+		}
+	}
+	return retry, after
+}
+
+// readScope reads the namespace, StorageClass and disruption budgets that the restart decisions
+// of the request's pods share, under the call timeout.
+func (e *Evictor) readScope(ctx context.Context, req Request) (policy.PodScope, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
+	defer cancel()
+	sc := ""
+	if req.Input.Volume.StorageClass != nil {
+		sc = req.Input.Volume.StorageClass.Name
+	}
+	return policy.ReadPodScope(ctx, e.opts.Client, req.Claim.Namespace, sc)
+}
+
+// evict asks the API server to evict the pod, with the pod's UID as precondition so that a pod
+// recreated under the same name is not evicted for its predecessor.
+func (e *Evictor) evict(ctx context.Context, pod *corev1.Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, e.opts.CallTimeout)
+	defer cancel()
+	uid := pod.UID
+	eviction := &policyv1.Eviction{
+		TypeMeta:      metav1.TypeMeta{APIVersion: "policy/v1", Kind: "Eviction"},
+		ObjectMeta:    metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+	}
+	// The typed client's EvictV1 retries a 429 by itself, up to ten times after the Retry-After
+	// the API server sends: the worker would wait minutes on one blocked pod, and the block would
+	// be neither reported nor counted. The request is the same, without those retries: the
+	// evictor's backoff tries again.
+	err := e.opts.Client.CoreV1().RESTClient().Post().
+		Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("eviction").
+		Body(eviction).MaxRetries(0).Do(ctx).Error()
+	if err != nil {
+		return fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+func (e *Evictor) wasHandled(uid types.UID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.handled[uid]
+	return ok
+}
+
+func (e *Evictor) markHandled(uid types.UID, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handled[uid] = now
+}
+
+// expireHandled forgets pods handled over an hour ago: an evicted pod is gone by then.
+func (e *Evictor) expireHandled(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for uid, at := range e.handled {
+		if now.Sub(at) > time.Hour {
+			delete(e.handled, uid)
+		}
+	}
+}
+
+func (e *Evictor) event(obj runtime.Object, eventType, reason, format string, args ...any) {
+	if e.opts.Recorder != nil {
+		e.opts.Recorder.Eventf(obj, eventType, reason, format, args...)
+	}
+}

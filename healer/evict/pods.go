@@ -1,0 +1,57 @@
+package evict
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+)
+
+// findPods lists the pods of the claim's namespace on node (one LIST with a spec.nodeName field
+// selector: the API server filters, and nothing is cached between calls, so the controller's
+// memory does not grow with the cluster's pods; docs/performance.md has the measurements) and
+// returns those that use the claim and were created before since, that is, that mounted the
+// volume before the heal and still run on it. Pods that are terminating or have ended are left
+// out: they need no eviction.
+func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, node string, since time.Time, timeout time.Duration) ([]corev1.Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	list, err := kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of namespace %s on node %s: %w", namespace, node, err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if usesClaim(&p, claim) && runsOnMount(&p, since) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// usesClaim reports whether the pod mounts the claim.
+func usesClaim(p *corev1.Pod, claim string) bool {
+	for _, v := range p.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim {
+			return true
+		}
+	}
+	return false
+}
+
+// runsOnMount reports whether the pod may still hold the mount it got before since: it was
+// created before then, is not terminating, and has not ended. A pod created after since (a
+// replacement) got the repaired mount.
+func runsOnMount(p *corev1.Pod, since time.Time) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return false
+	}
+	// Creation times are whole seconds: a pod created in the heal's second may be its replacement.
+	return p.CreationTimestamp.Time.Before(since.Truncate(time.Second))
+}
