@@ -1,10 +1,14 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -97,12 +101,21 @@ func TestConditionOf(t *testing.T) {
 func TestIsMounterOf(t *testing.T) {
 	r := &record{VolumeID: "vol-1", StagingPath: "/staging/vol-1", FsName: "d:vol-1"}
 	// sh runs sleep and keeps the flags as its own arguments, as a mounter's command line has them.
-	cmd := exec.Command("/bin/sh", "-c", "sleep 60", "mounter", "--target", r.StagingPath, "--fsname", r.FsName)
+	// The script does not end with the sleep, so that the shell waits for it instead of replacing
+	// itself with it (as dash does with a script's last command), which would drop the flags.
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60; exit 0", "mounter", "--target", r.StagingPath, "--fsname", r.FsName)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	pid := cmd.Process.Pid
+	// Start returns once the child began to exec, possibly before the kernel has set up its new
+	// command line: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); err == nil && bytes.HasPrefix(b, []byte("/bin/sh\x00")) {
+			break
+		}
+	}
 
 	if !isMounterOf(pid, r) {
 		t.Errorf("the volume's mounter is not recognised")
