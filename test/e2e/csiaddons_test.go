@@ -484,6 +484,12 @@ func TestDriverRestartUnderCSIAddonsSidecar(t *testing.T) {
 			f.CreateVolumes(p.volumes, true)
 			p.start()
 			f.startController(tc.name, b.withSettings(tc.settings))
+			// The object's first marker is the csi-addons sidecar's alone; the healer sidecar's
+			// registration changes it again. Both must be swept before the volumes break, or
+			// the second sweep heals them before the driver restart the test is about.
+			harness.Eventually(t, 30*time.Second, "the healer sidecar on "+p.name+" to register", func() (bool, string) {
+				return f.AddonsNode(p.name).Annotations[annotations.HealerRestart] != "", "no healer restart marker yet"
+			})
 			f.SweepFinished(p.name, time.Minute)
 
 			// The driver container restarts; its mounters die with it.
