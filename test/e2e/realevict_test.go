@@ -29,39 +29,13 @@ import (
 func TestRealHealEvictsPodOnDeadMount(t *testing.T) {
 	harness.RequireRealMounts(t)
 	f := newFixture(t, "realev")
-	workloadBin, err := harness.BuildWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
 	class := f.StorageClass("realev-fuse", "fuse", nil)
 	nodeName := "realev-node"
-	f.CreateNode(nodeName)
-	n, err := harness.NewRealNode(harness.RealNodeOptions{
-		Node: nodeName, Driver: f.Driver, Namespace: f.PluginNS, Kube: f.s.Env.Config,
-		Dir: t.TempDir(), DriverBinary: f.s.Bin.Driver, WorkloadBinary: workloadBin,
-		StatTimeout: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("node %s: %v", nodeName, err)
-		}
-		if t.Failed() {
-			t.Logf("driver log:\n%s", harness.FileTail(n.DriverLog(), 60))
-		}
-	})
+	n := f.StartRealNode(harness.RealNodeOptions{Node: nodeName, Kube: f.s.Env.Config, DriverBinary: f.s.Bin.Driver, StatTimeout: time.Second})
 	ctx := f.Ctx()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	vols := f.NewVolumes(nodeName, n.Control(), class, "fuse", "v", 1)
 	v := vols[0]
-	if err := n.Provision(ctx, v); err != nil {
-		t.Fatal(err)
-	}
-	f.CreateVolumes(vols, true)
+	f.ProvisionAll(n, vols)
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, annotations.EvictPodsLabel)
 	if _, err := f.Clientset.CoreV1().Namespaces().Patch(ctx, f.AppNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)

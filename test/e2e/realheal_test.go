@@ -35,43 +35,16 @@ import (
 func TestRealHeal(t *testing.T) {
 	harness.RequireRealMounts(t)
 	f := newFixture(t, "real")
-	workloadBin, err := harness.BuildWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
 	class := f.StorageClass("real-fuse", "fuse", nil)
 	nodeName := "real-node-1"
-	f.CreateNode(nodeName)
-	n, err := harness.NewRealNode(harness.RealNodeOptions{
-		Node: nodeName, Driver: f.Driver, Namespace: f.PluginNS, Kube: f.s.Env.Config,
-		Dir: t.TempDir(), DriverBinary: f.s.Bin.Driver, WorkloadBinary: workloadBin,
-		StatTimeout: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("node %s: %v", nodeName, err)
-		}
-		if t.Failed() {
-			t.Logf("driver log:\n%s", harness.FileTail(n.DriverLog(), 60))
-		}
-	})
+	n := f.StartRealNode(harness.RealNodeOptions{Node: nodeName, Kube: f.s.Env.Config, DriverBinary: f.s.Bin.Driver, StatTimeout: time.Second})
 	ctx := f.Ctx()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	vols := f.NewVolumes(nodeName, n.Control(), class, "fuse", "v", 7)
-	for _, v := range vols {
-		if err := n.Provision(ctx, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.CreateVolumes(vols, true)
+	f.ProvisionAll(n, vols)
 	targets := make([]string, len(vols))
 	for i, v := range vols {
+		var err error
 		if targets[i], err = n.Mount(ctx, v, fmt.Sprintf("pod-%d", i)); err != nil {
 			t.Fatal(err)
 		}

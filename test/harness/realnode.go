@@ -439,3 +439,57 @@ func RequireRealMounts(t testing.TB) {
 		t.Skip(why)
 	}
 }
+
+// StartRealNode creates the Node object o.Node and starts a real node for the fixture's driver
+// and plugin namespace: the workload stand-in built when o.WorkloadBinary is empty, the node's
+// folder under the test's, and Close run when the test ends, a leftover mount or process failing
+// the test (with the end of the driver's log when it failed). o's Node, Kube and DriverBinary are
+// the caller's; Driver, Namespace and Dir are set here.
+func (f *Fixture) StartRealNode(o RealNodeOptions) *RealNode {
+	f.T.Helper()
+	if o.WorkloadBinary == "" {
+		bin, err := BuildWorkload()
+		if err != nil {
+			f.T.Fatalf("%v", err)
+		}
+		o.WorkloadBinary = bin
+	}
+	o.Driver, o.Namespace = f.Driver, f.PluginNS
+	dir, err := os.MkdirTemp("", "vh-real")
+	if err != nil {
+		f.T.Fatalf("%v", err)
+	}
+	o.Dir = dir
+	f.CreateNode(o.Node)
+	n, err := NewRealNode(o)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		f.T.Fatalf("%v", err)
+	}
+	f.T.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			f.T.Errorf("node %s: %v", o.Node, err)
+		} else {
+			_ = os.RemoveAll(dir)
+		}
+		if f.T.Failed() {
+			f.T.Logf("driver log:\n%s", FileTail(n.DriverLog(), 60))
+		}
+	})
+	if err := n.Start(f.Ctx()); err != nil {
+		f.T.Fatalf("%v", err)
+	}
+	return n
+}
+
+// ProvisionAll creates each volume with the node's driver (Provision) and then its API objects
+// (Fixture.CreateVolumes, claims bound).
+func (f *Fixture) ProvisionAll(n *RealNode, vols []*Volume) {
+	f.T.Helper()
+	for _, v := range vols {
+		if err := n.Provision(f.Ctx(), v); err != nil {
+			f.T.Fatalf("%v", err)
+		}
+	}
+	f.CreateVolumes(vols, true)
+}

@@ -33,39 +33,12 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workloadBin, err := harness.BuildWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
 	class := f.StorageClass("realloop-fuse", "fuse", nil)
 	nodeName := "realloop-node"
-	f.CreateNode(nodeName)
-	n, err := harness.NewRealNode(harness.RealNodeOptions{
-		Node: nodeName, Driver: f.Driver, Namespace: f.PluginNS, Kube: f.s.Env.Config,
-		Dir: t.TempDir(), DriverBinary: bins.Driver, WorkloadBinary: workloadBin, KeepPort: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("node %s: %v", nodeName, err)
-		}
-		if t.Failed() {
-			t.Logf("driver log:\n%s", harness.FileTail(n.DriverLog(), 60))
-		}
-	})
+	n := f.StartRealNode(harness.RealNodeOptions{Node: nodeName, Kube: f.s.Env.Config, DriverBinary: bins.Driver, KeepPort: true})
 	ctx := f.Ctx()
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	vols := f.NewVolumes(nodeName, n.Control(), class, "fuse", "v", 10)
-	for _, v := range vols {
-		if err := n.Provision(ctx, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.CreateVolumes(vols, true)
+	f.ProvisionAll(n, vols)
 	var workloads []*kubelet.Workload
 	for i, v := range vols {
 		target, err := n.Mount(ctx, v, fmt.Sprintf("pod-%d", i))
