@@ -9,6 +9,9 @@
 // A driver supplies a Driver (four methods: look up a staged volume, list them, add its own
 // findings, start its mounter again) and calls Register. See docs/driver-authors.md.
 //
+// A driver that runs without node-driver-registrar registers itself with kubelet through
+// RegisterWithKubelet (kubelet's plugin registration API).
+//
 // The package is linked into CSI drivers: it must not import the controller's, the sidecar's or the
 // reference driver's packages, nor test/.
 package driverkit

@@ -8,7 +8,11 @@
 // volumes are folders under --state-dir, mounted at the staging path by a FUSE mounter process
 // (`refdriver mounter`, package mounter) and bind-mounted at each publish target. It serves CSI
 // Identity, Controller and Node on --csi-endpoint, and the CSI-Addons Identity and Healer
-// services (package driverkit) on --endpoint. It needs root and /dev/fuse.
+// services (package driverkit) on --endpoint. It needs root and /dev/fuse. In a cluster it runs
+// twice on one --state-dir: beside external-provisioner and external-attacher for the Controller
+// calls, and as the node plugin for kubelet, which it registers with itself
+// (--kubelet-registration-dir, kubelet's plugin registration API, what node-driver-registrar
+// does for other drivers); deploy/helm/healer-refdriver is that setup.
 //
 // Simulated mode is the simulated driver (package driver): volumes are JSON records, faults are
 // flags on them, and nothing is mounted; for tests and the demo that play many nodes.
@@ -30,12 +34,14 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/driverkit"
 	"github.com/volume-healer/volume-healer/version"
 )
 
@@ -63,6 +69,9 @@ func run(ctx context.Context, args []string) error {
 		nodeID      = fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest (and NodeGetInfo)")
 		statTimeout = fs.Duration("stat-timeout", 5*time.Second, "real mode: how long a stat of a mount may take before the mount counts as hung")
 		caps        = fs.String("capabilities", "probe,heal,list", "Healer RPCs to advertise and serve: any of probe, heal, list")
+
+		registrationDir    = fs.String("kubelet-registration-dir", "", "real mode: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)")
+		kubeletCSIEndpoint = fs.String("kubelet-csi-endpoint", "", "real mode: path of the CSI socket as kubelet sees it, reported to kubelet at registration, such as /var/lib/kubelet/plugins/healer.example.com/csi.sock (default: the --csi-endpoint path)")
 
 		stagingRoot  = fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with")
 		volumes      = fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)")
@@ -99,6 +108,22 @@ func run(ctx context.Context, args []string) error {
 		if err := rejectFlags(set, "real", "staging-root", "volumes", "heal-mounters", "default-hang"); err != nil {
 			return err
 		}
+		if *registrationDir == "" && *kubeletCSIEndpoint != "" {
+			return errors.New("--kubelet-csi-endpoint is reported to kubelet at registration: give --kubelet-registration-dir too, or drop it")
+		}
+		var registration *driverkit.KubeletRegistration
+		if *registrationDir != "" {
+			endpoint, err := driver.ParseEndpoint(cmp.Or(*kubeletCSIEndpoint, *csiEndpoint, *endpoint))
+			if err != nil {
+				return fmt.Errorf("--kubelet-csi-endpoint: %w", err)
+			}
+			registration = &driverkit.KubeletRegistration{
+				Dir:        *registrationDir,
+				DriverName: *driverName,
+				Endpoint:   endpoint,
+				Logger:     log,
+			}
+		}
 		p, err := plugin.New(plugin.Options{
 			StateDir:     *stateDir,
 			DriverName:   *driverName,
@@ -116,11 +141,11 @@ func run(ctx context.Context, args []string) error {
 		}
 		log.Info("Serving", "mode", "real", "endpoint", *endpoint, "csiEndpoint", cmp.Or(*csiEndpoint, *endpoint), "control", *control,
 			"driver", *driverName, "node", *nodeID, "statTimeout", *statTimeout)
-		if err := srv.Start(ctx); err != nil {
+		if err := serveReal(ctx, srv, registration); err != nil {
 			return err
 		}
 	case "simulated":
-		if err := rejectFlags(set, "simulated", "csi-endpoint", "stat-timeout"); err != nil {
+		if err := rejectFlags(set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint"); err != nil {
 			return err
 		}
 		seeds, err := parseVolumes(*volumes)
@@ -155,6 +180,24 @@ func run(ctx context.Context, args []string) error {
 	}
 	log.Info("Stopped")
 	return nil
+}
+
+// serveReal serves the real mode's sockets until ctx is done and, with a registration, keeps
+// the driver registered with kubelet meanwhile. The registration socket appears once the CSI
+// socket listens (NewServer listened already), since kubelet dials the CSI socket as soon as it
+// registers the driver.
+func serveReal(ctx context.Context, srv *plugin.Server, registration *driverkit.KubeletRegistration) error {
+	if registration == nil {
+		return srv.Start(ctx)
+	}
+	r, err := driverkit.NewKubeletRegistrar(*registration)
+	if err != nil {
+		return fmt.Errorf("--kubelet-registration-dir: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Start(gctx) })
+	g.Go(func() error { return r.Start(gctx) })
+	return g.Wait()
 }
 
 // rejectFlags fails when a flag that means nothing in mode was given.

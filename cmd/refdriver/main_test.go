@@ -2,9 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
@@ -81,6 +90,18 @@ func TestRunRejectsFlags(t *testing.T) {
 			args: append([]string{"--mode", "simulated", "--stat-timeout", "1s"}, base...),
 			want: []string{"--stat-timeout", "simulated mode"},
 		},
+		"simulated mode registers with no kubelet": {
+			args: append([]string{"--mode", "simulated", "--kubelet-registration-dir", "/registration", "--kubelet-csi-endpoint", "/csi.sock"}, base...),
+			want: []string{"--kubelet-registration-dir", "--kubelet-csi-endpoint", "simulated mode"},
+		},
+		"a kubelet endpoint without a registration": {
+			args: append([]string{"--kubelet-csi-endpoint", "/var/lib/kubelet/plugins/x/csi.sock"}, base...),
+			want: []string{"--kubelet-csi-endpoint", "--kubelet-registration-dir"},
+		},
+		"a kubelet endpoint that is not a path": {
+			args: append([]string{"--kubelet-registration-dir", "/nonexistent/registration", "--kubelet-csi-endpoint", "csi.sock"}, base...),
+			want: []string{"--kubelet-csi-endpoint", "unix:///path"},
+		},
 		"an unknown mode": {
 			args: append([]string{"--mode", "fake"}, base...),
 			want: []string{`"fake"`, "real or simulated"},
@@ -116,5 +137,101 @@ func TestRunRejectsFlags(t *testing.T) {
 func TestRunVersionNeedsNoOtherFlag(t *testing.T) {
 	if err := run(context.Background(), []string{"--version"}); err != nil {
 		t.Errorf("run(--version) = %v, want nil", err)
+	}
+}
+
+// TestRunRegistersWithKubelet runs real mode with a registration folder and plays kubelet's
+// plugin watcher: the registration socket reports the driver and its CSI socket as kubelet
+// sees it, and goes when the driver stops.
+func TestRunRegistersWithKubelet(t *testing.T) {
+	tests := map[string]struct {
+		kubeletEndpoint []string
+		wantEndpoint    func(csiSock string) string
+	}{
+		"the CSI socket by default": {
+			wantEndpoint: func(csiSock string) string { return csiSock },
+		},
+		"the path kubelet sees when given": {
+			kubeletEndpoint: []string{"--kubelet-csi-endpoint", "/var/lib/kubelet/plugins/healer.example.com/csi.sock"},
+			wantEndpoint:    func(string) string { return "/var/lib/kubelet/plugins/healer.example.com/csi.sock" },
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "rdreg") // short: socket paths must fit in 108 bytes
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = os.RemoveAll(dir) })
+			csiSock := filepath.Join(dir, "csi.sock")
+			regDir := filepath.Join(dir, "registry")
+			args := append([]string{
+				"--endpoint", "unix://" + filepath.Join(dir, "addons.sock"), "--csi-endpoint", "unix://" + csiSock,
+				"--state-dir", filepath.Join(dir, "state"), "--kubelet-registration-dir", regDir,
+			}, tc.kubeletEndpoint...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, args) }()
+
+			regSock := filepath.Join(regDir, "healer.example.com-reg.sock")
+			conn, err := grpc.NewClient("unix://"+regSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.Close() }()
+			client := registerapi.NewRegistrationClient(conn)
+			var info *registerapi.PluginInfo
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				callCtx, callCancel := context.WithTimeout(ctx, time.Second)
+				info, err = client.GetInfo(callCtx, &registerapi.InfoRequest{})
+				callCancel()
+				if err == nil {
+					break
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("refdriver stopped before it registered: %v", err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("GetInfo on %s: %v", regSock, err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if info.GetType() != registerapi.CSIPlugin || info.GetName() != "healer.example.com" || info.GetEndpoint() != tc.wantEndpoint(csiSock) {
+				t.Errorf("GetInfo = %v, want a CSIPlugin healer.example.com at %s", info, tc.wantEndpoint(csiSock))
+			}
+			// What kubelet does next: call the driver on the endpoint it was given. Here that is
+			// the CSI socket itself unless a path kubelet sees was given.
+			if info.GetEndpoint() == csiSock {
+				csiConn, err := grpc.NewClient("unix://"+info.GetEndpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = csiConn.Close() }()
+				callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+				plugin, err := csi.NewIdentityClient(csiConn).GetPluginInfo(callCtx, &csi.GetPluginInfoRequest{})
+				callCancel()
+				if err != nil || plugin.GetName() != "healer.example.com" {
+					t.Errorf("GetPluginInfo on the registered endpoint: %v, %v", plugin, err)
+				}
+			} else if _, err := os.Stat(csiSock); err != nil {
+				t.Errorf("the CSI socket is not there while the driver is registered: %v", err)
+			}
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("run after its context ended: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("run did not return within 20s of its context ending")
+			}
+			if _, err := os.Lstat(regSock); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the registration socket stays after the driver stopped: %v", err)
+			}
+		})
 	}
 }

@@ -14,18 +14,31 @@ import (
 // and reported, not enforced: a volume is a folder on the plugin's disk.
 const defaultCapacity = 1 << 30
 
-// controllerServer implements the CSI Controller calls that create and delete volumes; the
-// others answer UNIMPLEMENTED.
+// controllerServer implements the CSI Controller calls that create and delete volumes and
+// publish them to nodes; the others answer UNIMPLEMENTED.
+//
+// Everything it knows lives in the state folder, so that it may run in another process than the
+// Node service (a controller plugin beside external-provisioner and external-attacher, a node
+// plugin beside kubelet) as long as both share the folder: one machine, one disk.
 type controllerServer struct {
 	csi.UnimplementedControllerServer
 	p *Plugin
 }
 
-// ControllerGetCapabilities reports CREATE_DELETE_VOLUME.
+// ControllerGetCapabilities reports CREATE_DELETE_VOLUME and PUBLISH_UNPUBLISH_VOLUME. The
+// second makes Kubernetes attach the volumes (external-attacher, VolumeAttachment objects),
+// which is how volume-healer finds the volumes of a node.
 func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{{
-		Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME}},
-	}}}, nil
+	resp := &csi.ControllerGetCapabilitiesResponse{}
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+	} {
+		resp.Capabilities = append(resp.Capabilities, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return resp, nil
 }
 
 // CreateVolume creates the volume's backing folder. Its ID is derived from its name, so a
@@ -92,15 +105,30 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 	}
 	s.p.createMu.Lock()
 	defer s.p.createMu.Unlock()
-	if r, ok := s.p.record(id); ok {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still staged at %s; unstage it first", id, r.StagingPath)
-	}
 	known, err := s.p.known(id)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "look up volume %q: %v", id, err)
 	}
 	if !known {
 		return &csi.DeleteVolumeResponse{}, nil
+	}
+	// The record on the disk, not only this process's: the node plugin that staged the volume
+	// may be another process on the same state folder.
+	r, staged := s.p.record(id)
+	if !staged {
+		if r, staged, err = s.p.store.readRecord(id); err != nil {
+			return nil, status.Errorf(codes.Internal, "look up volume %q: %v", id, err)
+		}
+	}
+	if staged {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still staged at %s; unstage it first", id, r.StagingPath)
+	}
+	attached, err := s.p.store.attachments(id)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "look up the attachments of volume %q: %v", id, err)
+	}
+	if len(attached) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still published to node %q; unpublish it first (ControllerUnpublishVolume)", id, attached[0].NodeID)
 	}
 	if err := s.p.store.deleteVolume(id); err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
@@ -133,4 +161,104 @@ func (s *controllerServer) ValidateVolumeCapabilities(_ context.Context, req *cs
 		VolumeCapabilities: req.GetVolumeCapabilities(),
 		Parameters:         req.GetParameters(),
 	}}, nil
+}
+
+// ControllerPublishVolume records that the volume is published to the node. Nothing moves: the
+// node plugin serves the volume from the shared state folder. Publishing again to the same node
+// with the same read-only flag succeeds; with another flag it is ALREADY_EXISTS. A volume with a
+// single-node access mode published to another node already is FAILED_PRECONDITION.
+func (s *controllerServer) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	id, nodeID := req.GetVolumeId(), req.GetNodeId()
+	switch {
+	case id == "":
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	case nodeID == "":
+		return nil, status.Error(codes.InvalidArgument, "node_id is required")
+	case req.GetVolumeCapability() == nil:
+		return nil, status.Error(codes.InvalidArgument, "volume_capability is required")
+	}
+	if why := validateCapability(req.GetVolumeCapability()); why != "" {
+		return nil, status.Error(codes.InvalidArgument, why)
+	}
+	s.p.createMu.Lock()
+	defer s.p.createMu.Unlock()
+	known, err := s.p.known(id)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "look up volume %q: %v", id, err)
+	}
+	if !known {
+		return nil, status.Errorf(codes.NotFound, "volume %q does not exist", id)
+	}
+	nodeKnown, err := s.p.store.nodeKnown(nodeID)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "look up node %q: %v", nodeID, err)
+	}
+	if !nodeKnown {
+		return nil, status.Errorf(codes.NotFound, "node %q is unknown: no node plugin of this driver ran with --node-id %q on state folder %s",
+			nodeID, nodeID, s.p.opts.StateDir)
+	}
+	attached, err := s.p.store.attachments(id)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "look up the attachments of volume %q: %v", id, err)
+	}
+	mode := req.GetVolumeCapability().GetAccessMode().GetMode()
+	for _, a := range attached {
+		if a.NodeID == nodeID {
+			if a.ReadOnly != req.GetReadonly() {
+				return nil, status.Errorf(codes.AlreadyExists, "volume %q is published to node %q with readonly=%t already", id, nodeID, a.ReadOnly)
+			}
+			return &csi.ControllerPublishVolumeResponse{}, nil
+		}
+		if singleNode(mode) || singleNode(a.AccessMode) {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is published to node %q already, and its access mode lets one node use it", id, a.NodeID)
+		}
+	}
+	if err := s.p.store.saveAttachment(&attachment{VolumeID: id, NodeID: nodeID, ReadOnly: req.GetReadonly(), AccessMode: mode}); err != nil {
+		return nil, status.Errorf(codes.Internal, "record the attachment of volume %q to node %q: %v", id, nodeID, err)
+	}
+	klog.FromContext(ctx).Info("Volume published to a node", "volume", id, "node", nodeID, "readOnly", req.GetReadonly())
+	return &csi.ControllerPublishVolumeResponse{}, nil
+}
+
+// ControllerUnpublishVolume forgets that the volume is published to the node (to every node
+// when node_id is empty). A volume or attachment that does not exist is unpublished already.
+func (s *controllerServer) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	id, nodeID := req.GetVolumeId(), req.GetNodeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	s.p.createMu.Lock()
+	defer s.p.createMu.Unlock()
+	nodes := []string{nodeID}
+	if nodeID == "" {
+		attached, err := s.p.store.attachments(id)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "look up the attachments of volume %q: %v", id, err)
+		}
+		nodes = nodes[:0]
+		for _, a := range attached {
+			nodes = append(nodes, a.NodeID)
+		}
+	}
+	for _, n := range nodes {
+		found, err := s.p.store.removeAttachment(id, n)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		if found {
+			klog.FromContext(ctx).Info("Volume unpublished from a node", "volume", id, "node", n)
+		}
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}
+
+// singleNode tells whether an access mode lets one node at a time use the volume.
+func singleNode(m csi.VolumeCapability_AccessMode_Mode) bool {
+	switch m {
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER, csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return false
+	default:
+		return true
+	}
 }

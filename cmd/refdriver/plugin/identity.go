@@ -18,8 +18,8 @@ func (s *identityServer) GetPluginInfo(context.Context, *csi.GetPluginInfoReques
 	return &csi.GetPluginInfoResponse{Name: s.p.opts.DriverName, VendorVersion: s.p.opts.VendorVersion}, nil
 }
 
-// GetPluginCapabilities reports the controller service: the plugin creates and deletes its
-// volumes itself.
+// GetPluginCapabilities reports the controller service: the plugin creates, deletes and
+// publishes its volumes itself.
 func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{
 		Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}},

@@ -165,24 +165,36 @@ type proc struct {
 
 // start runs the plugin on the node's state folder and waits until it answers.
 func (e *env) start() *proc {
+	e.t.Helper()
+	return e.startAs("", "")
+}
+
+// startAs runs a plugin on the node's state folder with sockets of its own, named after name
+// (the ones start uses when name is ""), playing nodeID (the plugin's default when ""), and
+// waits until it answers. Several may run at once, as a controller plugin and a node plugin
+// share one state folder.
+func (e *env) startAs(name, nodeID string) *proc {
 	t := e.t
 	t.Helper()
 	p := &proc{
 		t:               t,
 		done:            make(chan struct{}),
 		stateDir:        e.stateDir,
-		addonsEndpoint:  "unix://" + filepath.Join(e.sockDir, "addons.sock"),
-		csiEndpoint:     "unix://" + filepath.Join(e.sockDir, "csi.sock"),
-		controlEndpoint: "unix://" + filepath.Join(e.sockDir, "control.sock"),
+		addonsEndpoint:  "unix://" + filepath.Join(e.sockDir, name+"addons.sock"),
+		csiEndpoint:     "unix://" + filepath.Join(e.sockDir, name+"csi.sock"),
+		controlEndpoint: "unix://" + filepath.Join(e.sockDir, name+"control.sock"),
 	}
 	logFile, err := os.OpenFile(e.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = logFile.Close() }()
-	p.cmd = exec.Command(refdriverBin,
-		"--endpoint", p.addonsEndpoint, "--csi-endpoint", p.csiEndpoint, "--control", p.controlEndpoint,
-		"--state-dir", e.stateDir, "--stat-timeout", e.statTimeout.String(), "--v", "2")
+	args := []string{"--endpoint", p.addonsEndpoint, "--csi-endpoint", p.csiEndpoint, "--control", p.controlEndpoint,
+		"--state-dir", e.stateDir, "--stat-timeout", e.statTimeout.String(), "--v", "2"}
+	if nodeID != "" {
+		args = append(args, "--node-id", nodeID)
+	}
+	p.cmd = exec.Command(refdriverBin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// Its own group: killing the group kills the plugin and its mounters, as a container dies.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -14,8 +14,11 @@ import (
 // Options configure a Plugin. Zero values take the defaults documented on each field.
 type Options struct {
 	// StateDir holds the volumes (<StateDir>/volumes/<id>/ is a volume's data, <id>.json its
-	// description) and the records of the volumes staged on this node (<StateDir>/staged/), so
-	// that both survive a restart of the plugin. Required.
+	// description), the records of the volumes staged on this node (<StateDir>/staged/), the
+	// nodes volumes are published to (<StateDir>/attachments/) and the nodes plugins played on
+	// this folder (<StateDir>/nodes/), so that all survive a restart of the plugin. Two plugins
+	// may share it, one serving the Controller calls and one the Node calls, on one machine.
+	// Required.
 	StateDir string
 
 	// DriverName is the name reported by GetPluginInfo and GetIdentity, and the prefix of the

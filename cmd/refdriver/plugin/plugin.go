@@ -1,5 +1,6 @@
 // Package plugin is the reference driver's real mode: a CSI node plugin (with the controller
-// calls it needs to create volumes) whose volumes are folders under its state folder, mounted
+// calls that create volumes and publish them to nodes, which may run in a second process on the
+// same state folder) whose volumes are folders under its state folder, mounted
 // at the staging path by a userspace FUSE mounter (package mounter, run as `refdriver mounter`)
 // and bind-mounted at each publish target. Its mounters die with the plugin's process group, as
 // ceph-fuse dies with its node plugin container, and leave dead mounts behind: the failure
@@ -69,6 +70,11 @@ func New(opts Options) (*Plugin, error) {
 		resumes:  map[string]*time.Timer{},
 	}
 	if err := p.store.init(); err != nil {
+		return nil, err
+	}
+	// ControllerPublishVolume, served here or by another plugin on the same state folder,
+	// publishes volumes to the nodes recorded so.
+	if err := p.store.saveNode(opts.NodeID); err != nil {
 		return nil, err
 	}
 	records, err := p.store.records()

@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/driverkit"
 )
@@ -109,6 +111,23 @@ type store struct {
 
 func (s store) volumesDir() string { return filepath.Join(s.dir, "volumes") }
 func (s store) stagedDir() string  { return filepath.Join(s.dir, "staged") }
+func (s store) nodesDir() string   { return filepath.Join(s.dir, "nodes") }
+
+// attachmentsDir holds a folder per volume published to nodes by ControllerPublishVolume, with
+// one file per node.
+func (s store) attachmentsDir() string { return filepath.Join(s.dir, "attachments") }
+
+func (s store) volumeAttachmentsDir(id string) string {
+	return filepath.Join(s.attachmentsDir(), url.PathEscape(id))
+}
+
+func (s store) attachmentFile(volumeID, nodeID string) string {
+	return filepath.Join(s.volumeAttachmentsDir(volumeID), url.PathEscape(nodeID)+".json")
+}
+
+func (s store) nodeFile(nodeID string) string {
+	return filepath.Join(s.nodesDir(), url.PathEscape(nodeID)+".json")
+}
 
 // backing is the folder that holds a volume's data.
 func (s store) backing(id string) string { return filepath.Join(s.volumesDir(), id) }
@@ -121,7 +140,7 @@ func (s store) recordFile(id string) string {
 }
 
 func (s store) init() error {
-	for _, dir := range []string{s.volumesDir(), s.stagedDir()} {
+	for _, dir := range []string{s.volumesDir(), s.stagedDir(), s.nodesDir(), s.attachmentsDir()} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("%w: create %s: %w", ErrState, dir, err)
 		}
@@ -153,10 +172,99 @@ func (s store) deleteVolume(id string) error {
 	if err := os.RemoveAll(s.backing(id)); err != nil {
 		return fmt.Errorf("%w: remove the data of volume %s: %w", ErrState, id, err)
 	}
+	if err := os.RemoveAll(s.volumeAttachmentsDir(id)); err != nil {
+		return fmt.Errorf("%w: remove the attachments of volume %s: %w", ErrState, id, err)
+	}
 	if err := os.Remove(s.metaFile(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: remove volume %s: %w", ErrState, id, err)
 	}
 	return nil
+}
+
+// nodeRecord says that a plugin played a node on this state folder: ControllerPublishVolume
+// publishes volumes to these nodes only.
+type nodeRecord struct {
+	NodeID string `json:"nodeId"`
+}
+
+// saveNode records that a plugin plays nodeID on this state folder.
+func (s store) saveNode(nodeID string) error {
+	return writeFile(s.nodeFile(nodeID), &nodeRecord{NodeID: nodeID})
+}
+
+// nodeKnown tells whether a plugin ever played nodeID on this state folder.
+func (s store) nodeKnown(nodeID string) (bool, error) {
+	return readFile(s.nodeFile(nodeID), &nodeRecord{})
+}
+
+// attachment is a volume published to a node by ControllerPublishVolume:
+// <state>/attachments/<volume>/<node>.json.
+type attachment struct {
+	VolumeID   string                               `json:"volumeId"`
+	NodeID     string                               `json:"nodeId"`
+	ReadOnly   bool                                 `json:"readOnly,omitempty"`
+	AccessMode csi.VolumeCapability_AccessMode_Mode `json:"accessMode"`
+}
+
+// attachments reads the nodes a volume is published to, sorted by node ID.
+func (s store) attachments(volumeID string) ([]*attachment, error) {
+	dir := s.volumeAttachmentsDir(volumeID)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %w", ErrState, dir, err)
+	}
+	var out []*attachment
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		a := &attachment{}
+		found, err := readFile(filepath.Join(dir, e.Name()), a)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, func(a, b *attachment) int { return strings.Compare(a.NodeID, b.NodeID) })
+	return out, nil
+}
+
+func (s store) saveAttachment(a *attachment) error {
+	if err := os.MkdirAll(s.volumeAttachmentsDir(a.VolumeID), 0o755); err != nil {
+		return fmt.Errorf("%w: create %s: %w", ErrState, s.volumeAttachmentsDir(a.VolumeID), err)
+	}
+	return writeFile(s.attachmentFile(a.VolumeID, a.NodeID), a)
+}
+
+// removeAttachment forgets that the volume is published to the node; found is false when it
+// was not.
+func (s store) removeAttachment(volumeID, nodeID string) (found bool, err error) {
+	err = os.Remove(s.attachmentFile(volumeID, nodeID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: remove the attachment of volume %s to node %s: %w", ErrState, volumeID, nodeID, err)
+	}
+	// The volume's folder goes with its last attachment; one still in use stays.
+	_ = os.Remove(s.volumeAttachmentsDir(volumeID))
+	return true, nil
+}
+
+// readRecord reads one staging record from the disk, as a plugin sharing this state folder may
+// have written it.
+func (s store) readRecord(id string) (*record, bool, error) {
+	r := &record{}
+	found, err := readFile(s.recordFile(id), r)
+	if !found || err != nil {
+		return nil, false, err
+	}
+	return r, true, nil
 }
 
 // records reads every staging record.
