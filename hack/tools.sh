@@ -9,6 +9,8 @@
 # with the dependency versions each tool's own go.mod pins):
 #
 #   promtool    github.com/prometheus/prometheus/cmd/promtool   PROMETHEUS_VERSION  check and unit-test the alert rules
+#               (taken from Debian's prometheus package, unpacked, when apt-get can download it:
+#               seconds instead of a ten-minute build; PROMTOOL_FROM_SOURCE=true builds it)
 #   helm        helm.sh/helm/v3/cmd/helm                        HELM_VERSION        render the chart (helm template, helm lint)
 #   kustomize   sigs.k8s.io/kustomize/kustomize/v5              KUSTOMIZE_VERSION   render the kustomize base and overlays
 #   staticcheck honnef.co/go/tools/cmd/staticcheck              STATICCHECK_VERSION lint the Go code (make lint)
@@ -108,6 +110,21 @@ build_kubernetes_command() {
   )
 }
 
+# promtool_from_debian puts the promtool of Debian's prometheus package into the work folder: the
+# package is downloaded and unpacked, not installed (no service is set up). It takes seconds where
+# building promtool takes about ten minutes; promtool 2.42 checks and unit-tests these rules the
+# same way. It fails where apt-get cannot download, and the caller builds promtool instead.
+promtool_from_debian() {
+  local work="$1"
+  command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 || return 1
+  (
+    cd "${work}"
+    apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; } || exit 1
+    dpkg-deb -x prometheus_*.deb pkg && mv pkg/usr/bin/promtool promtool && rm -rf pkg prometheus_*.deb
+  ) || return 1
+  "${work}/promtool" --version >/dev/null 2>&1
+}
+
 build() {
   local tool="$1" pkg version
   pkg="$(pkg_of "${tool}")"
@@ -115,19 +132,22 @@ build() {
   if [ -x "${bin}/${tool}" ] && [ "$(cat "${bin}/${tool}.version" 2>/dev/null)" = "${version}" ]; then
     return
   fi
-  log "building ${tool} ${version} from the Go module proxy (a few minutes the first time)"
   # A throwaway GOBIN beside the target: a concurrent run never executes a half-written binary,
   # and go.mod of this project is never touched (go install pkg@version builds in module mode
   # with the tool's own go.mod).
   local work
   work="$(mktemp -d "${bin}/.build-${tool}.XXXXXX")"
-  if [ "${tool}" = kubectl ]; then
+  if [ "${tool}" = promtool ] && [ "${PROMTOOL_FROM_SOURCE:-}" != true ] && promtool_from_debian "${work}"; then
+    log "promtool: $("${work}/promtool" --version 2>&1 | head -n 1), from Debian's prometheus package"
+  elif [ "${tool}" = kubectl ]; then
+    log "building kubectl ${version} from the Go module proxy (a few minutes the first time)"
     if ! build_kubernetes_command "${work}" "${pkg}" "${version}" "$(ldflags_of "${tool}" "${version}")"; then
       rm -rf "${work}"
       log "building ${pkg}@${version} failed (the go output above says why)"
       return 1
     fi
-  elif ! (cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+  elif ! log "building ${tool} ${version} from the Go module proxy (a few minutes the first time)" ||
+    ! (cd "${work}" && GOBIN="${work}" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
     go install -trimpath -ldflags "-s -w $(ldflags_of "${tool}" "${version}")" "${pkg}@${version}" >&2); then
     rm -rf "${work}"
     log "building ${pkg}@${version} failed (the go output above says why)"
