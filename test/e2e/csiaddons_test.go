@@ -501,11 +501,17 @@ func TestDriverRestartUnderCSIAddonsSidecar(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.startDriver()
+			var restarted string
 			harness.Eventually(t, 30*time.Second, "the healer sidecar on "+p.name+" to mark the driver restart", func() (bool, string) {
-				now := f.AddonsNode(p.name).Annotations[annotations.HealerRestart]
-				return now != marker, "marker " + now
+				restarted = f.AddonsNode(p.name).Annotations[annotations.HealerRestart]
+				return restarted != marker, "marker " + restarted
 			})
-			f.SweepFinished(p.name, time.Minute)
+			// SweepFinished waits for the marker the object carries when it looks: had the marker
+			// of the driver restart been replaced by the one before it (already handled), the
+			// wait would end at once, with no sweep of the restart.
+			if swept := f.SweepFinished(p.name, time.Minute); !strings.Contains(swept, restarted) {
+				t.Fatalf("restart marker %q recorded as handled; the driver restart was marked %q", swept, restarted)
+			}
 			f.verify([]*node{p.node}, b, outcome{healed: gone})
 			f.WaitSweepMessage(p.name, fmt.Sprintf("%d healed", len(gone)), "0 failed")
 

@@ -60,6 +60,12 @@ type registrar struct {
 	backoff    time.Duration
 	maxBackoff time.Duration
 
+	// writeMu serializes the writes of the sidecar's annotations on the registered object: run's
+	// and keep's. A write of run and the marker it makes current are one step under it, so that
+	// keep never sees run's new marker on the object before it is current (and puts the previous
+	// one back, which the controller has recorded as handled: the restart would never be swept),
+	// and never writes a marker that run has replaced.
+	writeMu sync.Mutex
 	// mu guards the registration that keep maintains: the object and the marker of the latest
 	// successful run.
 	mu            sync.Mutex
@@ -81,13 +87,10 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 	marker := annotations.HealerRestartValue(r.clock.Now(), r.podUID)
 	wait := r.backoff
 	for {
-		name, err := r.register(ctx, driverName, marker)
+		name, err := r.registerCurrent(ctx, driverName, marker)
 		if err == nil {
 			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
 			r.converge(ctx, driverName, name)
-			r.mu.Lock()
-			r.currentName, r.currentMarker = name, marker
-			r.mu.Unlock()
 			return name, nil
 		}
 		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", wait)
@@ -100,6 +103,21 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 		}
 		wait = min(2*wait, r.maxBackoff)
 	}
+}
+
+// registerCurrent makes one attempt of run and, when it works, makes its object and marker the
+// ones keep maintains, before keep may write again.
+func (r *registrar) registerCurrent(ctx context.Context, driverName, marker string) (string, error) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	name, err := r.register(ctx, driverName, marker)
+	if err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	r.currentName, r.currentMarker = name, marker
+	r.mu.Unlock()
+	return name, nil
 }
 
 // keep watches the registered CSIAddonsNode and puts the sidecar's annotations (the same marker
@@ -166,6 +184,8 @@ func (r *registrar) follow(ctx context.Context, w watch.Interface, driverName, n
 // restore writes the sidecar's annotations again on the registered object, with the marker of
 // the latest registration.
 func (r *registrar) restore(ctx context.Context, driverName string) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
 	name, marker := r.current()
 	name, err := r.registerAs(ctx, driverName, marker, name)
 	if err != nil {

@@ -2,8 +2,11 @@ package sidecar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -310,5 +313,133 @@ func TestRegisterConvergesOnOneObject(t *testing.T) {
 	}
 	if a := get("node-b-rbd"); a[annotations.Endpoint] != "10.0.0.9:9072" {
 		t.Errorf("another node's object changed: %v", a)
+	}
+}
+
+// A driver restart under the running sidecar writes a new marker while keep watches the object.
+// keep sees the new marker arrive before the registration that wrote it is done (converge still
+// lists the other objects): it must not take the new marker for someone else's change and put
+// the previous one back. The previous marker is the one the controller has recorded as handled,
+// so the object would say that the driver restart was swept, and its volumes would never be.
+func TestRegistrationIsKeptAcrossADriverRestart(t *testing.T) {
+	const name = "node-a-rbd"
+	var (
+		mu       sync.Mutex
+		written  []string // the markers patched onto the object, in order
+		gated    atomic.Bool
+		restored = make(chan struct{}, 1)
+	)
+	markerOf := func(patch client.Patch, obj client.Object) string {
+		data, err := patch.Data(obj)
+		if err != nil {
+			t.Errorf("patch data: %v", err)
+			return ""
+		}
+		var body struct {
+			Metadata struct {
+				Annotations map[string]*string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(data, &body); err != nil {
+			t.Errorf("patch %s: %v", data, err)
+			return ""
+		}
+		if v := body.Metadata.Annotations[annotations.HealerRestart]; v != nil {
+			return *v
+		}
+		return ""
+	}
+	var first string
+	funcs := &interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			marker := markerOf(patch, obj)
+			if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+				return err
+			}
+			if obj.GetName() == name && marker != "" {
+				mu.Lock()
+				written = append(written, marker)
+				mu.Unlock()
+				if gated.Load() && marker == first {
+					select {
+					case restored <- struct{}{}:
+					default:
+					}
+				}
+			}
+			return nil
+		},
+		// The second registration's converge lists the objects of the driver and node after it
+		// has written its marker: hold it until keep has had the time to act on that write.
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if gated.Load() {
+				select {
+				case <-restored:
+				case <-time.After(time.Second):
+				}
+			}
+			return c.List(ctx, list, opts...)
+		},
+	}
+	c := fakeClient(t, funcs, csiAddonsNode(name, "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"}))
+	r := newRegistrar(t, c, name)
+	r.watcher = c.(client.WithWatch)
+	now := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	fc := testingclock.NewFakeClock(now)
+	r.clock = fc
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := r.run(ctx, "rbd.csi.ceph.com"); err != nil {
+		t.Fatal(err)
+	}
+	_, first = r.current()
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		r.keep(ctx, "rbd.csi.ceph.com")
+	}()
+	defer func() {
+		cancel()
+		<-kept
+	}()
+	// keep is watching once its first restore (no change: the object carries the annotations)
+	// has read the object; give its watch a moment to start.
+	time.Sleep(100 * time.Millisecond)
+
+	// The driver restarts: the sidecar registers again, with a new marker.
+	fc.Step(time.Second)
+	gated.Store(true)
+	if _, err := r.run(ctx, "rbd.csi.ceph.com"); err != nil {
+		t.Fatal(err)
+	}
+	gated.Store(false)
+	_, second := r.current()
+	if second == first {
+		t.Fatalf("the second registration kept the marker %q", first)
+	}
+
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n csiaddonsv1alpha1.CSIAddonsNode
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n.Annotations[annotations.HealerRestart] == second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the CSIAddonsNode carries marker %q after the driver restart, want the new marker %q", n.Annotations[annotations.HealerRestart], second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Let keep act on any change still in its watch before reading what was written.
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, m := range written {
+		if m == second && slices.Contains(written[i+1:], first) {
+			t.Errorf("markers written on the CSIAddonsNode: %q: the marker before the driver restart (%q) was put back after the new one (%q)", written, first, second)
+			break
+		}
 	}
 }
