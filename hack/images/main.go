@@ -43,6 +43,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,6 +90,11 @@ type Image struct {
 	Binary string
 	// Description is the label org.opencontainers.image.description.
 	Description string
+	// Prebuilt, when set, is the path of a static binary built elsewhere (for the one platform
+	// being built) to put in the image instead of building Package.
+	Prebuilt string
+	// Tag is the image's tag when it is not the project's version (a prebuilt program's own).
+	Tag string
 }
 
 // Images are the images `make images` builds. deploy/ names the first two.
@@ -99,6 +105,30 @@ var Images = []Image{
 		Description: "volume-healer sidecar: serves the controller in a CSI node plugin pod and relays to the driver"},
 	{Name: "healer-refdriver", Package: "./cmd/refdriver", Binary: "refdriver",
 		Description: "volume-healer reference driver: a CSI node plugin that implements the healer protocol"},
+}
+
+// ClusterImages are the images a real node needs besides Images, for the real-cluster suite and
+// the demo (`--cluster-images`): the pod sandbox's pause program and the test workload, built from
+// this module, and the CSI sidecars of the reference driver's controller plugin, which
+// hack/node.sh builds into nodeBin (each binary next to a <binary>.version stamp). They are built
+// for the machine's own platform only.
+func ClusterImages(nodeBin string) ([]Image, error) {
+	images := []Image{
+		{Name: "healer-test-pause", Package: "./test/cluster/pause", Binary: "pause",
+			Description: "pod sandbox for the volume-healer real-cluster tests"},
+		{Name: "healer-test-workload", Package: "./test/workload", Binary: "workload",
+			Description: "writes and reads a file on its volume, one JSON line per try"},
+	}
+	for _, name := range []string{"csi-provisioner", "csi-attacher"} {
+		bin := filepath.Join(nodeBin, name)
+		v, err := os.ReadFile(bin + ".version")
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (hack/node.sh builds it)", name, err)
+		}
+		images = append(images, Image{Name: name, Binary: name, Prebuilt: bin, Tag: strings.TrimSpace(string(v)),
+			Description: name + " built from the Go module proxy by hack/node.sh"})
+	}
+	return images, nil
 }
 
 // Platform is an operating system and architecture to build for.
@@ -192,8 +222,14 @@ func BuildBinaries(ctx context.Context, root, dir string, src Source, p Platform
 	}
 	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", src.LDFlags(), "-o", dir + string(filepath.Separator)}
 	args = append(args, flags...)
+	n := len(args)
 	for _, img := range images {
-		args = append(args, img.Package)
+		if img.Prebuilt == "" {
+			args = append(args, img.Package)
+		}
+	}
+	if len(args) == n {
+		return nil
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
@@ -531,13 +567,21 @@ func DigestsEnv(src Source, built []Built) string {
 }
 
 func pack(o Options, bins string, img Image) (Built, error) {
+	tag := img.Tag
+	if tag == "" {
+		tag = o.Source.Version
+	}
 	b := Built{
-		Name: img.Name, Ref: img.Name + ":" + o.Source.Version, Binary: "/" + img.Binary, Platforms: map[string]string{},
+		Name: img.Name, Ref: img.Name + ":" + tag, Binary: "/" + img.Binary, Platforms: map[string]string{},
 		Layout: filepath.Join(o.Out, img.Name), Tarball: filepath.Join(o.Out, img.Name+".tar"),
 	}
 	images := map[Platform]v1.Image{}
 	for _, p := range o.Platforms {
-		binary, err := os.ReadFile(BinaryPath(bins, p, img))
+		path := BinaryPath(bins, p, img)
+		if img.Prebuilt != "" {
+			path = img.Prebuilt
+		}
+		binary, err := os.ReadFile(path)
 		if err != nil {
 			return b, err
 		}
@@ -582,19 +626,31 @@ func lock(file string) (func(), error) {
 func main() {
 	out := flag.String("out", ".cache/images", "folder for the image layouts, tarballs, images.json and binaries")
 	platforms := flag.String("platforms", "linux/amd64,linux/arm64", "platforms to build each image for, comma separated")
+	cluster := flag.String("cluster-images", "", "also build the images a real node needs (pause, test workload, and the CSI sidecars found in this `folder`, which hack/node.sh prints), for this machine's platform only")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *out, *platforms); err != nil {
+	if err := run(ctx, *out, *platforms, *cluster); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out, platforms string) error {
+func run(ctx context.Context, out, platforms, nodeBin string) error {
 	ps, err := ParsePlatforms(platforms)
 	if err != nil {
 		return err
+	}
+	images := Images
+	if nodeBin != "" {
+		if len(ps) != 1 || ps[0] != (Platform{"linux", runtime.GOARCH}) {
+			return fmt.Errorf("--cluster-images builds for this machine only: give --platforms linux/%s", runtime.GOARCH)
+		}
+		extra, err := ClusterImages(nodeBin)
+		if err != nil {
+			return err
+		}
+		images = append(slices.Clone(Images), extra...)
 	}
 	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
 	if err != nil {
@@ -608,7 +664,7 @@ func run(ctx context.Context, out, platforms string) error {
 		out = filepath.Join(root, out)
 	}
 	fmt.Printf("building %s images at commit %s, dated %s\n", src.Version, src.Commit, src.Time.Format(time.RFC3339))
-	built, err := Run(ctx, Options{Root: root, Out: out, Source: src, Platforms: ps, Log: os.Stdout})
+	built, err := Run(ctx, Options{Root: root, Out: out, Source: src, Platforms: ps, Images: images, Log: os.Stdout})
 	if err != nil {
 		return err
 	}

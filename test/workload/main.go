@@ -2,7 +2,8 @@
 // starts it in a new mount namespace (clone with CLONE_NEWNS); it sets that namespace up the way
 // runc sets up a container's, mounts the volume's publish path into it with the propagation a
 // pod asks for, then writes and reads a file on the volume every interval until it is killed or
-// gets SIGTERM.
+// gets SIGTERM. Run as a container's command instead (no -target), it only writes and reads on
+// -dir, where the container runtime mounted the volume.
 //
 // Each iteration writes one JSON line to standard output:
 //
@@ -44,16 +45,16 @@ type config struct {
 func run() error {
 	var c config
 	fs := flag.NewFlagSet("workload", flag.ContinueOnError)
-	fs.StringVar(&c.target, "target", "", "host `path` to mount into the namespace: the volume's publish path (required)")
-	fs.StringVar(&c.dir, "dir", "", "`folder` to mount it at inside the namespace (required)")
+	fs.StringVar(&c.target, "target", "", "host `path` to mount into the namespace: the volume's publish path; empty in a container, whose runtime mounted the volume at -dir")
+	fs.StringVar(&c.dir, "dir", "", "`folder` to mount it at inside the namespace, or where the container has its volume (required)")
 	fs.StringVar(&c.propagation, "propagation", "None", "mount propagation of the pod's volumeMount: HostToContainer, None or Bidirectional")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "time between iterations")
 	fs.StringVar(&c.name, "name", "workload", "the data file is <dir>/<name>.data")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
-	if c.target == "" || c.dir == "" {
-		return errors.New("both -target and -dir are required")
+	if c.dir == "" {
+		return errors.New("-dir is required")
 	}
 	if c.interval <= 0 {
 		return fmt.Errorf("-interval %s: must be positive", c.interval)
@@ -62,8 +63,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := setUpNamespace(c.target, c.dir, flags); err != nil {
-		return err
+	// In a container (no -target) the runtime has set up the namespace and mounted the volume.
+	if c.target != "" {
+		if err := setUpNamespace(c.target, c.dir, flags); err != nil {
+			return err
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

@@ -1,0 +1,31 @@
+// Command pause is the process of a pod's sandbox on the real-cluster test node: it holds the
+// pod's namespaces and does nothing else until it is told to stop. As PID 1 of the pod's PID
+// namespace (when the pod shares one) it also reaps the orphans it inherits.
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
+	children := make(chan os.Signal, 1)
+	signal.Notify(children, syscall.SIGCHLD)
+	for {
+		select {
+		case <-stop:
+			os.Exit(0)
+		case <-children:
+			for {
+				var status syscall.WaitStatus
+				pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+			}
+		}
+	}
+}

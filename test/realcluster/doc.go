@@ -1,0 +1,11 @@
+// Package realcluster is the suite that runs volume-healer as a Kubernetes user runs it: on a real
+// node (package test/cluster: kubelet, containerd, runc, kube-proxy, the control plane), installed
+// with its Helm chart next to the reference driver's chart, with workloads whose pods write and
+// read FUSE volumes that kubelet provisioned, attached, staged and published through the real CSI
+// calls. The node plugin is then restarted the ways it is in production, and the suite asserts on
+// the workloads' own reads and writes.
+//
+// It needs root, cgroups and /dev/fuse; elsewhere it skips, except in CI (CI=true), where it
+// fails. Its first run builds kubelet, containerd and the CSI sidecars (hack/node.sh, cached
+// under .cache/node) and the images (hack/images --cluster-images).
+package realcluster

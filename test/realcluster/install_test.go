@@ -1,0 +1,272 @@
+package realcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/volume-healer/volume-healer/test/cluster"
+	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
+)
+
+// The releases the suite installs, as an operator would.
+const (
+	healerNS      = "volume-healer"
+	driverNS      = "healer-refdriver"
+	driverName    = "healer.example.com"
+	storageClass  = "healer-fuse"
+	nodePluginDS  = "healer-refdriver-node"
+	controllerDep = "volume-healer"
+)
+
+// env is the suite's cluster with the two charts installed.
+type env struct {
+	t      *testing.T
+	c      *cluster.Cluster
+	assets cluster.Assets
+	root   string
+	tools  map[string]string
+}
+
+// tools builds or finds helm (hack/tools.sh) and kubectl (the machine's, else hack/tools.sh).
+func findTools(t *testing.T, root string) map[string]string {
+	t.Helper()
+	names := []string{"helm"}
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		names = append(names, "kubectl")
+	}
+	out, err := exec.Command("bash", append([]string{filepath.Join(root, "hack", "tools.sh")}, names...)...).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("hack/tools.sh %s: %v\n%s", strings.Join(names, " "), err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	paths := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		paths[filepath.Base(line)] = line
+	}
+	if kubectl != "" {
+		paths["kubectl"] = kubectl
+	}
+	return paths
+}
+
+// run runs a tool against the cluster with the administrator's kubeconfig.
+func (e *env) run(name string, args ...string) (string, error) {
+	cmd := exec.Command(e.tools[name], args...)
+	cmd.Dir = e.root
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig, "HELM_CACHE_HOME="+e.t.TempDir(), "HELM_CONFIG_HOME="+e.t.TempDir(), "HELM_DATA_HOME="+e.t.TempDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+func (e *env) must(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := e.run(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func imagesOf(a cluster.Assets) []cluster.Image {
+	imgs := make([]cluster.Image, 0, len(a.Images))
+	for _, img := range a.Images {
+		imgs = append(imgs, img)
+	}
+	return imgs
+}
+
+// install installs the CSIAddonsNode CRD and the charts on the node.
+func install(t *testing.T, c *cluster.Cluster, assets cluster.Assets) *env {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, c: c, assets: assets, root: root, tools: findTools(t, root)}
+	ctrllog.SetLogger(logr.Discard())
+	crd, err := controlplane.CSIAddonsNodeCRDPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{crd}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatalf("install the CSIAddonsNode CRD: %v", err)
+	}
+	// The reference driver keeps its volumes in this host folder (the chart's stateDir).
+	_, statErr := os.Stat(driverStateDir)
+	t.Cleanup(func() {
+		e.teardown()
+		if statErr != nil {
+			if err := os.RemoveAll(driverStateDir); err != nil {
+				t.Errorf("remove the driver's state: %v", err)
+			}
+		}
+	})
+	e.sidecarTLS()
+	e.installCharts()
+	return e
+}
+
+// driverStateDir is the reference driver chart's stateDir.
+const driverStateDir = "/var/lib/healer-refdriver"
+
+// teardown removes the workloads, so that kubelet unpublishes and unstages their volumes through
+// the driver, then the releases, as an operator would; what does not go in time the node's Stop
+// removes.
+func (e *env) teardown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs := e.c.Clientset
+	_ = cs.CoreV1().Namespaces().Delete(ctx, appsNS, metav1.DeleteOptions{})
+	for ctx.Err() == nil {
+		pods, err := cs.CoreV1().Pods(appsNS).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) == 0 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	// The PVs go with their claims (reclaim policy Delete) while the controller plugin runs.
+	for ctx.Err() == nil {
+		pvs, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(pvs.Items) == 0 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	for _, release := range []struct{ name, ns string }{{"healer-refdriver", driverNS}, {"volume-healer", healerNS}} {
+		if out, err := e.run("helm", "uninstall", release.name, "--namespace", release.ns, "--wait", "--timeout", "60s"); err != nil {
+			e.t.Logf("helm uninstall %s: %v\n%s", release.name, err, out)
+		}
+	}
+}
+
+// namespace creates ns.
+func (e *env) namespace(ns string, labels map[string]string) {
+	e.t.Helper()
+	_, err := e.c.Clientset.CoreV1().Namespaces().Create(e.t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
+}
+
+// sidecarTLS gives the healer sidecars a serving certificate for the name the controller checks
+// (healer-sidecar) and the controller the CA that signed it, as an operator does with their own
+// CA or cert-manager (docs/operations.md).
+func (e *env) sidecarTLS() {
+	t := e.t
+	t.Helper()
+	ctx := t.Context()
+	certPEM, keyPEM, err := harness.SelfSigned("healer-sidecar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.namespace(healerNS, nil)
+	e.namespace(driverNS, nil)
+	_, err = e.c.Clientset.CoreV1().Secrets(driverNS).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "healer-sidecar-tls"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.Clientset.CoreV1().ConfigMaps(healerNS).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "volume-healer-sidecar-ca"}, Data: map[string]string{"ca.crt": string(certPEM)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// installCharts installs the volume-healer chart and the reference driver's chart with the images
+// built here, and waits until the controller, the node plugin and the driver's registration with
+// kubelet are up.
+func (e *env) installCharts() {
+	t := e.t
+	t.Helper()
+	img := e.assets.Images
+	begin := time.Now()
+	e.must(t, "helm", "install", "volume-healer", "deploy/helm/volume-healer", "--namespace", healerNS,
+		"--set", "replicaCount=1",
+		"--set", "image.repository="+img["volume-healer"].Repository, "--set", "image.tag="+img["volume-healer"].Tag,
+		"--set", "image.pullPolicy=Never",
+		"--set", "config.webhook.enabled=false",
+		"--set", "config.remediation.enabled=true",
+		"--set", "podDisruptionBudget.enabled=false",
+		"--set", "sidecar.enabled=true", "--set", "sidecar.namespace="+driverNS,
+		"--set", "sidecar.serviceAccountName=healer-refdriver-node",
+		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/name=healer-refdriver",
+		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/component=node-plugin",
+		"--set", "metrics.serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",
+		"--set", "sidecar.podMonitor.enabled=false",
+		"--wait", "--timeout", "5m")
+	t.Logf("helm install volume-healer: %s", time.Since(begin).Round(100*time.Millisecond))
+	begin = time.Now()
+	args := []string{"install", "healer-refdriver", "deploy/helm/healer-refdriver", "--namespace", driverNS,
+		"--set", "images.refdriver.repository=" + img["healer-refdriver"].Repository, "--set", "images.refdriver.tag=" + img["healer-refdriver"].Tag,
+		"--set", "images.healerSidecar.repository=" + img["healer-sidecar"].Repository, "--set", "images.healerSidecar.tag=" + img["healer-sidecar"].Tag,
+		"--set", "images.csiProvisioner.repository=" + img["csi-provisioner"].Repository, "--set", "images.csiProvisioner.tag=" + img["csi-provisioner"].Tag,
+		"--set", "images.csiAttacher.repository=" + img["csi-attacher"].Repository, "--set", "images.csiAttacher.tag=" + img["csi-attacher"].Tag,
+		// Periodic sweeps of the class every 10s: they find a mounter that died alone.
+		"--set-string", "storageClass.annotations.healer\\.csiaddons\\.openshift\\.io/schedule=@every 10s",
+		"--wait", "--timeout", "5m"}
+	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher"} {
+		args = append(args, "--set", "images."+name+".pullPolicy=Never")
+	}
+	e.must(t, "helm", args...)
+	t.Logf("helm install healer-refdriver: %s", time.Since(begin).Round(100*time.Millisecond))
+	e.waitDriverRegistered()
+}
+
+// waitDriverRegistered waits until kubelet lists the driver on the node's CSINode, which it does
+// once the driver registered itself through kubelet's plugin registration.
+func (e *env) waitDriverRegistered() {
+	e.t.Helper()
+	harness.Eventually(e.t, 2*time.Minute, "kubelet to register "+driverName, func() (bool, string) {
+		n, err := e.c.Clientset.StorageV1().CSINodes().Get(e.t.Context(), e.c.NodeName(), metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, d := range n.Spec.Drivers {
+			if d.Name == driverName {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("CSINode drivers: %v", n.Spec.Drivers)
+	})
+}
+
+// rolledOut tells whether the DaemonSet's pods all run the current template and are ready.
+func rolledOut(ds *appsv1.DaemonSet) bool {
+	s := ds.Status
+	return s.ObservedGeneration >= ds.Generation && s.UpdatedNumberScheduled == s.DesiredNumberScheduled &&
+		s.NumberReady == s.DesiredNumberScheduled && s.NumberAvailable == s.DesiredNumberScheduled && s.DesiredNumberScheduled > 0
+}
+
+func (e *env) nodePlugin(ctx context.Context) (*appsv1.DaemonSet, error) {
+	return e.c.Clientset.AppsV1().DaemonSets(driverNS).Get(ctx, nodePluginDS, metav1.GetOptions{})
+}

@@ -1,0 +1,281 @@
+package realcluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/evict"
+	"github.com/volume-healer/volume-healer/test/cluster"
+	"github.com/volume-healer/volume-healer/test/harness"
+)
+
+// TestRealNode starts a real node (kubelet, containerd, runc; test/cluster), checks that it runs
+// pods, installs volume-healer and the reference driver with their Helm charts, runs two
+// workloads on the driver's FUSE volumes, and breaks the node plugin three ways: a rollout restart of its DaemonSet (what an
+// upgrade does), a kill -9 of its driver container (kubelet restarts it), and a killed mounter.
+// After each, the workloads' own writes and reads must come back: the StatefulSet's pod mounts
+// its volume with HostToContainer propagation and sees the healed mount; the Deployment's pod
+// (propagation None) cannot, so the policy evicts it and its replacement writes. The suite
+// reports how long each disruption cost the workloads.
+//
+// One node serves every step: starting it costs about a minute, and only one node can run on a
+// machine at a time (kubelet's root is /var/lib/kubelet).
+func TestRealNode(t *testing.T) {
+	c, assets := cluster.StartForTest(t)
+	if err := c.ImportImages(t.Context(), imagesOf(assets)...); err != nil {
+		t.Fatal(err)
+	}
+	if !t.Run("runs pods", func(t *testing.T) { runsPods(t, c, assets) }) {
+		t.FailNow()
+	}
+	e := install(t, c, assets)
+	e.optInToPodRestarts()
+	shared := e.statefulSet("shared", corev1.MountPropagationHostToContainer)
+	private := e.deployment("private", corev1.MountPropagationNone)
+	begin := time.Now()
+	shared.waitWriting(t, time.Time{}, 3*time.Minute, nil)
+	private.waitWriting(t, time.Time{}, 3*time.Minute, nil)
+	t.Logf("both workloads write and read their volumes, %s after they were created", time.Since(begin).Round(100*time.Millisecond))
+
+	t.Run("rollout restart of the node plugin", func(t *testing.T) {
+		e.disrupt(t, shared, private, "rollout restart", func() {
+			e.must(t, "kubectl", "rollout", "restart", "daemonset/"+nodePluginDS, "--namespace", driverNS)
+		})
+	})
+	t.Run("driver container killed", func(t *testing.T) {
+		e.disrupt(t, shared, private, "kill -9 of the driver container", func() {
+			e.killDriverContainer(t)
+		})
+	})
+	// A mounter that dies alone restarts nothing: the StorageClass's periodic sweep (every 10s
+	// here, by its schedule annotation) finds the dead mount.
+	t.Run("mounter killed", func(t *testing.T) {
+		e.disrupt(t, shared, nil, "kill -9 of the shared volume's mounter", func() {
+			e.killMounter(t, shared)
+		})
+	})
+}
+
+// killMounter kills the FUSE daemon of w's volume with SIGKILL.
+func (e *env) killMounter(t *testing.T, w *workload) {
+	t.Helper()
+	ctx := t.Context()
+	pvc, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Get(ctx, w.claim(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, err := e.c.Clientset.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := pv.Spec.CSI.VolumeHandle
+	entries, _ := os.ReadDir("/proc")
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) > 1 && args[1] == "mounter" && strings.Contains(string(raw), handle) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill -9 %d (mounter of %s): %v", pid, handle, err)
+			}
+			t.Logf("killed the mounter of %s (pid %d): %s", handle, pid, strings.Join(args, " "))
+			return
+		}
+	}
+	t.Fatalf("no mounter process of volume %s", handle)
+}
+
+// disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
+// writes failed and came back in the same pod, the private pod was replaced by one that writes;
+// and the heal Events on their PVCs.
+func (e *env) disrupt(t *testing.T, shared, private *workload, what string, breakIt func()) {
+	ctx := t.Context()
+	sharedPod, err := shared.pod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var privatePod *corev1.Pod
+	if private != nil {
+		if privatePod, err = private.pod(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Now()
+	breakIt()
+
+	// The shared pod keeps its container: its own writes resume once the volume is healed.
+	var o outage
+	harness.Eventually(t, 3*time.Minute, "the shared workload's writes to fail and resume in pod "+sharedPod.Name, func() (bool, string) {
+		o, err = shared.outageOf(ctx, sharedPod.Name, at)
+		switch {
+		case err != nil:
+			return false, err.Error()
+		case o.firstFailure == nil:
+			return false, "no failed try yet"
+		case o.resumed == nil:
+			return false, fmt.Sprintf("failing since #%d: %s %s", o.firstFailure.Seq, o.firstFailure.Op, o.firstFailure.Err)
+		}
+		return true, ""
+	})
+	now, err := shared.pod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.UID != sharedPod.UID {
+		t.Errorf("the shared workload's pod was replaced (%s -> %s); a HostToContainer pod must see the healed mount in place", sharedPod.Name, now.Name)
+	}
+	t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
+		what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
+		o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
+
+	e.expectEvent(t, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at)
+	if private == nil {
+		return
+	}
+	// The private pod cannot see the healed mount: the PVC says so, the policy evicts the pod,
+	// its replacement writes.
+	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
+	replaced := private.waitWriting(t, at, 3*time.Minute, privatePod)
+	t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
+	e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
+}
+
+// claim is the name of the workload's PVC.
+func (w *workload) claim() string {
+	if w.name == "shared" {
+		return "data-shared-0"
+	}
+	return w.name
+}
+
+// expectEvent waits for an Event of reason on the object kind/name in the workloads' namespace,
+// at or after since.
+func (e *env) expectEvent(t *testing.T, kind, name, reason string, since time.Time) {
+	t.Helper()
+	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.AsSelector().String()
+	harness.Eventually(t, time.Minute, fmt.Sprintf("a %s Event on %s %s", reason, kind, name), func() (bool, string) {
+		list, err := e.c.Clientset.CoreV1().Events(appsNS).List(t.Context(), metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range list.Items {
+			last := ev.LastTimestamp.Time
+			if ev.EventTime.After(last) {
+				last = ev.EventTime.Time
+			}
+			if !last.Before(since.Truncate(time.Second)) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d older ones", len(list.Items))
+	})
+}
+
+// killDriverContainer kills the node plugin's driver process with SIGKILL, as the OOM killer
+// would; kubelet restarts the container in the same pod.
+func (e *env) killDriverContainer(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	pod, id := e.driverContainer(ctx, t)
+	pid := e.containerPID(ctx, t, id)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 %d (the driver container of %s): %v", pid, pod.Name, err)
+	}
+	harness.Eventually(t, 2*time.Minute, "kubelet to restart the driver container of "+pod.Name, func() (bool, string) {
+		p, err := e.c.Clientset.CoreV1().Pods(driverNS).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == "refdriver" {
+				return s.RestartCount > restarts(pod) && s.Ready, fmt.Sprintf("restartCount %d, ready %t", s.RestartCount, s.Ready)
+			}
+		}
+		return false, "no refdriver container status"
+	})
+}
+
+func restarts(p *corev1.Pod) int32 {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == "refdriver" {
+			return s.RestartCount
+		}
+	}
+	return 0
+}
+
+// driverContainer returns the node plugin's pod and the containerd ID of its driver container.
+func (e *env) driverContainer(ctx context.Context, t *testing.T) (*corev1.Pod, string) {
+	t.Helper()
+	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-plugin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == "refdriver" && s.ContainerID != "" {
+				return &p, strings.TrimPrefix(s.ContainerID, "containerd://")
+			}
+		}
+	}
+	t.Fatalf("no running node plugin pod with a refdriver container in %s", driverNS)
+	return nil, ""
+}
+
+// containerPID finds the host PID of the container's first process, from its cgroup: the
+// process in the container's cgroup whose parent is outside it.
+func (e *env) containerPID(ctx context.Context, t *testing.T, id string) int {
+	t.Helper()
+	matches, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/" + id + "/cgroup.procs")
+	matches2, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/" + id + "/cgroup.procs")
+	matches = append(matches, matches2...)
+	if len(matches) != 1 {
+		t.Fatalf("container %s: %d cgroups found", id, len(matches))
+	}
+	raw, err := os.ReadFile(matches[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := map[int]bool{}
+	for _, f := range strings.Fields(string(raw)) {
+		pid, _ := strconv.Atoi(f)
+		in[pid] = true
+	}
+	for pid := range in {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The parent's PID is the fourth field, after the command in parentheses.
+		rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
+		fields := strings.Fields(rest)
+		if len(fields) > 1 {
+			if ppid, _ := strconv.Atoi(fields[1]); !in[ppid] {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("container %s: no first process among %v", id, in)
+	return 0
+}

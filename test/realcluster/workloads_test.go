@@ -1,0 +1,234 @@
+package realcluster
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/test/harness"
+)
+
+// appsNS holds the workloads; it opts in to pod restarts by the built-in policy.
+const appsNS = "apps"
+
+// workload is a pod controller whose pods write and read their volume every 100ms
+// (test/workload) and print one JSON line per try.
+type workload struct {
+	e    *env
+	name string
+	// propagation is the mount propagation of the volume in the container.
+	propagation corev1.MountPropagationMode
+	// selector finds its pods.
+	selector labels.Selector
+}
+
+func (e *env) container(w *workload) corev1.Container {
+	img := e.assets.Images["healer-test-workload"]
+	return corev1.Container{
+		Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
+		Args: []string{"-dir", "/data", "-interval", "100ms", "-name", w.name},
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", MountPropagation: ptr.To(w.propagation)}},
+	}
+}
+
+func pvcSpec() corev1.PersistentVolumeClaimSpec {
+	return corev1.PersistentVolumeClaimSpec{
+		AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+		StorageClassName: ptr.To(storageClass),
+		Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+	}
+}
+
+// statefulSet creates a one-replica StatefulSet whose volume comes from a claim template.
+func (e *env) statefulSet(name string, propagation corev1.MountPropagationMode) *workload {
+	e.t.Helper()
+	w := &workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	ss := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{e.container(w)}, TerminationGracePeriodSeconds: ptr.To[int64](1)},
+			},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"}, Spec: pvcSpec()}},
+		},
+	}
+	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	return w
+}
+
+// deployment creates a PVC and a one-replica Deployment that uses it.
+func (e *env) deployment(name string, propagation corev1.MountPropagationMode) *workload {
+	e.t.Helper()
+	ctx := e.t.Context()
+	w := &workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS}, Spec: pvcSpec()}
+	if _, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
+				Spec: corev1.PodSpec{
+					Containers:                    []corev1.Container{e.container(w)},
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}},
+				},
+			},
+		},
+	}
+	if _, err := e.c.Clientset.AppsV1().Deployments(appsNS).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	return w
+}
+
+// pod returns the workload's running pod (the newest, if a replacement is starting).
+func (w *workload) pod(ctx context.Context) (*corev1.Pod, error) {
+	list, err := w.e.c.Clientset.CoreV1().Pods(appsNS).List(ctx, metav1.ListOptions{LabelSelector: w.selector.String()})
+	if err != nil {
+		return nil, err
+	}
+	var pods []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			pods = append(pods, p)
+		}
+	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("no running pod of %s", w.name)
+	}
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return b.CreationTimestamp.Compare(a.CreationTimestamp.Time) })
+	return &pods[0], nil
+}
+
+// try is one line of the workload's output.
+type try struct {
+	Seq  int64     `json:"seq"`
+	Time time.Time `json:"time"`
+	OK   bool      `json:"ok"`
+	Op   string    `json:"op"`
+	Err  string    `json:"err"`
+}
+
+// tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).
+func (w *workload) tries(ctx context.Context, pod string) ([]try, error) {
+	raw, err := w.e.c.Clientset.CoreV1().Pods(appsNS).GetLogs(pod, &corev1.PodLogOptions{Container: "writer"}).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []try
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	for sc.Scan() {
+		var r try
+		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Seq > 0 {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// waitWriting waits until the workload's running pod, other than the pod replaced (when not
+// nil), has written and read its volume successfully after since, and returns that pod.
+func (w *workload) waitWriting(t *testing.T, since time.Time, timeout time.Duration, replaced *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	what := w.name + " to write and read its volume"
+	if replaced != nil {
+		what = w.name + " to replace pod " + replaced.Name + " by one that writes and reads its volume"
+	}
+	harness.Eventually(t, timeout, what, func() (bool, string) {
+		p, err := w.pod(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		if replaced != nil && p.UID == replaced.UID {
+			tries, _ := w.tries(t.Context(), p.Name)
+			return false, fmt.Sprintf("pod %s still runs; its last try: %s", p.Name, lastTry(tries))
+		}
+		tries, err := w.tries(t.Context(), p.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, r := range tries {
+			if r.OK && r.Time.After(since) {
+				pod = p
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("pod %s: %d tries, none successful after %s; last: %s", p.Name, len(tries), since.Format(time.TimeOnly), lastTry(tries))
+	})
+	return pod
+}
+
+func lastTry(tries []try) string {
+	if len(tries) == 0 {
+		return "none"
+	}
+	r := tries[len(tries)-1]
+	if r.OK {
+		return fmt.Sprintf("#%d ok at %s", r.Seq, r.Time.Format(time.TimeOnly))
+	}
+	return fmt.Sprintf("#%d %s failed at %s: %s", r.Seq, r.Op, r.Time.Format(time.TimeOnly), r.Err)
+}
+
+// outage is what one pod saw of a disruption: its first failed try after it began, and its
+// first successful try after that.
+type outage struct {
+	firstFailure, resumed *try
+}
+
+// outageOf reads the tries of pod after since.
+func (w *workload) outageOf(ctx context.Context, pod string, since time.Time) (outage, error) {
+	tries, err := w.tries(ctx, pod)
+	if err != nil {
+		return outage{}, err
+	}
+	var o outage
+	for i := range tries {
+		r := &tries[i]
+		if r.Time.Before(since) {
+			continue
+		}
+		if o.firstFailure == nil {
+			if !r.OK {
+				o.firstFailure = r
+			}
+			continue
+		}
+		if r.OK {
+			o.resumed = r
+			break
+		}
+	}
+	return o, nil
+}
+
+// optInToPodRestarts creates the workloads' namespace with the label that lets the built-in
+// policy evict controller-owned pods left on a dead mount.
+func (e *env) optInToPodRestarts() {
+	e.namespace(appsNS, map[string]string{annotations.EvictPodsLabel: "true"})
+}
