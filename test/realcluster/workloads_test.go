@@ -39,7 +39,7 @@ func (e *env) container(w *workload) corev1.Container {
 	img := e.assets.Images["healer-test-workload"]
 	return corev1.Container{
 		Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
-		Args: []string{"-dir", "/data", "-interval", "100ms", "-name", w.name},
+		Args:         []string{"-dir", "/data", "-interval", "100ms", "-name", w.name},
 		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", MountPropagation: ptr.To(w.propagation)}},
 	}
 }
