@@ -39,7 +39,8 @@ type PeriodicOptions struct {
 	Default string
 	// StorageClasses maps StorageClass names to schedules from the configuration. Default: empty.
 	StorageClasses map[string]string
-	// Stagger spreads each periodic sweep's calls over this window. Default: 0 (no stagger).
+	// Stagger spreads each periodic sweep's calls over this window, or over the time until the
+	// class's next firing when that is shorter. Default: 0 (no stagger).
 	Stagger time.Duration
 	// Clock tells time. Default: the real clock.
 	Clock clock.WithTicker
@@ -309,8 +310,12 @@ func (p *Periodic) due(now time.Time) []scheduler.Sweep {
 		if e.next.After(now) {
 			continue
 		}
-		out = append(out, scheduler.Sweep{Trigger: scheduler.TriggerSchedule, StorageClass: name, Stagger: p.opts.Stagger, Fired: now})
 		e.next = e.schedule.Next(now)
+		// The stagger never reaches past the class's next firing: a node's calls of one firing
+		// start before the next one's, so that a schedule shorter than the stagger (every 10s
+		// with the default 5m) neither piles its sweeps up nor delays a node's probes by minutes.
+		stagger := min(p.opts.Stagger, e.next.Sub(now))
+		out = append(out, scheduler.Sweep{Trigger: scheduler.TriggerSchedule, StorageClass: name, Stagger: stagger, Fired: now})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StorageClass < out[j].StorageClass })
 	return out

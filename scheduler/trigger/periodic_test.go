@@ -217,6 +217,18 @@ func TestPeriodicFiresEachClassOnItsSchedule(t *testing.T) {
 	expectNoSweep(t, sweeps)
 }
 
+// TestStaggerEndsBeforeTheNextFiring: a class that fires every 10s under the default 5m stagger
+// spreads each sweep over the 10s to its next firing, not over 5 minutes, which would delay a
+// node's probe by up to 5 minutes and pile 30 sweeps of the class up behind one another.
+func TestStaggerEndsBeforeTheNextFiring(t *testing.T) {
+	p, fc, sweeps := runPeriodic(t, PeriodicOptions{Stagger: 5 * time.Minute})
+	p.SetStorageClass(context.Background(), storageClass("fast", map[string]string{annotations.Schedule: "@every 10s"}))
+	step(t, fc, 10*time.Second)
+	if s := expectSweep(t, sweeps); s.Stagger != 10*time.Second {
+		t.Fatalf("sweep = %+v, want its stagger cut to the 10s until the next firing", s)
+	}
+}
+
 func TestPeriodicMissedTicksFireOnce(t *testing.T) {
 	p, fc, sweeps := runPeriodic(t, PeriodicOptions{})
 	p.SetStorageClass(context.Background(), storageClass("c", map[string]string{annotations.Schedule: "@every 1m"}))
