@@ -111,8 +111,9 @@ const (
 // Sweeper runs sweeps. It is safe for concurrent use: overlapping sweeps share the dispatcher,
 // which never runs two calls on one volume.
 type Sweeper struct {
-	opts Options
-	mem  *memory
+	opts    Options
+	mem     *memory
+	drivers *driverTerms
 }
 
 // New returns a Sweeper.
@@ -132,7 +133,7 @@ func New(opts Options) (*Sweeper, error) {
 	if opts.RetryMax < opts.RetryBase {
 		opts.RetryMax = max(defaultRetryMax, opts.RetryBase)
 	}
-	return &Sweeper{opts: opts, mem: newMemory()}, nil
+	return &Sweeper{opts: opts, mem: newMemory(), drivers: newDriverTerms()}, nil
 }
 
 // ForgetNode drops what the sweeper remembers about a driver's node plugin on a node whose
@@ -693,7 +694,11 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		return nil, nil, outcomeSkipped
 	}
 
-	in := v.PolicyInput(driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
+	driver := s.drivers.get(caps, addonsNode)
+	in := v.PolicyInput(driver.info, policy.Trigger(sw.Trigger))
+	if in.Driver.Name == driver.info.Name {
+		in.Terms.Driver = driver.term
+	}
 	if in.Node == nil {
 		in.Node = &policy.Node{Name: v.NodeName}
 	}
@@ -939,6 +944,48 @@ func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) po
 	if d.Healer.Attributes == nil {
 		d.Healer.Attributes = map[string]string{}
 	}
+	return d
+}
+
+// driverTerms remembers the driver part of the policy input, with its Rego form, for each
+// capability answer and CSIAddonsNode: every volume of a node shares it. Entries are keyed by the
+// objects themselves, which the capability cache and the target map replace rather than change,
+// and the map is emptied when it outgrows maxDriverTerms, which bounds what replaced objects
+// keep alive.
+type driverTerms struct {
+	mu sync.Mutex
+	m  map[driverKey]driverTerm
+}
+
+// maxDriverTerms is more than the node plugins of the largest clusters Kubernetes supports.
+const maxDriverTerms = 16384
+
+type driverKey struct {
+	caps *probe.Capabilities
+	node *csiaddonsv1alpha1.CSIAddonsNode
+}
+
+type driverTerm struct {
+	info policy.DriverInfo
+	term policy.Term
+}
+
+func newDriverTerms() *driverTerms { return &driverTerms{m: map[driverKey]driverTerm{}} }
+
+// get returns the driver part of the input; its maps and slices are shared: read-only.
+func (t *driverTerms) get(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) driverTerm {
+	key := driverKey{caps, n}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d, ok := t.m[key]; ok {
+		return d
+	}
+	if len(t.m) >= maxDriverTerms {
+		clear(t.m)
+	}
+	d := driverTerm{info: driverInfo(caps, n)}
+	d.term = policy.DriverTerm(&d.info)
+	t.m[key] = d
 	return d
 }
 

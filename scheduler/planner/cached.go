@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 // The informer caches of a large cluster hold one PersistentVolume, one PersistentVolumeClaim and
@@ -59,10 +61,12 @@ type stringMap struct {
 
 // pairSet is a sorted slice of pairs, shared between records. m is the same entries as a map,
 // read-only, for the sets the table holds: a record whose entries are all shared hands it out
-// instead of building a map per use.
+// instead of building a map per use; term is their Rego form, which the policy input of every
+// volume with the set shares.
 type pairSet struct {
 	pairs []pair
 	m     map[string]string
+	term  policy.Term
 }
 
 func newStringMap(m map[string]string) stringMap {
@@ -120,6 +124,25 @@ func (m stringMap) toMap() map[string]string {
 	return out
 }
 
+// policyTerm returns the Rego form of the entries, reusing the shared set's; unset when the
+// shared set has none (a set past the table's bound), and the policy engine converts the map.
+func (m stringMap) policyTerm() policy.Term {
+	switch {
+	case m.shared == nil && len(m.own) == 0:
+		return policy.StringMapTerm(nil)
+	case m.shared == nil:
+		return policy.ExtendStringMapTerm(policy.Term{}, len(m.own), m.ownEntry)
+	case !m.shared.term.IsSet():
+		return policy.Term{}
+	case len(m.own) == 0:
+		return m.shared.term
+	default:
+		return policy.ExtendStringMapTerm(m.shared.term, len(m.own), m.ownEntry)
+	}
+}
+
+func (m stringMap) ownEntry(i int) (string, string) { return m.own[i].key, m.own[i].value }
+
 // pairTable shares equal sets of pairs between records. It holds at most maxSharedSets sets:
 // past that, new sets are kept by their records alone, so that values that are short and yet
 // differ per volume cannot grow it without end.
@@ -156,6 +179,7 @@ func (t *pairTable) get(p []pair) *pairSet {
 		for _, e := range p {
 			set.m[e.key] = e.value
 		}
+		set.term = policy.StringMapTerm(set.m)
 		t.sets[key.String()] = set
 	}
 	return set
@@ -358,6 +382,35 @@ func internModes(modes []corev1.PersistentVolumeAccessMode) []corev1.PersistentV
 
 var commonModes = [][]corev1.PersistentVolumeAccessMode{
 	{corev1.ReadWriteOnce}, {corev1.ReadWriteOncePod}, {corev1.ReadWriteMany}, {corev1.ReadOnlyMany},
+}
+
+// commonModeStrings and commonModeTerms are commonModes as the policy input holds them, shared by
+// every input.
+var commonModeStrings, commonModeTerms = func() ([][]string, []policy.Term) {
+	strs := make([][]string, len(commonModes))
+	terms := make([]policy.Term, len(commonModes))
+	for i, m := range commonModes {
+		strs[i] = []string{string(m[0])}
+		terms[i] = policy.StringsTerm(strs[i])
+	}
+	return strs, terms
+}()
+
+// policyModes returns the access modes as the policy input holds them, and their Rego form when
+// they are one of the common lists. The strings are shared: read-only.
+func policyModes(modes []corev1.PersistentVolumeAccessMode) ([]string, policy.Term) {
+	if len(modes) == 1 {
+		for i, m := range commonModes {
+			if m[0] == modes[0] {
+				return commonModeStrings[i], commonModeTerms[i]
+			}
+		}
+	}
+	var out []string
+	for _, m := range modes {
+		out = append(out, string(m))
+	}
+	return out, policy.Term{}
 }
 
 func internList(list []string) []string {
