@@ -228,20 +228,20 @@ func (in *Input) astValue() ast.Value {
 		ast.Item(keyVolume, ast.NewTerm(in.Volume.astValue(&in.Terms))),
 	)
 	if in.Attachment != nil {
-		t := in.Terms.Attachment.t
+		t := in.Terms.Attachment.term()
 		if t == nil {
 			t = in.Attachment.term()
 		}
 		items = append(items, ast.Item(keyAttachment, t))
 	}
 	if in.Node != nil {
-		t := in.Terms.Node.t
+		t := in.Terms.Node.term()
 		if t == nil {
 			t = in.Node.term()
 		}
 		items = append(items, ast.Item(keyNode, t))
 	}
-	driver := in.Terms.Driver.t
+	driver := in.Terms.Driver.term()
 	if driver == nil {
 		driver = in.Driver.term()
 	}
@@ -259,16 +259,16 @@ func (in *Input) astValue() ast.Value {
 
 // mapOr returns the prebuilt term when it is set, or else the Rego form of m.
 func mapOr(t Term, m map[string]string) *ast.Term {
-	if t.t != nil {
-		return t.t
+	if term := t.term(); term != nil {
+		return term
 	}
 	return stringMapTerm(m)
 }
 
 // stringsOr returns the prebuilt term when it is set, or else the Rego form of s.
 func stringsOr(t Term, s []string) *ast.Term {
-	if t.t != nil {
-		return t.t
+	if term := t.term(); term != nil {
+		return term
 	}
 	return stringsTerm(s)
 }
@@ -290,7 +290,7 @@ func (v *Volume) astValue(terms *InputTerms) ast.Value {
 		ast.Item(keyAccessModes, stringsOr(terms.AccessModes, v.AccessModes)),
 	)
 	if v.StorageClass != nil {
-		t := terms.StorageClass.t
+		t := terms.StorageClass.term()
 		if t == nil {
 			t = v.StorageClass.term()
 		}

@@ -13,11 +13,28 @@ import (
 // over in Input.Terms; the engine then builds only the per-volume part of the value.
 
 // Term is a part of an input in its Rego form, built once and shared by the inputs that carry
-// it. The zero Term is unset. A Term is immutable and safe for concurrent use.
-type Term struct{ t *ast.Term }
+// it, or built only when an evaluation needs it (LazyTerm). The zero Term is unset. A Term is
+// immutable and safe for concurrent use.
+type Term struct {
+	t     *ast.Term
+	build func() Term
+}
+
+// LazyTerm returns a Term that build makes when an evaluation needs it, and not when the memo
+// answers: for a part that is the volume's own, such as an attribute set with the volume's image
+// name, which would cost more to convert for every volume than the memo saves.
+func LazyTerm(build func() Term) Term { return Term{build: build} }
 
 // IsSet reports whether t holds a value.
-func (t Term) IsSet() bool { return t.t != nil }
+func (t Term) IsSet() bool { return t.t != nil || t.build != nil }
+
+// term returns the Rego form, building it when it is lazy; nil when t is unset.
+func (t Term) term() *ast.Term {
+	if t.t == nil && t.build != nil {
+		return t.build().term()
+	}
+	return t.t
+}
 
 // InputTerms are parts of an input already in their Rego form. A part that is set is used in
 // place of the field it stands for, so it must be the Rego form of that field's value, built
@@ -44,15 +61,15 @@ type InputTerms struct {
 }
 
 // StringMapTerm returns the Rego form of m: an object of strings, empty when m is.
-func StringMapTerm(m map[string]string) Term { return Term{stringMapTerm(m)} }
+func StringMapTerm(m map[string]string) Term { return Term{t: stringMapTerm(m)} }
 
 // ExtendStringMapTerm returns the Rego form of the entries of base, a StringMapTerm, together
 // with n more entries, the i-th of which entry(i) returns. The entries of base are reused, not
 // converted again. Keys must not repeat.
 func ExtendStringMapTerm(base Term, n int, entry func(i int) (key, value string)) Term {
 	var obj ast.Object
-	if base.t != nil {
-		b := base.t.Value.(ast.Object)
+	if bt := base.term(); bt != nil {
+		b := bt.Value.(ast.Object)
 		obj = ast.NewObjectWithCapacity(b.Len() + n)
 		b.Foreach(obj.Insert)
 	} else {
@@ -62,23 +79,23 @@ func ExtendStringMapTerm(base Term, n int, entry func(i int) (key, value string)
 		k, v := entry(i)
 		obj.Insert(ast.StringTerm(k), ast.StringTerm(v))
 	}
-	return Term{ast.NewTerm(obj)}
+	return Term{t: ast.NewTerm(obj)}
 }
 
 // StringsTerm returns the Rego form of s: an array of strings.
-func StringsTerm(s []string) Term { return Term{stringsTerm(s)} }
+func StringsTerm(s []string) Term { return Term{t: stringsTerm(s)} }
 
 // StorageClassTerm returns the Rego form of sc.
-func StorageClassTerm(sc *StorageClass) Term { return Term{sc.term()} }
+func StorageClassTerm(sc *StorageClass) Term { return Term{t: sc.term()} }
 
 // AttachmentTerm returns the Rego form of a.
-func AttachmentTerm(a *Attachment) Term { return Term{a.term()} }
+func AttachmentTerm(a *Attachment) Term { return Term{t: a.term()} }
 
 // NodeTerm returns the Rego form of n.
-func NodeTerm(n *Node) Term { return Term{n.term()} }
+func NodeTerm(n *Node) Term { return Term{t: n.term()} }
 
 // DriverTerm returns the Rego form of d.
-func DriverTerm(d *DriverInfo) Term { return Term{d.term()} }
+func DriverTerm(d *DriverInfo) Term { return Term{t: d.term()} }
 
 // Keys of the input document, converted once: every input has them.
 var (

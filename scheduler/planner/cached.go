@@ -124,21 +124,26 @@ func (m stringMap) toMap() map[string]string {
 	return out
 }
 
-// policyTerm returns the Rego form of the entries, reusing the shared set's; unset when the
-// shared set has none (a set past the table's bound), and the policy engine converts the map.
+// policyTerm returns the Rego form of the entries, reusing the shared set's. With entries of the
+// record's own it is built only when an evaluation needs it: for most volumes the memo answers.
+// Unset when the shared set has no Rego form (a set past the table's bound): the policy engine
+// then converts the map.
 func (m stringMap) policyTerm() policy.Term {
 	switch {
 	case m.shared == nil && len(m.own) == 0:
 		return policy.StringMapTerm(nil)
-	case m.shared == nil:
-		return policy.ExtendStringMapTerm(policy.Term{}, len(m.own), m.ownEntry)
-	case !m.shared.term.IsSet():
+	case m.shared != nil && !m.shared.term.IsSet():
 		return policy.Term{}
 	case len(m.own) == 0:
 		return m.shared.term
-	default:
-		return policy.ExtendStringMapTerm(m.shared.term, len(m.own), m.ownEntry)
 	}
+	return policy.LazyTerm(func() policy.Term {
+		var base policy.Term
+		if m.shared != nil {
+			base = m.shared.term
+		}
+		return policy.ExtendStringMapTerm(base, len(m.own), m.ownEntry)
+	})
 }
 
 func (m stringMap) ownEntry(i int) (string, string) { return m.own[i].key, m.own[i].value }
