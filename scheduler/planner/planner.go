@@ -304,10 +304,15 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 		vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
 		for _, obj := range vas {
 			va := recordOf[cachedAttachment](obj)
-			if va.pv == "" || !p.InClass(va.pv, sc) {
+			if va.pv == "" {
 				continue
 			}
-			v, reason := p.volume(va.pv, va, va.node)
+			// One lookup of the PV serves the class test and the volume.
+			pv := p.pv(va.pv)
+			if pv == nil || pv.storageClass != sc {
+				continue
+			}
+			v, reason := p.volumeOf(va.pv, pv, va, va.node)
 			if reason != "" {
 				skipped = append(skipped, Skipped{PV: va.pv, Node: va.node, Reason: reason})
 				continue
@@ -411,7 +416,11 @@ func (p *Planner) pv(name string) *cachedPV {
 // override: never act on a volume whose attachment is going away, or whose PV is not Bound or is
 // being deleted.
 func (p *Planner) volume(pvName string, va *cachedAttachment, node string) (Volume, string) {
-	pv := p.pv(pvName)
+	return p.volumeOf(pvName, p.pv(pvName), va, node)
+}
+
+// volumeOf is volume with the PV's record, nil when it is not cached, already looked up.
+func (p *Planner) volumeOf(pvName string, pv *cachedPV, va *cachedAttachment, node string) (Volume, string) {
 	switch {
 	case pv == nil:
 		return Volume{}, "PV not found"
