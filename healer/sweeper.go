@@ -442,6 +442,7 @@ func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner
 // prepareNode decides the actions of one node's volumes and returns their tasks, each counted in
 // tasks until its Done. A panic while preparing fails the node's remaining volumes, not the sweep.
 func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume, t *tally, tasks *sync.WaitGroup) (batch []dispatch.Task) {
+	batch = make([]dispatch.Task, 0, len(vols))
 	next := 0
 	defer func() {
 		if r := recover(); r != nil {
@@ -508,7 +509,34 @@ func nothingToDo(err error) bool {
 }
 
 // byNode splits vols by driver and node, keeping the planner's order within and between nodes.
+// The planner sorts by node, so a node's volumes are usually one run of vols, handed out as a
+// part of vols rather than copied; only when a driver and node come back after another's (a
+// sweep over several drivers) are the groups gathered in new slices.
 func byNode(vols []planner.Volume) [][]planner.Volume {
+	var groups [][]planner.Volume
+	seen := map[[2]string]bool{}
+	start := 0
+	for i := range vols {
+		if i > start && (vols[i].Driver != vols[start].Driver || vols[i].NodeName != vols[start].NodeName) {
+			groups = append(groups, vols[start:i:i])
+			start = i
+		}
+		if i == start {
+			key := [2]string{vols[i].Driver, vols[i].NodeName}
+			if seen[key] {
+				return byNodeGathered(vols)
+			}
+			seen[key] = true
+		}
+	}
+	if start < len(vols) {
+		groups = append(groups, vols[start:len(vols):len(vols)])
+	}
+	return groups
+}
+
+// byNodeGathered is byNode for volumes whose drivers and nodes are not in runs.
+func byNodeGathered(vols []planner.Volume) [][]planner.Volume {
 	index := map[[2]string]int{}
 	var groups [][]planner.Volume
 	for _, v := range vols {
