@@ -699,17 +699,20 @@ type volumeRun func(ctx context.Context) (outcome, error)
 // prepare makes the first decision for v. It returns no task when nothing is to be called, and
 // then the volume's outcome.
 func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Volume) (*dispatch.Task, volumeRun, outcome) {
-	logger := klog.FromContext(ctx).WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
+	// The volume's logger is made when something is logged or called: a periodic sweep of healthy
+	// volumes logs nothing at the default verbosity, and this runs for every volume.
+	base := klog.FromContext(ctx)
+	volumeLogger := func() klog.Logger { return base.WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver) }
 	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
 	if err != nil {
 		s.opts.Metrics.callError(v.Driver, err)
-		logger.Error(err, "No sidecar for the volume's driver on its node")
+		volumeLogger().Error(err, "No sidecar for the volume's driver on its node")
 		return nil, nil, outcomeFailed
 	}
 	caps, err := s.opts.Sidecars.Capabilities(ctx, target)
 	if err != nil {
 		s.opts.Metrics.callError(v.Driver, err)
-		logger.Error(err, "Cannot read the driver's capabilities")
+		volumeLogger().Error(err, "Cannot read the driver's capabilities")
 		return nil, nil, outcomeFailed
 	}
 	s.opts.Metrics.startDriver(v.Driver)
@@ -718,7 +721,9 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	}
 	state := s.mem.get(v.PVName)
 	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
-		logger.V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
+		if base.V(3).Enabled() {
+			volumeLogger().V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
+		}
 		return nil, nil, outcomeSkipped
 	}
 
@@ -736,7 +741,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		// Fail closed: the policy governs this volume and cannot say what to do with it, so the
 		// volume is left alone (skipped, never decided by the built-in policy) and the operator
 		// is told on its PVC; volume_healer_policy_evaluation_errors_total counts it.
-		logger.Error(err, "Policy evaluation failed; the volume is left alone")
+		volumeLogger().Error(err, "Policy evaluation failed; the volume is left alone")
 		s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 			"The policy failed on this volume, which is left alone until the policy is fixed: %v", err)
 		return nil, nil, outcomeSkipped
@@ -744,7 +749,9 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if m := s.opts.Metrics; m != nil {
 		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
 	}
-	logger.V(2).Info("Decision", "action", d.Action, "reason", d.Reason)
+	if base.V(2).Enabled() {
+		volumeLogger().V(2).Info("Decision", "action", d.Action, "reason", d.Reason)
+	}
 
 	// Built-in guards: the driver must advertise the operation.
 	action := d.Action
@@ -758,10 +765,10 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	case action == policy.ActionSkip:
 		return nil, nil, outcomeSkipped
 	case s.opts.DryRun && action == policy.ActionProbe:
-		logger.Info("Dry run: would probe", "reason", d.Reason)
+		volumeLogger().Info("Dry run: would probe", "reason", d.Reason)
 		return nil, nil, outcomeWouldProbe
 	case s.opts.DryRun:
-		logger.Info("Dry run: would heal", "reason", d.Reason)
+		volumeLogger().Info("Dry run: would heal", "reason", d.Reason)
 		return nil, nil, outcomeWouldHeal
 	}
 
@@ -777,7 +784,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
 	}
 	run := func(ctx context.Context) (outcome, error) {
-		return s.act(klog.NewContext(ctx, logger), v, target, caps, in, action)
+		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action)
 	}
 	return t, run, outcomeSkipped
 }
