@@ -38,8 +38,8 @@ func (t Term) term() *ast.Term {
 
 // InputTerms are parts of an input already in their Rego form. A part that is set is used in
 // place of the field it stands for, so it must be the Rego form of that field's value, built
-// with the constructor named beside it; whoever changes the field afterwards must unset it. A
-// part left unset is converted from the field at each evaluation.
+// with the constructor named beside it (or a LazyTerm that calls it); whoever changes the field
+// afterwards must unset it. A part left unset is converted from the field at each evaluation.
 type InputTerms struct {
 	// Attributes stands for Volume.Attributes: StringMapTerm or ExtendStringMapTerm.
 	Attributes Term
@@ -63,9 +63,9 @@ type InputTerms struct {
 // StringMapTerm returns the Rego form of m: an object of strings, empty when m is.
 func StringMapTerm(m map[string]string) Term { return Term{t: stringMapTerm(m)} }
 
-// ExtendStringMapTerm returns the Rego form of the entries of base, a StringMapTerm, together
-// with n more entries, the i-th of which entry(i) returns. The entries of base are reused, not
-// converted again. Keys must not repeat.
+// ExtendStringMapTerm returns the Rego form of the entries of base, a StringMapTerm or unset
+// (no entries), together with n more entries, the i-th of which entry(i) returns. The entries of
+// base are reused, not converted again. Keys must not repeat.
 func ExtendStringMapTerm(base Term, n int, entry func(i int) (key, value string)) Term {
 	var obj ast.Object
 	if bt := base.term(); bt != nil {
