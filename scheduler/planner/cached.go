@@ -235,33 +235,83 @@ func deletionOf(deleting bool) *metav1.Time {
 	return &t
 }
 
-// cachedPV is what the controller keeps of a PersistentVolume.
+// cachedPV is what the controller keeps of a PersistentVolume. The fields that most PVs of a
+// StorageClass have alike are a pvShape that their records share.
 type cachedPV struct {
-	name, resourceVersion, storageClass string
+	*pvShape
+	name, resourceVersion string
+	handle                string
+	attributes            stringMap
+	claimNamespace        string
+	claimName             string
+	claimUID              types.UID
+	deleting              bool
+}
+
+// pvShape is the part of a PersistentVolume that is usually the same for every volume of a
+// StorageClass: read-only once made, and shared between records through shapeTable.
+type pvShape struct {
+	storageClass string
 	// csi is false for volumes of other plugins; driver, handle and attributes are then empty.
-	csi            bool
-	driver, handle string
-	attributes     stringMap
-	claimNamespace string
-	claimName      string
-	claimUID       types.UID
-	accessModes    []corev1.PersistentVolumeAccessMode
-	mountOptions   []string
-	phase          corev1.PersistentVolumePhase
-	deleting       bool
+	csi          bool
+	driver       string
+	accessModes  []corev1.PersistentVolumeAccessMode
+	mountOptions []string
+	phase        corev1.PersistentVolumePhase
+}
+
+// shapeTable shares equal pvShapes between records, at most maxSharedSets of them: past that a
+// record keeps its own.
+type shapeTable struct {
+	mu     sync.Mutex
+	shapes map[string]*pvShape
+}
+
+var sharedShapes = &shapeTable{shapes: map[string]*pvShape{}}
+
+func (t *shapeTable) get(s pvShape) *pvShape {
+	var key strings.Builder
+	key.WriteString(s.storageClass)
+	key.WriteByte(0)
+	key.WriteString(s.driver)
+	key.WriteByte(0)
+	key.WriteString(string(s.phase))
+	if s.csi {
+		key.WriteString("\x00csi")
+	}
+	for _, m := range s.accessModes {
+		key.WriteString("\x00m")
+		key.WriteString(string(m))
+	}
+	for _, o := range s.mountOptions {
+		key.WriteString("\x00o")
+		key.WriteString(o)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if shared, ok := t.shapes[key.String()]; ok {
+		return shared
+	}
+	p := &s
+	if len(t.shapes) < maxSharedSets {
+		t.shapes[key.String()] = p
+	}
+	return p
 }
 
 func compactPV(o *corev1.PersistentVolume) *cachedPV {
-	c := &cachedPV{
-		name: o.Name, resourceVersion: o.ResourceVersion, storageClass: intern(o.Spec.StorageClassName),
-		accessModes: internModes(o.Spec.AccessModes), mountOptions: internList(o.Spec.MountOptions),
-		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))), deleting: o.DeletionTimestamp != nil,
+	shape := pvShape{
+		storageClass: intern(o.Spec.StorageClassName),
+		accessModes:  internModes(o.Spec.AccessModes), mountOptions: internList(o.Spec.MountOptions),
+		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))),
 	}
+	c := &cachedPV{name: o.Name, resourceVersion: o.ResourceVersion, deleting: o.DeletionTimestamp != nil}
 	if csi := o.Spec.CSI; csi != nil {
-		c.csi = true
-		c.driver, c.handle = intern(csi.Driver), csi.VolumeHandle
+		shape.csi, shape.driver = true, intern(csi.Driver)
+		c.handle = csi.VolumeHandle
 		c.attributes = newStringMap(csi.VolumeAttributes)
 	}
+	c.pvShape = sharedShapes.get(shape)
 	if ref := o.Spec.ClaimRef; ref != nil {
 		c.claimNamespace, c.claimName, c.claimUID = intern(ref.Namespace), ref.Name, ref.UID
 	}
