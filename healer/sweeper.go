@@ -111,8 +111,9 @@ const (
 // Sweeper runs sweeps. It is safe for concurrent use: overlapping sweeps share the dispatcher,
 // which never runs two calls on one volume.
 type Sweeper struct {
-	opts Options
-	mem  *memory
+	opts    Options
+	mem     *memory
+	drivers *driverTerms
 }
 
 // New returns a Sweeper.
@@ -132,7 +133,7 @@ func New(opts Options) (*Sweeper, error) {
 	if opts.RetryMax < opts.RetryBase {
 		opts.RetryMax = max(defaultRetryMax, opts.RetryBase)
 	}
-	return &Sweeper{opts: opts, mem: newMemory()}, nil
+	return &Sweeper{opts: opts, mem: newMemory(), drivers: newDriverTerms()}, nil
 }
 
 // ForgetNode drops what the sweeper remembers about a driver's node plugin on a node whose
@@ -441,6 +442,7 @@ func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner
 // prepareNode decides the actions of one node's volumes and returns their tasks, each counted in
 // tasks until its Done. A panic while preparing fails the node's remaining volumes, not the sweep.
 func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume, t *tally, tasks *sync.WaitGroup) (batch []dispatch.Task) {
+	batch = make([]dispatch.Task, 0, len(vols))
 	next := 0
 	defer func() {
 		if r := recover(); r != nil {
@@ -507,7 +509,34 @@ func nothingToDo(err error) bool {
 }
 
 // byNode splits vols by driver and node, keeping the planner's order within and between nodes.
+// The planner sorts by node, so a node's volumes are usually one run of vols, handed out as a
+// part of vols rather than copied; only when a driver and node come back after another's (a
+// sweep over several drivers) are the groups gathered in new slices.
 func byNode(vols []planner.Volume) [][]planner.Volume {
+	var groups [][]planner.Volume
+	seen := map[[2]string]bool{}
+	start := 0
+	for i := range vols {
+		if i > start && (vols[i].Driver != vols[start].Driver || vols[i].NodeName != vols[start].NodeName) {
+			groups = append(groups, vols[start:i:i])
+			start = i
+		}
+		if i == start {
+			key := [2]string{vols[i].Driver, vols[i].NodeName}
+			if seen[key] {
+				return byNodeGathered(vols)
+			}
+			seen[key] = true
+		}
+	}
+	if start < len(vols) {
+		groups = append(groups, vols[start:len(vols):len(vols)])
+	}
+	return groups
+}
+
+// byNodeGathered is byNode for volumes whose drivers and nodes are not in runs.
+func byNodeGathered(vols []planner.Volume) [][]planner.Volume {
 	index := map[[2]string]int{}
 	var groups [][]planner.Volume
 	for _, v := range vols {
@@ -670,17 +699,20 @@ type volumeRun func(ctx context.Context) (outcome, error)
 // prepare makes the first decision for v. It returns no task when nothing is to be called, and
 // then the volume's outcome.
 func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Volume) (*dispatch.Task, volumeRun, outcome) {
-	logger := klog.FromContext(ctx).WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
+	// The volume's logger is made when something is logged or called: a periodic sweep of healthy
+	// volumes logs nothing at the default verbosity, and this runs for every volume.
+	base := klog.FromContext(ctx)
+	volumeLogger := func() klog.Logger { return base.WithValues("pv", v.PVName, "node", v.NodeName, "driver", v.Driver) }
 	target, addonsNode, err := s.opts.Targets.Target(v.Driver, v.NodeName)
 	if err != nil {
 		s.opts.Metrics.callError(v.Driver, err)
-		logger.Error(err, "No sidecar for the volume's driver on its node")
+		volumeLogger().Error(err, "No sidecar for the volume's driver on its node")
 		return nil, nil, outcomeFailed
 	}
 	caps, err := s.opts.Sidecars.Capabilities(ctx, target)
 	if err != nil {
 		s.opts.Metrics.callError(v.Driver, err)
-		logger.Error(err, "Cannot read the driver's capabilities")
+		volumeLogger().Error(err, "Cannot read the driver's capabilities")
 		return nil, nil, outcomeFailed
 	}
 	s.opts.Metrics.startDriver(v.Driver)
@@ -689,11 +721,17 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	}
 	state := s.mem.get(v.PVName)
 	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
-		logger.V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
+		if base.V(3).Enabled() {
+			volumeLogger().V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
+		}
 		return nil, nil, outcomeSkipped
 	}
 
-	in := v.PolicyInput(driverInfo(caps, addonsNode), policy.Trigger(sw.Trigger))
+	driver := s.drivers.get(caps, addonsNode)
+	in := v.PolicyInput(driver.info, policy.Trigger(sw.Trigger))
+	if in.Driver.Name == driver.info.Name {
+		in.Terms.Driver = driver.term
+	}
 	if in.Node == nil {
 		in.Node = &policy.Node{Name: v.NodeName}
 	}
@@ -703,7 +741,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		// Fail closed: the policy governs this volume and cannot say what to do with it, so the
 		// volume is left alone (skipped, never decided by the built-in policy) and the operator
 		// is told on its PVC; volume_healer_policy_evaluation_errors_total counts it.
-		logger.Error(err, "Policy evaluation failed; the volume is left alone")
+		volumeLogger().Error(err, "Policy evaluation failed; the volume is left alone")
 		s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 			"The policy failed on this volume, which is left alone until the policy is fixed: %v", err)
 		return nil, nil, outcomeSkipped
@@ -711,7 +749,9 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if m := s.opts.Metrics; m != nil {
 		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
 	}
-	logger.V(2).Info("Decision", "action", d.Action, "reason", d.Reason)
+	if base.V(2).Enabled() {
+		volumeLogger().V(2).Info("Decision", "action", d.Action, "reason", d.Reason)
+	}
 
 	// Built-in guards: the driver must advertise the operation.
 	action := d.Action
@@ -725,10 +765,10 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	case action == policy.ActionSkip:
 		return nil, nil, outcomeSkipped
 	case s.opts.DryRun && action == policy.ActionProbe:
-		logger.Info("Dry run: would probe", "reason", d.Reason)
+		volumeLogger().Info("Dry run: would probe", "reason", d.Reason)
 		return nil, nil, outcomeWouldProbe
 	case s.opts.DryRun:
-		logger.Info("Dry run: would heal", "reason", d.Reason)
+		volumeLogger().Info("Dry run: would heal", "reason", d.Reason)
 		return nil, nil, outcomeWouldHeal
 	}
 
@@ -744,7 +784,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
 	}
 	run := func(ctx context.Context) (outcome, error) {
-		return s.act(klog.NewContext(ctx, logger), v, target, caps, in, action)
+		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action)
 	}
 	return t, run, outcomeSkipped
 }
@@ -939,6 +979,48 @@ func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) po
 	if d.Healer.Attributes == nil {
 		d.Healer.Attributes = map[string]string{}
 	}
+	return d
+}
+
+// driverTerms remembers the driver part of the policy input, with its Rego form, for each
+// capability answer and CSIAddonsNode: every volume of a node shares it. Entries are keyed by the
+// objects themselves, which the capability cache and the target map replace rather than change,
+// and the map is emptied when it outgrows maxDriverTerms, which bounds what replaced objects
+// keep alive.
+type driverTerms struct {
+	mu sync.Mutex
+	m  map[driverKey]driverTerm
+}
+
+// maxDriverTerms is more than the node plugins of the largest clusters Kubernetes supports.
+const maxDriverTerms = 16384
+
+type driverKey struct {
+	caps *probe.Capabilities
+	node *csiaddonsv1alpha1.CSIAddonsNode
+}
+
+type driverTerm struct {
+	info policy.DriverInfo
+	term policy.Term
+}
+
+func newDriverTerms() *driverTerms { return &driverTerms{m: map[driverKey]driverTerm{}} }
+
+// get returns the driver part of the input; its maps and slices are shared: read-only.
+func (t *driverTerms) get(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) driverTerm {
+	key := driverKey{caps, n}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d, ok := t.m[key]; ok {
+		return d
+	}
+	if len(t.m) >= maxDriverTerms {
+		clear(t.m)
+	}
+	d := driverTerm{info: driverInfo(caps, n)}
+	d.term = policy.DriverTerm(&d.info)
+	t.m[key] = d
 	return d
 }
 

@@ -10,10 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -65,6 +68,164 @@ func fiftyRuleVolumes(n int) []Input {
 		out[i].Volume.Attributes = map[string]string{"mounter": []string{"rbd-nbd", "fuse"}[i%2]}
 	}
 	return out
+}
+
+// sharedParts gives the inputs their parts prebuilt the way the planner does: one Term for every
+// distinct driver, node, attachment state, StorageClass, access mode list and label, annotation
+// and attribute set, shared by the inputs that have it.
+func sharedParts(inputs []Input) []Input {
+	out := slices.Clone(inputs)
+	cache := map[string]Term{}
+	share := func(kind string, v any, build func() Term) Term {
+		key := kind + fmt.Sprintf("%#v", v)
+		if t, ok := cache[key]; ok {
+			return t
+		}
+		t := build()
+		cache[key] = t
+		return t
+	}
+	mapTerm := func(m map[string]string) Term {
+		return share("map", m, func() Term { return StringMapTerm(m) })
+	}
+	for i := range out {
+		in := &out[i]
+		in.Terms = InputTerms{
+			Attributes:   mapTerm(in.Volume.Attributes),
+			AccessModes:  share("modes", in.Volume.AccessModes, func() Term { return StringsTerm(in.Volume.AccessModes) }),
+			MountOptions: share("options", in.Volume.MountOptions, func() Term { return StringsTerm(in.Volume.MountOptions) }),
+			Driver:       share("driver", in.Driver, func() Term { return DriverTerm(&in.Driver) }),
+		}
+		if sc := in.Volume.StorageClass; sc != nil {
+			in.Terms.StorageClass = share("class", *sc, func() Term { return StorageClassTerm(sc) })
+		}
+		if c := in.Volume.PVC; c != nil {
+			in.Terms.ClaimLabels, in.Terms.ClaimAnnotations = mapTerm(c.Labels), mapTerm(c.Annotations)
+		}
+		if a := in.Attachment; a != nil {
+			in.Terms.Attachment = share("attachment", *a, func() Term { return AttachmentTerm(a) })
+		}
+		if n := in.Node; n != nil {
+			in.Terms.Node = share("node", *n, func() Term { return NodeTerm(n) })
+		}
+	}
+	return out
+}
+
+// floorOf returns OPA's own cost of a decision of rev for in, the floor an engine built on OPA
+// can approach: PreparedEvalQuery.Eval of the same prepared query with the input already a Rego
+// value, and nothing else (no input conversion, no timeout, no decoding, no metrics).
+func floorOf(rev *Revision, value ast.Value) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		rs, err := rev.query.Eval(ctx, rego.EvalParsedInput(value))
+		if err == nil && len(rs) != 1 {
+			err = fmt.Errorf("%d results", len(rs))
+		}
+		return err
+	}
+}
+
+// evaluatedEngine returns an engine serving modules that evaluates every decision (memo off),
+// metrics included, as the controller runs a policy whose decisions miss the memo.
+func evaluatedEngine(tb testing.TB, modules []Module) *Engine {
+	tb.Helper()
+	ctx := context.Background()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e, err := NewEngine(ctx, Options{Metrics: m, Compile: CompileOptions{DisableMemo: true}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := e.Load(ctx, modules); err != nil {
+		tb.Fatal(err)
+	}
+	return e
+}
+
+// decisionCases are the policies and inputs BenchmarkDecision and
+// TestEvaluatedDecisionsNearOPAFloor compare with OPA's floor.
+func decisionCases() map[string]struct {
+	modules []Module
+	inputs  []Input
+} {
+	return map[string]struct {
+		modules []Module
+		inputs  []Input
+	}{
+		"default":        {DefaultModules(), sharedParts(benchVolumes(1000, false))},
+		"default-probed": {DefaultModules(), sharedParts(benchVolumes(1000, true))},
+		"50-rules":       {fiftyRulePolicy(), sharedParts(fiftyRuleVolumes(1000))},
+	}
+}
+
+// BenchmarkDecision puts an evaluated decision (Engine.Decide with the memo off: input built from
+// the planner's shared parts, evaluation timeout, decoding, metrics) beside OPA's floor for the
+// same policy and inputs (floorOf), in one run:
+//
+//   - evaluated and opa-floor time each on its own;
+//   - side-by-side alternates the two, one of each per iteration, so that both see the same load
+//     on a shared machine, and reports each one's µs, their ratio (x-floor, the goal is at most
+//     1.5) and the ratio of their allocations (allocs-x-floor).
+func BenchmarkDecision(b *testing.B) {
+	// The controller's context can be cancelled (shutdown, lost leadership); so is this one.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for name, tc := range decisionCases() {
+		e := evaluatedEngine(b, tc.modules)
+		values := make([]ast.Value, len(tc.inputs))
+		for i := range tc.inputs {
+			values[i] = tc.inputs[i].astValue()
+		}
+		evaluated := func(i int) error {
+			_, err := e.Decide(ctx, &tc.inputs[i%len(tc.inputs)])
+			return err
+		}
+		floor := func(i int) error { return floorOf(e.Revision(), values[i%len(values)])(ctx) }
+		b.Run(name+"/evaluated", func(b *testing.B) { benchLoop(b, evaluated) })
+		b.Run(name+"/opa-floor", func(b *testing.B) { benchLoop(b, floor) })
+		b.Run(name+"/side-by-side", func(b *testing.B) {
+			allocs := testing.AllocsPerRun(200, func() { _ = evaluated(7) }) / testing.AllocsPerRun(200, func() { _ = floor(7) })
+			var te, tf time.Duration
+			i := 0
+			for b.Loop() {
+				// Alternate which runs first, so neither always finds the caches the other left.
+				first, second, t1, t2 := evaluated, floor, &te, &tf
+				if i%2 == 1 {
+					first, second, t1, t2 = floor, evaluated, &tf, &te
+				}
+				start := time.Now()
+				if err := first(i); err != nil {
+					b.Fatal(err)
+				}
+				mid := time.Now()
+				if err := second(i); err != nil {
+					b.Fatal(err)
+				}
+				*t1 += mid.Sub(start)
+				*t2 += time.Since(mid)
+				i++
+			}
+			b.ReportMetric(float64(te.Microseconds())/float64(i), "evaluated-µs")
+			b.ReportMetric(float64(tf.Microseconds())/float64(i), "floor-µs")
+			b.ReportMetric(float64(te)/float64(tf), "x-floor")
+			b.ReportMetric(allocs, "allocs-x-floor")
+		})
+	}
+}
+
+// benchLoop runs f over the inputs round robin and reports decisions per second.
+func benchLoop(b *testing.B, f func(i int) error) {
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := f(i); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 }
 
 // benchDecide measures Engine.Decide, metrics included, over inputs.

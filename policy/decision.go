@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -69,64 +70,30 @@ func decodeDecision(v ast.Value) (Decision, error) {
 	var d Decision
 	var err error
 	var haveAction, haveReason bool
-	obj.Foreach(func(k, val *ast.Term) {
-		if err != nil {
-			return
+	// The known keys are looked up rather than the object walked with a callback, which would
+	// move the decision to the heap: this runs for every evaluated decision.
+	known := 0
+	for _, k := range decisionKeys {
+		val := obj.Get(k)
+		if val == nil {
+			continue
 		}
-		key, isString := k.Value.(ast.String)
-		if !isString {
-			err = fmt.Errorf("key %v is not a string", k)
-			return
+		known++
+		if err = d.set(string(k.Value.(ast.String)), val, &haveAction, &haveReason); err != nil {
+			break
 		}
-		switch string(key) {
-		case "action":
-			s, isStr := val.Value.(ast.String)
-			if !isStr {
-				err = fmt.Errorf("action is %s %v, want a string", ast.ValueName(val.Value), val)
-				return
+	}
+	if err == nil && known != obj.Len() {
+		for _, k := range obj.Keys() {
+			if s, isString := k.Value.(ast.String); !isString {
+				err = fmt.Errorf("key %v is not a string", k)
+				break
+			} else if !slices.Contains(decisionKeyNames, string(s)) {
+				err = fmt.Errorf("unknown key %v (known: action, reason, timeout, priority)", k)
+				break
 			}
-			d.Action, haveAction = Action(s), true
-			if !d.Action.Valid() {
-				err = fmt.Errorf("action %q is not one of probe, heal, skip", string(s))
-			}
-		case "reason":
-			s, isStr := val.Value.(ast.String)
-			if !isStr {
-				err = fmt.Errorf("reason is %s %v, want a string", ast.ValueName(val.Value), val)
-				return
-			}
-			d.Reason, haveReason = string(s), true
-			if d.Reason == "" {
-				err = fmt.Errorf("reason is empty")
-			}
-		case "timeout":
-			s, isStr := val.Value.(ast.String)
-			if !isStr {
-				err = fmt.Errorf("timeout is %s %v, want a duration string such as \"30s\"", ast.ValueName(val.Value), val)
-				return
-			}
-			d.Timeout, err = time.ParseDuration(string(s))
-			if err != nil {
-				err = fmt.Errorf("timeout %q: %w", string(s), err)
-			} else if d.Timeout <= 0 {
-				err = fmt.Errorf("timeout %q is not positive", string(s))
-			}
-		case "priority":
-			n, isNum := val.Value.(ast.Number)
-			if !isNum {
-				err = fmt.Errorf("priority is %s %v, want an integer", ast.ValueName(val.Value), val)
-				return
-			}
-			i, isInt := n.Int64()
-			if !isInt || i < math.MinInt32 || i > math.MaxInt32 {
-				err = fmt.Errorf("priority %v is not an integer between %d and %d", n, math.MinInt32, math.MaxInt32)
-				return
-			}
-			d.Priority = int(i)
-		default:
-			err = fmt.Errorf("unknown key %v (known: action, reason, timeout, priority)", k)
 		}
-	})
+	}
 	switch {
 	case err != nil:
 	case !haveAction:
@@ -138,4 +105,64 @@ func decodeDecision(v ast.Value) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w %s: %w", ErrInvalidDecision, truncate(v.String(), 200), err)
 	}
 	return d, nil
+}
+
+// decisionKeys are the keys of a decision object.
+var (
+	decisionKeyNames = []string{"action", "reason", "timeout", "priority"}
+	decisionKeys     = func() []*ast.Term {
+		out := make([]*ast.Term, len(decisionKeyNames))
+		for i, k := range decisionKeyNames {
+			out[i] = ast.StringTerm(k)
+		}
+		return out
+	}()
+)
+
+// set decodes the value of one key of a decision object.
+func (d *Decision) set(key string, val *ast.Term, haveAction, haveReason *bool) error {
+	switch key {
+	case "action":
+		s, isStr := val.Value.(ast.String)
+		if !isStr {
+			return fmt.Errorf("action is %s %v, want a string", ast.ValueName(val.Value), val)
+		}
+		d.Action, *haveAction = Action(s), true
+		if !d.Action.Valid() {
+			return fmt.Errorf("action %q is not one of probe, heal, skip", string(s))
+		}
+	case "reason":
+		s, isStr := val.Value.(ast.String)
+		if !isStr {
+			return fmt.Errorf("reason is %s %v, want a string", ast.ValueName(val.Value), val)
+		}
+		d.Reason, *haveReason = string(s), true
+		if d.Reason == "" {
+			return fmt.Errorf("reason is empty")
+		}
+	case "timeout":
+		s, isStr := val.Value.(ast.String)
+		if !isStr {
+			return fmt.Errorf("timeout is %s %v, want a duration string such as \"30s\"", ast.ValueName(val.Value), val)
+		}
+		t, err := time.ParseDuration(string(s))
+		if err != nil {
+			return fmt.Errorf("timeout %q: %w", string(s), err)
+		}
+		if t <= 0 {
+			return fmt.Errorf("timeout %q is not positive", string(s))
+		}
+		d.Timeout = t
+	case "priority":
+		n, isNum := val.Value.(ast.Number)
+		if !isNum {
+			return fmt.Errorf("priority is %s %v, want an integer", ast.ValueName(val.Value), val)
+		}
+		i, isInt := n.Int64()
+		if !isInt || i < math.MinInt32 || i > math.MaxInt32 {
+			return fmt.Errorf("priority %v is not an integer between %d and %d", n, math.MinInt32, math.MaxInt32)
+		}
+		d.Priority = int(i)
+	}
+	return nil
 }

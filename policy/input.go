@@ -62,6 +62,11 @@ type Input struct {
 	History History `json:"history"`
 	// Probe is the result of probing the volume; present only in the second evaluation.
 	Probe *ProbeResult `json:"probe,omitempty"`
+
+	// Terms are parts of the input already in their Rego form, shared with other inputs, which
+	// the engine takes instead of converting the fields they stand for (see InputTerms). The
+	// zero value converts every field.
+	Terms InputTerms `json:"-"`
 }
 
 // Volume describes a PersistentVolume.
@@ -207,102 +212,159 @@ func (in Input) MarshalJSON() ([]byte, error) {
 	return json.Marshal(v)
 }
 
+// RegoValue returns the input as the policy sees it, the parts in Terms included.
+func (in *Input) RegoValue() ast.Value { return in.astValue() }
+
 // formatTime is how times reach Rego: RFC 3339 in UTC, with as many fractional digits as needed.
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // astValue converts the input to the Rego value the policy evaluates against. It builds the value
-// directly, without a JSON round trip, because it runs for every evaluation that misses the memo.
+// directly, without a JSON round trip, because it runs for every evaluation that misses the memo,
+// and takes the parts in Terms as they are.
 func (in *Input) astValue() ast.Value {
 	items := make([][2]*ast.Term, 0, 7)
 	items = append(items,
-		item("trigger", ast.StringTerm(string(in.Trigger))),
-		item("volume", ast.NewTerm(in.Volume.astValue())),
+		ast.Item(keyTrigger, triggerTerm(in.Trigger)),
+		ast.Item(keyVolume, ast.NewTerm(in.Volume.astValue(&in.Terms))),
 	)
 	if in.Attachment != nil {
-		items = append(items, item("attachment", ast.ObjectTerm(
-			item("node", ast.StringTerm(in.Attachment.Node)),
-			item("attached", ast.InternedTerm(in.Attachment.Attached)),
-			item("detaching", ast.InternedTerm(in.Attachment.Detaching)),
-		)))
+		t := in.Terms.Attachment.term()
+		if t == nil {
+			t = in.Attachment.term()
+		}
+		items = append(items, ast.Item(keyAttachment, t))
 	}
 	if in.Node != nil {
-		items = append(items, item("node", ast.ObjectTerm(
-			item("name", ast.StringTerm(in.Node.Name)),
-			item("labels", stringMapTerm(in.Node.Labels)),
-		)))
+		t := in.Terms.Node.term()
+		if t == nil {
+			t = in.Node.term()
+		}
+		items = append(items, ast.Item(keyNode, t))
 	}
-	items = append(items,
-		item("driver", ast.ObjectTerm(
-			item("name", ast.StringTerm(in.Driver.Name)),
-			item("identityCapabilities", stringsTerm(in.Driver.IdentityCapabilities)),
-			item("healer", ast.ObjectTerm(
-				item("probe", ast.InternedTerm(in.Driver.Healer.Probe)),
-				item("heal", ast.InternedTerm(in.Driver.Healer.Heal)),
-				item("listVolumes", ast.InternedTerm(in.Driver.Healer.ListVolumes)),
-				item("attributes", stringMapTerm(in.Driver.Healer.Attributes)),
-			)),
-		)),
-		item("history", ast.NewTerm(in.History.astValue())),
-	)
+	driver := in.Terms.Driver.term()
+	if driver == nil {
+		driver = in.Driver.term()
+	}
+	items = append(items, ast.Item(keyDriver, driver), ast.Item(keyHistory, in.History.term()))
 	if in.Probe != nil {
-		items = append(items, item("probe", ast.ObjectTerm(
-			item("healthy", ast.InternedTerm(in.Probe.Healthy)),
-			item("health", healthTerm(in.Probe.Health)),
-			item("healable", ast.InternedTerm(in.Probe.Healable)),
-			item("recheckAfterSeconds", ast.InternedTerm(in.Probe.RecheckAfterSeconds)),
+		items = append(items, ast.Item(keyProbe, ast.ObjectTerm(
+			ast.Item(keyHealthy, ast.InternedTerm(in.Probe.Healthy)),
+			ast.Item(keyHealth, healthTerm(in.Probe.Health)),
+			ast.Item(keyHealable, ast.InternedTerm(in.Probe.Healable)),
+			ast.Item(keyRecheckAfterSeconds, ast.InternedTerm(in.Probe.RecheckAfterSeconds)),
 		)))
 	}
 	return ast.NewObject(items...)
 }
 
-func (v *Volume) astValue() ast.Value {
+// mapOr returns the prebuilt term when it is set, or else the Rego form of m.
+func mapOr(t Term, m map[string]string) *ast.Term {
+	if term := t.term(); term != nil {
+		return term
+	}
+	return stringMapTerm(m)
+}
+
+// stringsOr returns the prebuilt term when it is set, or else the Rego form of s.
+func stringsOr(t Term, s []string) *ast.Term {
+	if term := t.term(); term != nil {
+		return term
+	}
+	return stringsTerm(s)
+}
+
+func (v *Volume) astValue(terms *InputTerms) ast.Value {
+	// The volume's own strings, their terms in one allocation.
+	strs := make([]ast.Term, 5)
+	str := func(i int, s string) *ast.Term {
+		strs[i].Value = ast.String(s)
+		return &strs[i]
+	}
 	items := make([][2]*ast.Term, 0, 8)
 	items = append(items,
-		item("pv", ast.StringTerm(v.PV)),
-		item("handle", ast.StringTerm(v.Handle)),
-		item("driver", ast.StringTerm(v.Driver)),
-		item("attributes", stringMapTerm(v.Attributes)),
-		item("mountOptions", stringsTerm(v.MountOptions)),
-		item("accessModes", stringsTerm(v.AccessModes)),
+		ast.Item(keyPV, str(0, v.PV)),
+		ast.Item(keyHandle, str(1, v.Handle)),
+		ast.Item(keyDriver, str(2, v.Driver)),
+		ast.Item(keyAttributes, mapOr(terms.Attributes, v.Attributes)),
+		ast.Item(keyMountOptions, stringsOr(terms.MountOptions, v.MountOptions)),
+		ast.Item(keyAccessModes, stringsOr(terms.AccessModes, v.AccessModes)),
 	)
 	if v.StorageClass != nil {
-		items = append(items, item("storageClass", ast.ObjectTerm(
-			item("name", ast.StringTerm(v.StorageClass.Name)),
-			item("parameters", stringMapTerm(v.StorageClass.Parameters)),
-		)))
+		t := terms.StorageClass.term()
+		if t == nil {
+			t = v.StorageClass.term()
+		}
+		items = append(items, ast.Item(keyStorageClass, t))
 	}
-	if v.PVC != nil {
-		items = append(items, item("pvc", ast.ObjectTerm(
-			item("namespace", ast.StringTerm(v.PVC.Namespace)),
-			item("name", ast.StringTerm(v.PVC.Name)),
-			item("labels", stringMapTerm(v.PVC.Labels)),
-			item("annotations", stringMapTerm(v.PVC.Annotations)),
+	if c := v.PVC; c != nil {
+		items = append(items, ast.Item(keyPVC, ast.ObjectTerm(
+			ast.Item(keyNamespace, str(3, c.Namespace)),
+			ast.Item(keyName, str(4, c.Name)),
+			ast.Item(keyLabels, mapOr(terms.ClaimLabels, c.Labels)),
+			ast.Item(keyAnnotations, mapOr(terms.ClaimAnnotations, c.Annotations)),
 		)))
 	}
 	return ast.NewObject(items...)
 }
 
-func (h *History) astValue() ast.Value {
+func (sc *StorageClass) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyName, ast.StringTerm(sc.Name)),
+		ast.Item(keyParameters, stringMapTerm(sc.Parameters)),
+	)
+}
+
+func (a *Attachment) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyNode, ast.StringTerm(a.Node)),
+		ast.Item(keyAttached, ast.InternedTerm(a.Attached)),
+		ast.Item(keyDetaching, ast.InternedTerm(a.Detaching)),
+	)
+}
+
+func (n *Node) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyName, ast.StringTerm(n.Name)),
+		ast.Item(keyLabels, stringMapTerm(n.Labels)),
+	)
+}
+
+func (d *DriverInfo) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyName, ast.StringTerm(d.Name)),
+		ast.Item(keyIdentityCapabilities, stringsTerm(d.IdentityCapabilities)),
+		ast.Item(keyHealer, ast.ObjectTerm(
+			ast.Item(keyProbe, ast.InternedTerm(d.Healer.Probe)),
+			ast.Item(keyHeal, ast.InternedTerm(d.Healer.Heal)),
+			ast.Item(keyListVolumes, ast.InternedTerm(d.Healer.ListVolumes)),
+			ast.Item(keyAttributes, stringMapTerm(d.Healer.Attributes)),
+		)),
+	)
+}
+
+func (h *History) term() *ast.Term {
+	if h.LastProbe == nil && h.LastHeal == nil && h.ConsecutiveFailures == 0 {
+		return freshHistoryTerm
+	}
 	items := make([][2]*ast.Term, 0, 3)
 	if h.LastProbe != nil {
-		items = append(items, item("lastProbe", ast.ObjectTerm(
-			item("time", ast.StringTerm(formatTime(h.LastProbe.Time))),
-			item("healthy", ast.InternedTerm(h.LastProbe.Healthy)),
-			item("health", healthTerm(h.LastProbe.Health)),
+		items = append(items, ast.Item(keyLastProbe, ast.ObjectTerm(
+			ast.Item(keyTime, ast.StringTerm(formatTime(h.LastProbe.Time))),
+			ast.Item(keyHealthy, ast.InternedTerm(h.LastProbe.Healthy)),
+			ast.Item(keyHealth, healthTerm(h.LastProbe.Health)),
 		)))
 	}
-	items = append(items, item("consecutiveFailures", ast.InternedTerm(h.ConsecutiveFailures)))
+	items = append(items, ast.Item(keyConsecutiveFailures, ast.InternedTerm(h.ConsecutiveFailures)))
 	if h.LastHeal != nil {
-		items = append(items, item("lastHeal", ast.StringTerm(formatTime(*h.LastHeal))))
+		items = append(items, ast.Item(keyLastHeal, ast.StringTerm(formatTime(*h.LastHeal))))
 	}
-	return ast.NewObject(items...)
-}
-
-func item(key string, value *ast.Term) [2]*ast.Term {
-	return [2]*ast.Term{ast.InternedTerm(key), value}
+	return ast.ObjectTerm(items...)
 }
 
 func stringMapTerm(m map[string]string) *ast.Term {
+	if len(m) == 0 {
+		return emptyObjectTerm
+	}
 	obj := ast.NewObjectWithCapacity(len(m))
 	for k, v := range m {
 		obj.Insert(ast.StringTerm(k), ast.StringTerm(v))
@@ -311,6 +373,9 @@ func stringMapTerm(m map[string]string) *ast.Term {
 }
 
 func stringsTerm(s []string) *ast.Term {
+	if len(s) == 0 {
+		return emptyArrayTerm
+	}
 	terms := make([]*ast.Term, len(s))
 	for i, x := range s {
 		terms[i] = ast.StringTerm(x)
@@ -319,13 +384,20 @@ func stringsTerm(s []string) *ast.Term {
 }
 
 func healthTerm(hs []Health) *ast.Term {
+	if len(hs) == 0 {
+		return emptyArrayTerm
+	}
 	terms := make([]*ast.Term, len(hs))
 	for i := range hs {
 		terms[i] = ast.ObjectTerm(
-			item("status", ast.StringTerm(string(hs[i].Status))),
-			item("reason", ast.StringTerm(hs[i].Reason)),
-			item("message", ast.StringTerm(hs[i].Message)),
+			ast.Item(keyStatus, ast.StringTerm(string(hs[i].Status))),
+			ast.Item(keyReason, ast.StringTerm(hs[i].Reason)),
+			ast.Item(keyMessage, ast.StringTerm(hs[i].Message)),
 		)
 	}
 	return ast.ArrayTerm(terms...)
+}
+
+func item(key string, value *ast.Term) [2]*ast.Term {
+	return [2]*ast.Term{ast.InternedTerm(key), value}
 }

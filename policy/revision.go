@@ -103,12 +103,29 @@ func (r *Revision) Evaluate(ctx context.Context, in *Input) (Decision, error) {
 // rawValue hands the evaluated term to decodeDecision without a detour through encoding/json.
 func rawValue(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }
 
+// generateRaw is the evaluation option of rawValue, made once.
+var generateRaw = rego.EvalGenerateJSON(rawValue)
+
 // evaluate runs the prepared query once under the evaluation timeout.
 func (r *Revision) evaluate(ctx context.Context, in *Input, opts ...rego.EvalOption) (Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	opts = append(opts, rego.EvalParsedInput(in.astValue()), rego.EvalGenerateJSON(rawValue))
-	rs, err := r.query.Eval(ctx, opts...)
+	// The evaluation stops at the timeout or when ctx ends, through a cancel of its own: a
+	// context with a deadline would cost more allocations than the rest of the decision around
+	// OPA's evaluation, and OPA would start a goroutine per evaluation to watch it.
+	cancel := topdown.NewCancel()
+	timer := time.AfterFunc(r.timeout, cancel.Cancel)
+	defer timer.Stop()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, cancel.Cancel)
+		defer stop()
+	}
+	var rs rego.ResultSet
+	var err error
+	if len(opts) == 0 {
+		rs, err = r.query.Eval(ctx, rego.EvalParsedInput(in.astValue()), generateRaw, rego.EvalExternalCancel(cancel))
+	} else {
+		opts = append(opts, rego.EvalParsedInput(in.astValue()), generateRaw, rego.EvalExternalCancel(cancel))
+		rs, err = r.query.Eval(ctx, opts...)
+	}
 	if err != nil {
 		return Decision{}, r.classify(ctx, err)
 	}

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 // The informer caches of a large cluster hold one PersistentVolume, one PersistentVolumeClaim and
@@ -59,10 +61,12 @@ type stringMap struct {
 
 // pairSet is a sorted slice of pairs, shared between records. m is the same entries as a map,
 // read-only, for the sets the table holds: a record whose entries are all shared hands it out
-// instead of building a map per use.
+// instead of building a map per use; term is their Rego form, which the policy input of every
+// volume with the set shares.
 type pairSet struct {
 	pairs []pair
 	m     map[string]string
+	term  policy.Term
 }
 
 func newStringMap(m map[string]string) stringMap {
@@ -120,6 +124,30 @@ func (m stringMap) toMap() map[string]string {
 	return out
 }
 
+// policyTerm returns the Rego form of the entries, reusing the shared set's. With entries of the
+// record's own it is built only when an evaluation needs it: for most volumes the memo answers.
+// Unset when the shared set has no Rego form (a set past the table's bound): the policy engine
+// then converts the map.
+func (m stringMap) policyTerm() policy.Term {
+	switch {
+	case m.shared == nil && len(m.own) == 0:
+		return policy.StringMapTerm(nil)
+	case m.shared != nil && !m.shared.term.IsSet():
+		return policy.Term{}
+	case len(m.own) == 0:
+		return m.shared.term
+	}
+	return policy.LazyTerm(func() policy.Term {
+		var base policy.Term
+		if m.shared != nil {
+			base = m.shared.term
+		}
+		return policy.ExtendStringMapTerm(base, len(m.own), m.ownEntry)
+	})
+}
+
+func (m stringMap) ownEntry(i int) (string, string) { return m.own[i].key, m.own[i].value }
+
 // pairTable shares equal sets of pairs between records. It holds at most maxSharedSets sets:
 // past that, new sets are kept by their records alone, so that values that are short and yet
 // differ per volume cannot grow it without end.
@@ -156,6 +184,7 @@ func (t *pairTable) get(p []pair) *pairSet {
 		for _, e := range p {
 			set.m[e.key] = e.value
 		}
+		set.term = policy.StringMapTerm(set.m)
 		t.sets[key.String()] = set
 	}
 	return set
@@ -206,33 +235,83 @@ func deletionOf(deleting bool) *metav1.Time {
 	return &t
 }
 
-// cachedPV is what the controller keeps of a PersistentVolume.
+// cachedPV is what the controller keeps of a PersistentVolume. The fields that most PVs of a
+// StorageClass have alike are a pvShape that their records share.
 type cachedPV struct {
-	name, resourceVersion, storageClass string
+	*pvShape
+	name, resourceVersion string
+	handle                string
+	attributes            stringMap
+	claimNamespace        string
+	claimName             string
+	claimUID              types.UID
+	deleting              bool
+}
+
+// pvShape is the part of a PersistentVolume that is usually the same for every volume of a
+// StorageClass: read-only once made, and shared between records through shapeTable.
+type pvShape struct {
+	storageClass string
 	// csi is false for volumes of other plugins; driver, handle and attributes are then empty.
-	csi            bool
-	driver, handle string
-	attributes     stringMap
-	claimNamespace string
-	claimName      string
-	claimUID       types.UID
-	accessModes    []corev1.PersistentVolumeAccessMode
-	mountOptions   []string
-	phase          corev1.PersistentVolumePhase
-	deleting       bool
+	csi          bool
+	driver       string
+	accessModes  []corev1.PersistentVolumeAccessMode
+	mountOptions []string
+	phase        corev1.PersistentVolumePhase
+}
+
+// shapeTable shares equal pvShapes between records, at most maxSharedSets of them: past that a
+// record keeps its own.
+type shapeTable struct {
+	mu     sync.Mutex
+	shapes map[string]*pvShape
+}
+
+var sharedShapes = &shapeTable{shapes: map[string]*pvShape{}}
+
+func (t *shapeTable) get(s pvShape) *pvShape {
+	var key strings.Builder
+	key.WriteString(s.storageClass)
+	key.WriteByte(0)
+	key.WriteString(s.driver)
+	key.WriteByte(0)
+	key.WriteString(string(s.phase))
+	if s.csi {
+		key.WriteString("\x00csi")
+	}
+	for _, m := range s.accessModes {
+		key.WriteString("\x00m")
+		key.WriteString(string(m))
+	}
+	for _, o := range s.mountOptions {
+		key.WriteString("\x00o")
+		key.WriteString(o)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if shared, ok := t.shapes[key.String()]; ok {
+		return shared
+	}
+	p := &s
+	if len(t.shapes) < maxSharedSets {
+		t.shapes[key.String()] = p
+	}
+	return p
 }
 
 func compactPV(o *corev1.PersistentVolume) *cachedPV {
-	c := &cachedPV{
-		name: o.Name, resourceVersion: o.ResourceVersion, storageClass: intern(o.Spec.StorageClassName),
-		accessModes: internModes(o.Spec.AccessModes), mountOptions: internList(o.Spec.MountOptions),
-		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))), deleting: o.DeletionTimestamp != nil,
+	shape := pvShape{
+		storageClass: intern(o.Spec.StorageClassName),
+		accessModes:  internModes(o.Spec.AccessModes), mountOptions: internList(o.Spec.MountOptions),
+		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))),
 	}
+	c := &cachedPV{name: o.Name, resourceVersion: o.ResourceVersion, deleting: o.DeletionTimestamp != nil}
 	if csi := o.Spec.CSI; csi != nil {
-		c.csi = true
-		c.driver, c.handle = intern(csi.Driver), csi.VolumeHandle
+		shape.csi, shape.driver = true, intern(csi.Driver)
+		c.handle = csi.VolumeHandle
 		c.attributes = newStringMap(csi.VolumeAttributes)
 	}
+	c.pvShape = sharedShapes.get(shape)
 	if ref := o.Spec.ClaimRef; ref != nil {
 		c.claimNamespace, c.claimName, c.claimUID = intern(ref.Namespace), ref.Name, ref.UID
 	}
@@ -358,6 +437,35 @@ func internModes(modes []corev1.PersistentVolumeAccessMode) []corev1.PersistentV
 
 var commonModes = [][]corev1.PersistentVolumeAccessMode{
 	{corev1.ReadWriteOnce}, {corev1.ReadWriteOncePod}, {corev1.ReadWriteMany}, {corev1.ReadOnlyMany},
+}
+
+// commonModeStrings and commonModeTerms are commonModes as the policy input holds them, shared by
+// every input.
+var commonModeStrings, commonModeTerms = func() ([][]string, []policy.Term) {
+	strs := make([][]string, len(commonModes))
+	terms := make([]policy.Term, len(commonModes))
+	for i, m := range commonModes {
+		strs[i] = []string{string(m[0])}
+		terms[i] = policy.StringsTerm(strs[i])
+	}
+	return strs, terms
+}()
+
+// policyModes returns the access modes as the policy input holds them, and their Rego form when
+// they are one of the common lists. The strings are shared: read-only.
+func policyModes(modes []corev1.PersistentVolumeAccessMode) ([]string, policy.Term) {
+	if len(modes) == 1 {
+		for i, m := range commonModes {
+			if m[0] == modes[0] {
+				return commonModeStrings[i], commonModeTerms[i]
+			}
+		}
+	}
+	var out []string
+	for _, m := range modes {
+		out = append(out, string(m))
+	}
+	return out, policy.Term{}
 }
 
 func internList(list []string) []string {

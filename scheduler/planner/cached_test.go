@@ -107,6 +107,30 @@ func TestCacheTransformSharesRepeatedStrings(t *testing.T) {
 
 func unsafeData(s string) *byte { return unsafe.StringData(s) }
 
+// TestPVsOfAClassShareTheirShape checks that PVs alike but for their names, handles, attributes
+// and claims share one pvShape, and that a PV whose phase differs does not share it.
+func TestPVsOfAClassShareTheirShape(t *testing.T) {
+	mk := func(name string, phase corev1.PersistentVolumePhase) *cachedPV {
+		return compactPV(&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PersistentVolumeSpec{StorageClassName: "shape-gold", AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				MountOptions: []string{"discard"},
+				ClaimRef:     &corev1.ObjectReference{Namespace: "shop", Name: "claim-" + name},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+					Driver: "rbd.csi.ceph.com", VolumeHandle: "h-" + name}}},
+			Status: corev1.PersistentVolumeStatus{Phase: phase}})
+	}
+	a, b, c := mk("a", corev1.VolumeBound), mk("b", corev1.VolumeBound), mk("c", corev1.VolumeReleased)
+	if a.pvShape != b.pvShape {
+		t.Error("two bound PVs of one class do not share their shape")
+	}
+	if a.pvShape == c.pvShape || c.phase != corev1.VolumeReleased {
+		t.Errorf("a released PV shares a bound one's shape (phase %s)", c.phase)
+	}
+	if b.object().Spec.ClaimRef.Name != "claim-b" || b.object().Spec.CSI.VolumeHandle != "h-b" || b.object().Spec.MountOptions[0] != "discard" {
+		t.Errorf("record b builds %+v", b.object().Spec)
+	}
+}
+
 func TestStringMap(t *testing.T) {
 	long := "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"
 	a := newStringMap(map[string]string{"pool": "replicapool", "clusterID": "rook-ceph", "imageName": long})

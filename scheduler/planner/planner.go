@@ -163,6 +163,7 @@ type Volume struct {
 	attachment   *cachedAttachment
 	storageClass *storagev1.StorageClass
 	node         *corev1.Node
+	terms        *policyTerms
 }
 
 // VolumeObjects are a volume's cluster objects as the policy reads them. PV is never nil; the
@@ -232,11 +233,12 @@ type Skipped struct {
 
 // Planner selects the volumes of a sweep from informer caches.
 type Planner struct {
-	c Caches
+	c     Caches
+	terms *policyTerms
 }
 
 // NewPlanner returns a planner over c.
-func NewPlanner(c Caches) *Planner { return &Planner{c: c} }
+func NewPlanner(c Caches) *Planner { return &Planner{c: c, terms: newPolicyTerms()} }
 
 // AttachRequired reports whether the driver's volumes have VolumeAttachments. A driver without a
 // CSIDriver object is assumed to attach, as kubelet and the attach/detach controller assume.
@@ -302,10 +304,15 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 		vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
 		for _, obj := range vas {
 			va := recordOf[cachedAttachment](obj)
-			if va.pv == "" || !p.InClass(va.pv, sc) {
+			if va.pv == "" {
 				continue
 			}
-			v, reason := p.volume(va.pv, va, va.node)
+			// One lookup of the PV serves the class test and the volume.
+			pv := p.pv(va.pv)
+			if pv == nil || pv.storageClass != sc {
+				continue
+			}
+			v, reason := p.volumeOf(va.pv, pv, va, va.node)
 			if reason != "" {
 				skipped = append(skipped, Skipped{PV: va.pv, Node: va.node, Reason: reason})
 				continue
@@ -409,7 +416,11 @@ func (p *Planner) pv(name string) *cachedPV {
 // override: never act on a volume whose attachment is going away, or whose PV is not Bound or is
 // being deleted.
 func (p *Planner) volume(pvName string, va *cachedAttachment, node string) (Volume, string) {
-	pv := p.pv(pvName)
+	return p.volumeOf(pvName, p.pv(pvName), va, node)
+}
+
+// volumeOf is volume with the PV's record, nil when it is not cached, already looked up.
+func (p *Planner) volumeOf(pvName string, pv *cachedPV, va *cachedAttachment, node string) (Volume, string) {
 	switch {
 	case pv == nil:
 		return Volume{}, "PV not found"
@@ -430,7 +441,7 @@ func (p *Planner) volume(pvName string, va *cachedAttachment, node string) (Volu
 			return Volume{}, "VolumeAttachment has a detach error (detaching)"
 		}
 	}
-	v := Volume{PVName: pv.name, NodeName: node, Driver: pv.driver, pv: pv, attachment: va}
+	v := Volume{PVName: pv.name, NodeName: node, Driver: pv.driver, pv: pv, attachment: va, terms: p.terms}
 	if va != nil {
 		v.AttachmentName = va.name
 	}
@@ -465,10 +476,13 @@ func sortVolumes(vols []Volume) {
 // PolicyInput builds the policy's first-evaluation input for the volume from the cached records,
 // without the API objects Objects would build: it is what policy.BuildInput(Objects()...) returns
 // (TestPolicyInputMatchesBuildInput keeps the two equal), at a fraction of the allocations, which
-// matters when a periodic sweep decides 100,000 volumes. The caller sets History, and Probe for
-// the second evaluation.
+// matters when a periodic sweep decides 100,000 volumes. The parts that other volumes share (the
+// StorageClass, the node, the attachment state, label, annotation and attribute sets, access
+// modes) come with their Rego form in Input.Terms, converted once for all the volumes that share
+// them; they are shared: read-only. The caller sets History, and Probe for the second
+// evaluation.
 func (v Volume) PolicyInput(driver policy.DriverInfo, trigger policy.Trigger) policy.Input {
-	if v.pv == nil {
+	if v.pv == nil || v.terms == nil {
 		o := v.Objects()
 		return policy.BuildInput(o.PV, o.PVC, o.StorageClass, o.Attachment, o.Node, driver, trigger)
 	}
@@ -479,32 +493,38 @@ func (v Volume) PolicyInput(driver policy.DriverInfo, trigger policy.Trigger) po
 		in.Volume.Handle = pv.handle
 		in.Volume.Driver = pv.driver
 		in.Volume.Attributes = pv.attributes.toMap()
+		in.Terms.Attributes = pv.attributes.policyTerm()
+	} else {
+		in.Terms.Attributes = policy.StringMapTerm(nil)
 	}
 	if in.Driver.Name == "" {
 		in.Driver.Name = in.Volume.Driver
 	}
 	in.Volume.MountOptions = pv.mountOptions
-	for _, m := range pv.accessModes {
-		in.Volume.AccessModes = append(in.Volume.AccessModes, string(m))
-	}
+	in.Volume.AccessModes, in.Terms.AccessModes = policyModes(pv.accessModes)
 	if pv.storageClass != "" {
-		in.Volume.StorageClass = &policy.StorageClass{Name: pv.storageClass}
 		if sc := v.storageClass; sc != nil && sc.Name == pv.storageClass {
-			in.Volume.StorageClass.Parameters = sc.Parameters
+			c := v.terms.class(sc)
+			in.Volume.StorageClass, in.Terms.StorageClass = c.class, c.term
+		} else {
+			in.Volume.StorageClass = &policy.StorageClass{Name: pv.storageClass}
 		}
 	}
 	switch c := v.claim; {
 	case c != nil:
 		in.Volume.PVC = &policy.Claim{Namespace: c.namespace, Name: c.name, Labels: c.labels.toMap(), Annotations: c.annotations.toMap()}
+		in.Terms.ClaimLabels, in.Terms.ClaimAnnotations = c.labels.policyTerm(), c.annotations.policyTerm()
 	case pv.claimName != "" && pv.phase == corev1.VolumeBound:
 		in.Volume.PVC = &policy.Claim{Namespace: pv.claimNamespace, Name: pv.claimName}
 	}
 	if va := v.attachment; va != nil {
 		in.Attachment = &policy.Attachment{Node: va.node, Attached: va.attached, Detaching: va.deleting}
+		in.Terms.Attachment = v.terms.attachment(in.Attachment)
 	}
 	switch {
 	case v.node != nil:
-		in.Node = &policy.Node{Name: v.node.Name, Labels: v.node.Labels}
+		n := v.terms.node(v.node)
+		in.Node, in.Terms.Node = n.node, n.term
 	case v.attachment != nil:
 		in.Node = &policy.Node{Name: v.attachment.node}
 	}

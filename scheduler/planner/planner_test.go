@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -252,9 +254,84 @@ func TestPolicyInputMatchesBuildInput(t *testing.T) {
 			o := vols[0].Objects()
 			want := policy.BuildInput(o.PV, o.PVC, o.StorageClass, o.Attachment, o.Node, driver, policy.TriggerSchedule)
 			got := vols[0].PolicyInput(driver, policy.TriggerSchedule)
+			if v := got.RegoValue(); v.Compare(want.RegoValue()) != 0 {
+				t.Errorf("PolicyInput as the policy sees it:\n got %v\nwant %v", v, want.RegoValue())
+			}
+			got.Terms = policy.InputTerms{}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("PolicyInput:\n got %+v\nwant %+v", got, want)
 			}
 		})
+	}
+}
+
+// TestPolicyInputTermsOverVariedVolumes checks, over volumes with varied attributes, labels,
+// annotations, access modes, classes and nodes, that the input the planner builds with shared
+// Rego parts is, as the policy sees it, the input policy.BuildInput builds from the objects
+// (which the policy package checks against the documented map form): no field is lost by
+// building it from the records.
+func TestPolicyInputTermsOverVariedVolumes(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	pick := func(options ...string) string { return options[r.IntN(len(options))] }
+	strs := func(long bool, keys ...string) map[string]string {
+		m := map[string]string{}
+		for i := r.IntN(4); i > 0; i-- {
+			v := pick("a", "b", "true", "rbd-nbd", "")
+			if long && r.IntN(2) == 0 {
+				v = fmt.Sprintf("csi-vol-%08d-5d6b-4c1a-9e7f-0a1b2c3d4e5f", r.IntN(1e8))
+			}
+			m[pick(keys...)] = v
+		}
+		return m
+	}
+	c := NewLocalCaches()
+	add := func(o runtime.Object) {
+		if err := c.Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"gold", "silver"} {
+		add(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Parameters: strs(false, "mounter", "pool")})
+	}
+	for _, name := range []string{"n1", "n2"} {
+		add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: strs(false, "zone", "rack")}})
+	}
+	modes := [][]corev1.PersistentVolumeAccessMode{nil, {corev1.ReadWriteOnce}, {corev1.ReadWriteMany},
+		{corev1.ReadWriteOnce, corev1.ReadOnlyMany}}
+	for i := range 300 {
+		name := fmt.Sprintf("pv-%d", i)
+		p := pv(name, pick("gold", "silver", "bronze", ""), "d", corev1.VolumeBound)
+		p.Spec.CSI.VolumeAttributes = strs(true, "mounter", "pool", "imageName", "clusterID")
+		p.Spec.AccessModes = modes[r.IntN(len(modes))]
+		if r.IntN(2) == 0 {
+			p.Spec.MountOptions = []string{pick("discard", "noatime")}
+		}
+		add(p)
+		if r.IntN(5) > 0 {
+			add(&corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "claim-" + name,
+					Labels: strs(true, "app", "tier"), Annotations: strs(true, "owner", "pv.kubernetes.io/bind-completed")},
+				Spec: corev1.PersistentVolumeClaimSpec{VolumeName: name},
+			})
+		}
+		add(va(name, "d", pick("n1", "n2", "n3"), true))
+	}
+	p := NewPlanner(c)
+	driver := policy.DriverInfo{Name: "d", Healer: policy.HealerCapabilities{Probe: true, Attributes: map[string]string{"healMounters": "rbd-nbd"}}}
+	seen := 0
+	for _, node := range []string{"n1", "n2", "n3"} {
+		vols, _ := p.NodeVolumes("d", node)
+		for _, v := range vols {
+			o := v.Objects()
+			want := policy.BuildInput(o.PV, o.PVC, o.StorageClass, o.Attachment, o.Node, driver, policy.TriggerRestart)
+			got := v.PolicyInput(driver, policy.TriggerRestart)
+			if g, w := got.RegoValue(), want.RegoValue(); g.Compare(w) != 0 {
+				t.Fatalf("%s: the policy would see\n%v\nwant\n%v", v.PVName, g, w)
+			}
+			seen++
+		}
+	}
+	if seen != 300 {
+		t.Fatalf("compared %d volumes, want 300", seen)
 	}
 }

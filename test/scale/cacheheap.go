@@ -118,6 +118,26 @@ func (c *cluster) fillAndMeasure(ctx context.Context, factory informers.SharedIn
 // the goal's size in seconds; the informers' own bookkeeping beyond the store is not included.
 func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.TransformFunc, volumes int) (cacheHeap, error) {
 	out := cacheHeap{Name: name, Volumes: volumes}
+	runtime.GC()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	caches, err := s.decodedCaches(transform, volumes)
+	if err != nil {
+		return out, err
+	}
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	out.LiveBytes = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	out.BytesPerVolume = float64(out.LiveBytes) / float64(volumes)
+	runtime.KeepAlive(caches)
+	return out, nil
+}
+
+// decodedCaches returns stores with the planner's indexes holding volumes (100 to a node), each
+// object encoded as the API server sends it and decoded and transformed as an informer does.
+func (s *shapes) decodedCaches(transform toolscache.TransformFunc, volumes int) (planner.Caches, error) {
 	codec := protobuf.NewSerializer(clientgoscheme.Scheme, clientgoscheme.Scheme)
 	decoded := func(obj kruntime.Object) (any, error) {
 		kinds, _, err := clientgoscheme.Scheme.ObjectKinds(obj)
@@ -135,10 +155,6 @@ func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.Trans
 		}
 		return transform(back)
 	}
-	runtime.GC()
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
 	caches := planner.NewLocalCaches()
 	pvs, vas, pvcs, nodes := caches.PVs, caches.VolumeAttachments, caches.PVCs, caches.Nodes
 	const perNode = 100
@@ -146,10 +162,10 @@ func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.Trans
 		node := fmt.Sprintf("node-%05d", n)
 		obj, err := decoded(nodeObject(node, n))
 		if err != nil {
-			return out, err
+			return caches, err
 		}
 		if err := nodes.Add(obj); err != nil {
-			return out, err
+			return caches, err
 		}
 		for _, v := range s.newVolumes(node, min(perNode, volumes-n*perNode)) {
 			pv, pvc, va := s.objects(v)
@@ -159,22 +175,13 @@ func (s *shapes) measureDecodedCacheHeap(name string, transform toolscache.Trans
 			}{{pvs, pv}, {pvcs, pvc}, {vas, va}} {
 				obj, err := decoded(put.obj)
 				if err != nil {
-					return out, err
+					return caches, err
 				}
 				if err := put.store.Add(obj); err != nil {
-					return out, err
+					return caches, err
 				}
 			}
 		}
 	}
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	out.LiveBytes = int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	out.BytesPerVolume = float64(out.LiveBytes) / float64(volumes)
-	runtime.KeepAlive(pvs)
-	runtime.KeepAlive(vas)
-	runtime.KeepAlive(pvcs)
-	runtime.KeepAlive(nodes)
-	return out, nil
+	return caches, nil
 }

@@ -13,6 +13,12 @@
 // The default run is small (a few hundred volumes) and checks that every figure can be computed;
 // the full run is asked for with -args -full or SCALE_FULL=1 and writes bench/results.json.
 //
+// TestEnvelope measures, in this process and without a control plane, what an apiserver on one
+// machine cannot be filled for in time: periodic sweeps at 100,000 and 300,000 volumes (one with
+// a policy that reads namespace and labels), the caches of 300,000 volumes in a process of their
+// own, and a rollout storm of 5,000 nodes through the dispatcher; with -full it writes
+// bench/envelope.json.
+//
 // It reaches the product through test/harness and the packages it measures; product packages
 // must not import it.
 package scale

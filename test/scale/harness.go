@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -1013,31 +1014,57 @@ func (s *sampler) stop() []inFlightSample {
 
 // measureSweepCPU is figure 5.
 func (h *runner) measureSweepCPU(ctx context.Context) error {
+	profiles := ""
+	if h.layout.Profile {
+		profiles = h.dir
+	}
+	rs, err := sweepCPUFigures(ctx, h.layout.SweepCPUVolumes, profiles, h.logf)
+	h.res.SweepCPU = append(h.res.SweepCPU, rs...)
+	return err
+}
+
+// teamNamespaces are the namespaces of the sweep with teamPolicy.
+const teamNamespaces = 500
+
+// sweepCPUFigures measures one periodic sweep of volumes three ways: the built-in policy with
+// memoized decisions and without, and teamPolicy (memoized) over claims in 500 namespaces with
+// varied labels. With profiles set, each sweep is run again under the CPU profiler and the
+// profile written there.
+func sweepCPUFigures(ctx context.Context, volumes int, profiles string, logf func(string, ...any)) ([]sweepCPU, error) {
 	sh, err := newShapes()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	f, err := newPlanningFixture(sh, h.layout.SweepCPUVolumes, 100)
-	if err != nil {
-		return err
-	}
-	for _, memo := range []bool{true, false} {
-		profile := ""
-		if h.layout.Profile {
-			profile = filepath.Join(h.dir, fmt.Sprintf("sweep-memo-%t.pprof", memo))
-		}
-		r, err := f.measure(ctx, memo, profile)
+	var out []sweepCPU
+	for _, run := range []struct {
+		namespaces int
+		memo       bool
+		modules    []policy.Module
+	}{{0, true, nil}, {0, false, nil}, {teamNamespaces, true, []policy.Module{teamPolicy}}} {
+		f, err := newPlanningFixture(sh, volumes, 100, run.namespaces)
 		if err != nil {
-			return err
+			return out, err
 		}
-		if r.Decisions != h.layout.SweepCPUVolumes {
-			return fmt.Errorf("periodic sweep decided %d volumes, want %d", r.Decisions, h.layout.SweepCPUVolumes)
+		name := "built-in"
+		if len(run.modules) > 0 {
+			name = strings.TrimSuffix(run.modules[0].File, ".rego")
 		}
-		h.res.SweepCPU = append(h.res.SweepCPU, r)
-		h.logf("figure 5: periodic sweep of %d volumes (memo %t): %.2f CPU seconds on one core (%.2fs wall), %d tasks",
-			r.Volumes, memo, r.CPUSeconds, r.WallSeconds, r.TasksSubmitted)
+		profile := ""
+		if profiles != "" {
+			profile = filepath.Join(profiles, fmt.Sprintf("sweep-%s-memo-%t.pprof", name, run.memo))
+		}
+		r, err := f.measure(ctx, run.memo, profile, run.modules...)
+		if err != nil {
+			return out, err
+		}
+		if r.Decisions != volumes {
+			return out, fmt.Errorf("periodic sweep decided %d volumes, want %d", r.Decisions, volumes)
+		}
+		out = append(out, r)
+		logf("figure 5: periodic sweep of %d volumes (%s policy, %d namespaces, memo %t): %.2f CPU seconds on one core (%.2fs wall), %.0f memo misses, %d tasks",
+			r.Volumes, r.Policy, r.Namespaces, run.memo, r.CPUSeconds, r.WallSeconds, r.MemoMisses, r.TasksSubmitted)
 	}
-	return nil
+	return out, nil
 }
 
 // textLogger logs at verbosity 0 into w.

@@ -94,15 +94,8 @@ func (r *Results) markdown() string {
 	}
 
 	if len(r.SweepCPU) > 0 {
-		p("\n## 5. Periodic sweep planning and policy, one core\n\n| volumes | nodes | memo | CPU s | wall s | memo hits | allocated |\n|---|---|---|---|---|---|---|\n")
-		for _, c := range r.SweepCPU {
-			p("| %d | %d | %t | %.2f | %.2f | %.0f | %s |\n", c.Volumes, c.Nodes, c.Memo, c.CPUSeconds, c.WallSeconds, c.MemoHits, mib(float64(c.AllocatedBytes)))
-		}
-		for _, c := range r.SweepCPU {
-			if len(c.ProfileTop) > 0 {
-				p("\nProfile, memo %t:\n\n```\n%s\n```\n", c.Memo, strings.Join(c.ProfileTop, "\n"))
-			}
-		}
+		p("\n## 5. Periodic sweep planning and policy, one core\n\n")
+		sweepCPUTable(p, r.SweepCPU)
 	}
 
 	if d := r.Decisions; d != nil {
@@ -144,4 +137,19 @@ func metricsLine(m map[string]float64) string {
 		parts = append(parts, fmt.Sprintf("%.4g %s", m[k], k))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// sweepCPUTable writes the rows of figure 5 and their profiles.
+func sweepCPUTable(p func(string, ...any), rows []sweepCPU) {
+	mib := func(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
+	p("| policy | volumes | nodes | namespaces | memo | CPU s | wall s | memo hits | memo misses | tasks | allocated |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, c := range rows {
+		p("| %s | %d | %d | %d | %t | %.2f | %.2f | %.0f | %.0f | %d | %s |\n", c.Policy, c.Volumes, c.Nodes, c.Namespaces, c.Memo,
+			c.CPUSeconds, c.WallSeconds, c.MemoHits, c.MemoMisses, c.TasksSubmitted, mib(float64(c.AllocatedBytes)))
+	}
+	for _, c := range rows {
+		if len(c.ProfileTop) > 0 {
+			p("\nProfile, %s policy at %d volumes, memo %t:\n\n```\n%s\n```\n", c.Policy, c.Volumes, c.Memo, strings.Join(c.ProfileTop, "\n"))
+		}
+	}
 }

@@ -333,8 +333,11 @@ func fitLine(x, y []float64) (slope, intercept float64) {
 }
 
 // write stores r as indented JSON at path.
-func (r *Results) write(path string) error {
-	b, err := json.MarshalIndent(r, "", "  ")
+func (r *Results) write(path string) error { return writeJSON(path, r) }
+
+// writeJSON stores v as indented JSON at path.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}

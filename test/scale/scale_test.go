@@ -185,21 +185,7 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		t.Errorf("figure 4: decoded caches measured with %d volumes, want %d", m.Caches[3].Volumes, l.DecodedCacheVolumes)
 	}
 
-	if len(r.SweepCPU) != 2 {
-		t.Fatalf("figure 5: %d results, want memo on and off", len(r.SweepCPU))
-	}
-	for _, c := range r.SweepCPU {
-		var failed float64
-		for _, n := range c.EvaluationErrors {
-			failed += n
-		}
-		// A decision that timed out on a starved CPU leaves its volume alone; every other volume
-		// is to be probed.
-		if float64(c.TasksSubmitted)+failed != float64(c.Volumes) || c.CPUSeconds <= 0 {
-			t.Errorf("figure 5 (memo %t): %d of %d volumes to probe, %.0f evaluation errors, %.3f CPU seconds; want every volume decided and a positive time",
-				c.Memo, c.TasksSubmitted, c.Volumes, failed, c.CPUSeconds)
-		}
-	}
+	checkSweepCPU(t, r.SweepCPU, l.SweepCPUVolumes)
 
 	if r.Decisions == nil || len(r.Decisions.InProcess) != 4 {
 		t.Fatalf("figure 6: want 4 in-process rates, got %+v", r.Decisions)
@@ -208,5 +194,41 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		if d.DecisionsPerSecond <= 0 {
 			t.Errorf("figure 6: %s: %.0f decisions/s", d.Name, d.DecisionsPerSecond)
 		}
+	}
+}
+
+// checkSweepCPU asserts what holds of figure 5 at any size: three sweeps (the built-in policy with
+// the memo and without, teamPolicy with it), each deciding every volume; the built-in policy
+// probes every volume, teamPolicy leaves some alone (opted out, sandboxes); teamPolicy's
+// decisions hit the memo and miss it for many of the namespaces in use (how often is the
+// figure; it depends on the size).
+func checkSweepCPU(t *testing.T, rows []sweepCPU, volumes int) {
+	t.Helper()
+	if len(rows) != 3 {
+		t.Fatalf("figure 5: %d results, want 3 (built-in policy with and without the memo, teams policy)", len(rows))
+	}
+	for _, c := range rows {
+		var failed float64
+		for _, n := range c.EvaluationErrors {
+			failed += n
+		}
+		if c.Volumes != volumes || c.Decisions != volumes || c.CPUSeconds <= 0 {
+			t.Errorf("figure 5 (%s, memo %t): %d of %d volumes decided in %.3f CPU seconds; want all %d and a positive time",
+				c.Policy, c.Memo, c.Decisions, c.Volumes, c.CPUSeconds, volumes)
+		}
+		// A decision that timed out on a starved CPU leaves its volume alone; with the built-in
+		// policy every other volume is to be probed.
+		switch {
+		case c.Policy == "built-in" && float64(c.TasksSubmitted)+failed != float64(c.Volumes):
+			t.Errorf("figure 5 (built-in, memo %t): %d of %d volumes to probe, %.0f evaluation errors; want every volume", c.Memo, c.TasksSubmitted, c.Volumes, failed)
+		case c.Policy == "teams" && (c.TasksSubmitted == 0 || c.TasksSubmitted >= int64(c.Volumes)):
+			t.Errorf("figure 5 (teams): %d of %d volumes to probe; want most, not all (opted-out claims and sandboxes are skipped)", c.TasksSubmitted, c.Volumes)
+		}
+	}
+	teams := rows[2]
+	minMisses := float64(min(teams.Namespaces, teams.Volumes/10))
+	if teams.MemoMisses < minMisses || teams.MemoHits == 0 {
+		t.Errorf("figure 5 (teams): %.0f memo hits and %.0f misses over %d volumes in %d namespaces; want at least %.0f misses and some hits",
+			teams.MemoHits, teams.MemoMisses, teams.Volumes, teams.Namespaces, minMisses)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"os/exec"
@@ -89,9 +90,14 @@ type noClient struct{ client.Client }
 
 // sweepCPU is the cost of one periodic sweep over every volume, planning and policy only.
 type sweepCPU struct {
-	Volumes        int     `json:"volumes"`
-	Nodes          int     `json:"nodes"`
-	StorageClasses int     `json:"storageClasses"`
+	// Policy names the policy: "built-in", or "teams" (teamPolicy, which reads the claim's
+	// namespace and labels).
+	Policy         string `json:"policy"`
+	Volumes        int    `json:"volumes"`
+	Nodes          int    `json:"nodes"`
+	StorageClasses int    `json:"storageClasses"`
+	// Namespaces are the claims' namespaces.
+	Namespaces     int     `json:"namespaces"`
 	Memo           bool    `json:"memo"`
 	CPUSeconds     float64 `json:"cpuSeconds"`
 	WallSeconds    float64 `json:"wallSeconds"`
@@ -108,22 +114,88 @@ type sweepCPU struct {
 	ProfileTop []string `json:"profileTop,omitempty"`
 }
 
+// teamPolicy is a site's own policy that reads each claim's namespace and labels, so that its
+// decisions are memoized per namespace, application and tier rather than once for the whole
+// cluster: claims labelled to be skipped and sandbox namespaces are left alone, databases and
+// queues are probed before the rest, and the built-in policy decides everything else.
+var teamPolicy = policy.Module{File: "teams.rego", Text: `package volumehealer
+
+import data.volumehealer.builtin
+
+decision := {"action": "skip", "reason": "OptedOut"} if {
+	input.volume.pvc.labels["healer.csiaddons.openshift.io/skip"] == "true"
+} else := {"action": "skip", "reason": "Sandbox"} if {
+	endswith(input.volume.pvc.namespace, "-sandbox")
+} else := object.union(builtin.decision, {"priority": tier_priority[input.volume.pvc.labels.tier]}) if {
+	builtin.decision.action != "skip"
+} else := builtin.decision
+
+tier_priority := {"db": 90, "queue": 50}
+
+restart := builtin.restart
+`}
+
 // planningFixture is a controller's view of a cluster, in informer stores, without an apiserver.
 type planningFixture struct {
-	caches  planner.Caches
-	targets *healer.TargetMap
-	classes []string
-	volumes int
-	nodes   int
+	caches     planner.Caches
+	targets    *healer.TargetMap
+	classes    []string
+	volumes    int
+	nodes      int
+	namespaces int
+}
+
+// teamNamespace and teamLabels spread the claims of a planning fixture over namespaces and
+// give them labels as a cluster of many teams has them: each namespace runs one to eight
+// applications, each application's claims carry its name, instance and tier (db, queue, cache
+// or web; a fixed one per application) and the Helm label on most; one namespace in 25 is a
+// sandbox and one claim in 100 is labelled to be skipped.
+func teamNamespace(i, namespaces int) string {
+	h := fnv.New32a()
+	_, _ = fmt.Fprintf(h, "claim-%d", i)
+	n := int(h.Sum32() % uint32(namespaces))
+	if n%25 == 24 {
+		return fmt.Sprintf("team-%03d-sandbox", n)
+	}
+	return fmt.Sprintf("team-%03d", n)
+}
+
+func teamLabels(i int, namespace string) map[string]string {
+	h := fnv.New32a()
+	_, _ = fmt.Fprintf(h, "%s/%d", namespace, i)
+	v := h.Sum32()
+	apps := 1 + int(fnv32(namespace)%8)
+	app := int(v % uint32(apps))
+	labels := map[string]string{
+		"app.kubernetes.io/name":     fmt.Sprintf("app-%d", app),
+		"app.kubernetes.io/instance": fmt.Sprintf("%s-app-%d", namespace, app),
+		"tier":                       []string{"db", "queue", "cache", "web"}[(app+int(fnv32(namespace)))%4],
+	}
+	if app%3 != 2 {
+		labels["app.kubernetes.io/managed-by"] = "Helm"
+	}
+	if v%100 == 42 {
+		labels["healer.csiaddons.openshift.io/skip"] = "true"
+	}
+	return labels
+}
+
+func fnv32(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
 }
 
 // newPlanningFixture fills informer stores, indexed as the controller indexes them, with volumes
-// spread perNode to a node.
-func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, error) {
+// spread perNode to a node. With namespaces above 0 the claims are spread over that many
+// namespaces with the labels of teamLabels; otherwise they have the shapes' namespaces and
+// labels.
+func newPlanningFixture(s *shapes, volumes, perNode, namespaces int) (*planningFixture, error) {
 	f := &planningFixture{
-		caches:  planner.NewLocalCaches(),
-		targets: healer.NewTargetMap(),
-		volumes: volumes,
+		caches:     planner.NewLocalCaches(),
+		targets:    healer.NewTargetMap(),
+		volumes:    volumes,
+		namespaces: namespaces,
 	}
 	// The stores hold what the controller's informers hold: the records of planner.CacheTransform.
 	add := func(_ cache.Store, obj kruntime.Object) error { return f.caches.Add(obj) }
@@ -151,8 +223,14 @@ func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, erro
 			Status: csiaddonsv1alpha1.CSIAddonsNodeStatus{Capabilities: []string{"service.NODE_SERVICE", "reclaimspace.NODE"}},
 		})
 		count := min(perNode, volumes-n*perNode)
-		for _, v := range s.newVolumes(name, count) {
+		for i, v := range s.newVolumes(name, count) {
+			if namespaces > 0 {
+				v.namespace = teamNamespace(n*perNode+i, namespaces)
+			}
 			pv, pvc, va := s.objects(v)
+			if namespaces > 0 {
+				pvc.Labels = teamLabels(n*perNode+i, v.namespace)
+			}
 			if err := add(f.caches.PVs, pv); err != nil {
 				return nil, err
 			}
@@ -171,8 +249,11 @@ func newPlanningFixture(s *shapes, volumes, perNode int) (*planningFixture, erro
 // them (healer.Sweeper with the planner, the policy engine and its metrics), with a sidecar client
 // whose capability cache is warm and a dispatcher that ends each task unrun. When profile is set,
 // a second sweep runs under the CPU profiler and the profile is written there.
-func (f *planningFixture) measure(ctx context.Context, memo bool, profile string) (sweepCPU, error) {
-	out := sweepCPU{Volumes: f.volumes, Nodes: f.nodes, StorageClasses: len(f.classes), Memo: memo}
+func (f *planningFixture) measure(ctx context.Context, memo bool, profile string, modules ...policy.Module) (sweepCPU, error) {
+	out := sweepCPU{Policy: "built-in", Volumes: f.volumes, Nodes: f.nodes, StorageClasses: len(f.classes), Namespaces: appNamespaces, Memo: memo}
+	if f.namespaces > 0 {
+		out.Namespaces = f.namespaces
+	}
 	reg := prometheus.NewRegistry()
 	pm, err := policy.NewMetrics(reg)
 	if err != nil {
@@ -181,6 +262,12 @@ func (f *planningFixture) measure(ctx context.Context, memo bool, profile string
 	engine, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: pm})
 	if err != nil {
 		return out, err
+	}
+	if len(modules) > 0 {
+		if _, err := engine.Load(ctx, modules); err != nil {
+			return out, err
+		}
+		out.Policy = strings.TrimSuffix(modules[0].File, ".rego")
 	}
 	dispatcher := &finishingDispatcher{}
 	sweeper, err := healer.New(healer.Options{
