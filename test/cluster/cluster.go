@@ -230,6 +230,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		{"kube-proxy", c.startProxy},
 		{"kubelet", c.startKubelet},
 		{"node Ready", c.waitNodeReady},
+		{"the kubernetes Service", c.waitServiceRule},
 	}
 	for _, step := range steps {
 		t := time.Now()
@@ -469,7 +470,7 @@ func (c *Cluster) startScheduler(context.Context) error {
 	}, nil)
 }
 
-func (c *Cluster) startProxy(ctx context.Context) error {
+func (c *Cluster) startProxy(context.Context) error {
 	metrics, err := harness.FreeAddr()
 	if err != nil {
 		return err
@@ -494,10 +495,12 @@ conntrack:
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return err
 	}
-	if err := c.start("kube-proxy", filepath.Join(c.opts.NodeBin, "kube-proxy"), []string{"--config=" + cfg}, nil); err != nil {
-		return err
-	}
-	// Pods reach the API server through the kubernetes Service: wait for its rule.
+	return c.start("kube-proxy", filepath.Join(c.opts.NodeBin, "kube-proxy"), []string{"--config=" + cfg}, nil)
+}
+
+// waitServiceRule waits until kube-proxy has programmed the kubernetes Service, through which pods
+// reach the API server. kube-proxy does so once kubelet has registered the Node.
+func (c *Cluster) waitServiceRule(ctx context.Context) error {
 	return c.waitFor(ctx, "kube-proxy", time.Minute, func(context.Context) error {
 		out, err := exec.Command("iptables-save", "-t", "nat").Output()
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // StartForTest prepares the assets and starts a node for t, stopped when t ends; a leftover of the
@@ -18,33 +20,52 @@ func StartForTest(t testing.TB) (*Cluster, Assets) {
 		}
 		t.Skip("cannot run a node here: " + why)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	return StartFor(t, "")
+}
+
+// StartFor prepares the assets, starts a node in dir (a new temporary folder when ""), stopped
+// by tb's cleanups, and imports every image of the assets into it; a leftover of the node fails tb, and its logs are kept when tb failed. It
+// fails tb where the machine cannot run a node.
+func StartFor(tb harness.TB, dir string) (*Cluster, Assets) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 40*time.Minute)
 	defer cancel()
-	assets, err := Prepare(ctx, t.Logf)
+	assets, err := Prepare(ctx, tb.Logf)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatalf("%v", err)
 	}
-	dir, err := os.MkdirTemp("", "volume-healer-cluster-")
-	if err != nil {
-		t.Fatal(err)
+	temporary := dir == ""
+	if temporary {
+		if dir, err = os.MkdirTemp("", "volume-healer-cluster-"); err != nil {
+			tb.Fatalf("%v", err)
+		}
 	}
 	o := assets.Options(dir)
-	o.Logf = t.Logf
+	o.Logf = tb.Logf
 	c, err := Start(ctx, o)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatalf("%v", err)
 	}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		start := time.Now()
 		if err := c.Stop(); err != nil {
-			t.Errorf("stopping the node: %v", err)
+			tb.Errorf("stopping the node: %v", err)
 		}
-		t.Logf("cluster: node stopped and cleaned up in %s", time.Since(start).Round(10*time.Millisecond))
-		if t.Failed() {
-			t.Logf("cluster: keeping the components' logs in %s", c.Logs())
+		tb.Logf("cluster: node stopped and cleaned up in %s", time.Since(start).Round(10*time.Millisecond))
+		if tb.Failed() || !temporary {
+			tb.Logf("cluster: the components' logs are in %s", c.Logs())
 			return
 		}
 		_ = os.RemoveAll(dir)
 	})
+	imgs := make([]Image, 0, len(assets.Images))
+	for _, img := range assets.Images {
+		imgs = append(imgs, img)
+	}
+	begin := time.Now()
+	if err := c.ImportImages(ctx, imgs...); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Logf("cluster: %d images imported in %s", len(imgs), time.Since(begin).Round(100*time.Millisecond))
 	return c, assets
 }

@@ -6,11 +6,16 @@
 // operator exactly that. The cluster, the node plugins and the
 // controller process come from test/harness; this program owns the story and what it prints.
 //
-//	go run ./test/demo [--mode auto|real|simulated] [--nodes N] [--volumes N] [--hold]
+//	go run ./test/demo [--mode auto|cluster|real|simulated] [--nodes N] [--volumes N] [--hold]
 //
-// It runs in one of two modes:
+// It runs in one of three modes:
 //
-//   - real (auto's choice where the machine allows: root and /dev/fuse): every node is a kubelet
+//   - cluster (auto's choice where the machine allows: root, /dev/fuse, cgroups): a real node on
+//     this machine (test/cluster: kubelet, containerd, runc, the control plane), volume-healer and
+//     the reference driver installed with their Helm charts, two workloads on the driver's FUSE
+//     volumes, and a rollout restart of the node plugin's DaemonSet. The first run builds the node
+//     (hack/node.sh, cached under .cache/node). --nodes and --volumes do not apply.
+//   - real (auto's choice where a node cannot run but real mounts can): every node is a kubelet
 //     stand-in, the reference driver as a real CSI node plugin whose volumes are FUSE mounts
 //     served by mounter processes in its process group, and the sidecar. Volumes are provisioned
 //     through CSI, staged and published for one pod each, and used by a workload stand-in in a
@@ -34,7 +39,7 @@ import (
 
 func main() {
 	opts := options{}
-	flag.StringVar(&opts.mode, "mode", modeAuto, "real: real FUSE mounts, killed and healed (needs root and /dev/fuse); simulated: volumes are records; auto: real where the machine allows")
+	flag.StringVar(&opts.mode, "mode", modeAuto, "cluster: a real node (kubelet, containerd) with both Helm charts installed, its node plugin restarted (needs root, /dev/fuse, cgroups); real: kubelet stand-ins with real FUSE mounts, killed and healed (needs root and /dev/fuse); simulated: volumes are records; auto: the first the machine allows")
 	flag.IntVar(&opts.nodes, "nodes", 0, "nodes, each with a node plugin (driver and sidecar) (default: 2 real, 3 simulated)")
 	flag.IntVar(&opts.volumes, "volumes", 0, "volumes per node (default: 8 real, 80 simulated)")
 	flag.StringVar(&opts.controller, "controller", "bin/volume-healer", "the controller binary to run")
@@ -57,6 +62,7 @@ func main() {
 // The modes of --mode.
 const (
 	modeAuto      = "auto"
+	modeCluster   = "cluster"
 	modeReal      = "real"
 	modeSimulated = "simulated"
 )

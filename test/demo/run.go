@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/test/cluster"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -62,7 +63,10 @@ func run(ctx context.Context, o options) error {
 	// The harness's cluster helpers fail a test; under RunScript they end the demo with an error.
 	// What the demo starts is stopped when it ends, last started first.
 	return harness.RunScript(ctx, "demo", func(s *harness.Script) error {
-		if mode == modeReal {
+		switch mode {
+		case modeCluster:
+			return clusterDemo(s, dir, o)
+		case modeReal:
 			return realDemo(s, dir, o)
 		}
 		return simulatedDemo(s, dir, o)
@@ -105,7 +109,13 @@ func mountsUnder(dir string) []string {
 // real mounts.
 func resolveMode(mode string) (string, error) {
 	why := harness.RealMountsUnavailable()
+	noNode := strings.Trim(why+", "+cluster.Unavailable(), ", ")
 	switch mode {
+	case modeCluster:
+		if noNode != "" {
+			return "", fmt.Errorf("--mode cluster: %s; use --mode real or --mode simulated", noNode)
+		}
+		return modeCluster, nil
 	case modeReal:
 		if why != "" {
 			return "", fmt.Errorf("--mode real: %s; run the demo as root on a machine with /dev/fuse, or use --mode simulated", why)
@@ -114,6 +124,13 @@ func resolveMode(mode string) (string, error) {
 	case modeSimulated:
 		return modeSimulated, nil
 	case modeAuto, "":
+		if noNode == "" {
+			return modeCluster, nil
+		}
+		if why == "" {
+			fmt.Printf("A real node cannot run on this machine: %s.\n", noNode)
+			fmt.Println("Running the story on kubelet stand-ins with real mounts instead.")
+		}
 		if why != "" {
 			fmt.Printf("Real mounts are not possible on this machine: %s.\n", why)
 			fmt.Println("Running the simulated story instead: the reference driver keeps its volumes as records and nothing is mounted.")
@@ -121,7 +138,7 @@ func resolveMode(mode string) (string, error) {
 		}
 		return modeReal, nil
 	}
-	return "", fmt.Errorf("--mode %q: want auto, real or simulated", mode)
+	return "", fmt.Errorf("--mode %q: want auto, cluster, real or simulated", mode)
 }
 
 // setDefaults fills in the mode's size: a real node runs a mounter and a workload process per
@@ -146,6 +163,10 @@ func setDefaults(o *options, mode string) {
 }
 
 func (o options) validate(mode string) error {
+	if mode == modeCluster {
+		// Its size is the charts' and the two workloads'.
+		return nil
+	}
 	if mode == modeReal {
 		// The restarted node needs a lost volume, one whose pod cannot see a heal and one that
 		// heals; the other node a read-only mount and a frozen mounter.

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,68 +16,26 @@ import (
 
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/healer/evict"
-	"github.com/volume-healer/volume-healer/test/cluster"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
-// TestRealNode starts a real node (kubelet, containerd, runc; test/cluster), checks that it runs
-// pods, installs volume-healer and the reference driver with their Helm charts, runs two
-// workloads on the driver's FUSE volumes, and breaks the node plugin three ways: a rollout restart of its DaemonSet (what an
-// upgrade does), a kill -9 of its driver container (kubelet restarts it), and a killed mounter.
-// After each, the workloads' own writes and reads must come back: the StatefulSet's pod mounts
-// its volume with HostToContainer propagation and sees the healed mount; the Deployment's pod
-// (propagation None) cannot, so the policy evicts it and its replacement writes. The suite
-// reports how long each disruption cost the workloads.
-//
-// One node serves every step: starting it costs about a minute, and only one node can run on a
-// machine at a time (kubelet's root is /var/lib/kubelet).
-func TestRealNode(t *testing.T) {
-	c, assets := cluster.StartForTest(t)
-	if err := c.ImportImages(t.Context(), imagesOf(assets)...); err != nil {
-		t.Fatal(err)
-	}
-	if !t.Run("runs pods", func(t *testing.T) { runsPods(t, c, assets) }) {
-		t.FailNow()
-	}
-	e := install(t, c, assets)
-	e.optInToPodRestarts()
-	shared := e.statefulSet("shared", corev1.MountPropagationHostToContainer)
-	private := e.deployment("private", corev1.MountPropagationNone)
-	begin := time.Now()
-	shared.waitWriting(t, time.Time{}, 3*time.Minute, nil)
-	private.waitWriting(t, time.Time{}, 3*time.Minute, nil)
-	t.Logf("both workloads write and read their volumes, %s after they were created", time.Since(begin).Round(100*time.Millisecond))
-
-	t.Run("rollout restart of the node plugin", func(t *testing.T) {
-		e.disrupt(t, shared, private, "rollout restart", func() {
-			e.must(t, "kubectl", "rollout", "restart", "daemonset/"+nodePluginDS, "--namespace", driverNS)
-		})
-	})
-	t.Run("driver container killed", func(t *testing.T) {
-		e.disrupt(t, shared, private, "kill -9 of the driver container", func() {
-			e.killDriverContainer(t)
-		})
-	})
-	// A mounter that dies alone restarts nothing: the StorageClass's periodic sweep (every 10s
-	// here, by its schedule annotation) finds the dead mount.
-	t.Run("mounter killed", func(t *testing.T) {
-		e.disrupt(t, shared, nil, "kill -9 of the shared volume's mounter", func() {
-			e.killMounter(t, shared)
-		})
-	})
+// RolloutRestart restarts the node plugin's DaemonSet as an upgrade does: kubectl rollout restart.
+func (e *Env) RolloutRestart(t harness.TB) {
+	t.Helper()
+	e.must(t, "kubectl", "rollout", "restart", "daemonset/"+nodePluginDS, "--namespace", driverNS)
 }
 
-// killMounter kills the FUSE daemon of w's volume with SIGKILL.
-func (e *env) killMounter(t *testing.T, w *workload) {
+// KillMounter kills the FUSE daemon of w's volume with SIGKILL.
+func (e *Env) KillMounter(t harness.TB, w *Workload) {
 	t.Helper()
 	ctx := t.Context()
 	pvc, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Get(ctx, w.claim(), metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	pv, err := e.c.Clientset.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	handle := pv.Spec.CSI.VolumeHandle
 	entries, _ := os.ReadDir("/proc")
@@ -103,19 +60,19 @@ func (e *env) killMounter(t *testing.T, w *workload) {
 	t.Fatalf("no mounter process of volume %s", handle)
 }
 
-// disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
+// Disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
 // writes failed and came back in the same pod, the private pod was replaced by one that writes;
 // and the heal Events on their PVCs.
-func (e *env) disrupt(t *testing.T, shared, private *workload, what string, breakIt func()) {
+func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, breakIt func()) {
 	ctx := t.Context()
 	sharedPod, err := shared.pod(ctx)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	var privatePod *corev1.Pod
 	if private != nil {
 		if privatePod, err = private.pod(ctx); err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v", err)
 		}
 	}
 	at := time.Now()
@@ -137,7 +94,7 @@ func (e *env) disrupt(t *testing.T, shared, private *workload, what string, brea
 	})
 	now, err := shared.pod(ctx)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	if now.UID != sharedPod.UID {
 		t.Errorf("the shared workload's pod was replaced (%s -> %s); a HostToContainer pod must see the healed mount in place", sharedPod.Name, now.Name)
@@ -153,13 +110,13 @@ func (e *env) disrupt(t *testing.T, shared, private *workload, what string, brea
 	// The private pod cannot see the healed mount: the PVC says so, the policy evicts the pod,
 	// its replacement writes.
 	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
-	replaced := private.waitWriting(t, at, 3*time.Minute, privatePod)
+	replaced := private.WaitWriting(t, at, 3*time.Minute, privatePod)
 	t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
 	e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
 }
 
 // claim is the name of the workload's PVC.
-func (w *workload) claim() string {
+func (w *Workload) claim() string {
 	if w.name == "shared" {
 		return "data-shared-0"
 	}
@@ -168,7 +125,7 @@ func (w *workload) claim() string {
 
 // expectEvent waits for an Event of reason on the object kind/name in the workloads' namespace,
 // at or after since.
-func (e *env) expectEvent(t *testing.T, kind, name, reason string, since time.Time) {
+func (e *Env) expectEvent(t harness.TB, kind, name, reason string, since time.Time) {
 	t.Helper()
 	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.AsSelector().String()
 	harness.Eventually(t, time.Minute, fmt.Sprintf("a %s Event on %s %s", reason, kind, name), func() (bool, string) {
@@ -189,9 +146,9 @@ func (e *env) expectEvent(t *testing.T, kind, name, reason string, since time.Ti
 	})
 }
 
-// killDriverContainer kills the node plugin's driver process with SIGKILL, as the OOM killer
+// KillDriverContainer kills the node plugin's driver process with SIGKILL, as the OOM killer
 // would; kubelet restarts the container in the same pod.
-func (e *env) killDriverContainer(t *testing.T) {
+func (e *Env) KillDriverContainer(t harness.TB) {
 	t.Helper()
 	ctx := t.Context()
 	pod, id := e.driverContainer(ctx, t)
@@ -223,11 +180,11 @@ func restarts(p *corev1.Pod) int32 {
 }
 
 // driverContainer returns the node plugin's pod and the containerd ID of its driver container.
-func (e *env) driverContainer(ctx context.Context, t *testing.T) (*corev1.Pod, string) {
+func (e *Env) driverContainer(ctx context.Context, t harness.TB) (*corev1.Pod, string) {
 	t.Helper()
 	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-plugin"})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	for _, p := range list.Items {
 		if p.DeletionTimestamp != nil {
@@ -245,7 +202,7 @@ func (e *env) driverContainer(ctx context.Context, t *testing.T) (*corev1.Pod, s
 
 // containerPID finds the host PID of the container's first process, from its cgroup: the
 // process in the container's cgroup whose parent is outside it.
-func (e *env) containerPID(ctx context.Context, t *testing.T, id string) int {
+func (e *Env) containerPID(ctx context.Context, t harness.TB, id string) int {
 	t.Helper()
 	matches, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/" + id + "/cgroup.procs")
 	matches2, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/" + id + "/cgroup.procs")
@@ -255,7 +212,7 @@ func (e *env) containerPID(ctx context.Context, t *testing.T, id string) int {
 	}
 	raw, err := os.ReadFile(matches[0])
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	in := map[int]bool{}
 	for _, f := range strings.Fields(string(raw)) {

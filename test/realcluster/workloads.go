@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,10 +23,10 @@ import (
 // appsNS holds the workloads; it opts in to pod restarts by the built-in policy.
 const appsNS = "apps"
 
-// workload is a pod controller whose pods write and read their volume every 100ms
-// (test/workload) and print one JSON line per try.
-type workload struct {
-	e    *env
+// Workload is a pod controller whose pods write and read their volume every 100ms
+// (test/Workload) and print one JSON line per try.
+type Workload struct {
+	e    *Env
 	name string
 	// propagation is the mount propagation of the volume in the container.
 	propagation corev1.MountPropagationMode
@@ -35,7 +34,7 @@ type workload struct {
 	selector labels.Selector
 }
 
-func (e *env) container(w *workload) corev1.Container {
+func (e *Env) container(w *Workload) corev1.Container {
 	img := e.assets.Images["healer-test-workload"]
 	return corev1.Container{
 		Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
@@ -53,9 +52,9 @@ func pvcSpec() corev1.PersistentVolumeClaimSpec {
 }
 
 // statefulSet creates a one-replica StatefulSet whose volume comes from a claim template.
-func (e *env) statefulSet(name string, propagation corev1.MountPropagationMode) *workload {
+func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode) *Workload {
 	e.t.Helper()
-	w := &workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
 	ss := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
 		Spec: appsv1.StatefulSetSpec{
@@ -69,19 +68,19 @@ func (e *env) statefulSet(name string, propagation corev1.MountPropagationMode) 
 		},
 	}
 	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("%v", err)
 	}
 	return w
 }
 
 // deployment creates a PVC and a one-replica Deployment that uses it.
-func (e *env) deployment(name string, propagation corev1.MountPropagationMode) *workload {
+func (e *Env) Deployment(name string, propagation corev1.MountPropagationMode) *Workload {
 	e.t.Helper()
 	ctx := e.t.Context()
-	w := &workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS}, Spec: pvcSpec()}
 	if _, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("%v", err)
 	}
 	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
@@ -101,13 +100,13 @@ func (e *env) deployment(name string, propagation corev1.MountPropagationMode) *
 		},
 	}
 	if _, err := e.c.Clientset.AppsV1().Deployments(appsNS).Create(ctx, d, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("%v", err)
 	}
 	return w
 }
 
 // pod returns the workload's running pod (the newest, if a replacement is starting).
-func (w *workload) pod(ctx context.Context) (*corev1.Pod, error) {
+func (w *Workload) pod(ctx context.Context) (*corev1.Pod, error) {
 	list, err := w.e.c.Clientset.CoreV1().Pods(appsNS).List(ctx, metav1.ListOptions{LabelSelector: w.selector.String()})
 	if err != nil {
 		return nil, err
@@ -135,7 +134,7 @@ type try struct {
 }
 
 // tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).
-func (w *workload) tries(ctx context.Context, pod string) ([]try, error) {
+func (w *Workload) tries(ctx context.Context, pod string) ([]try, error) {
 	raw, err := w.e.c.Clientset.CoreV1().Pods(appsNS).GetLogs(pod, &corev1.PodLogOptions{Container: "writer"}).DoRaw(ctx)
 	if err != nil {
 		return nil, err
@@ -151,9 +150,9 @@ func (w *workload) tries(ctx context.Context, pod string) ([]try, error) {
 	return out, nil
 }
 
-// waitWriting waits until the workload's running pod, other than the pod replaced (when not
+// WaitWriting waits until the workload's running pod, other than the pod replaced (when not
 // nil), has written and read its volume successfully after since, and returns that pod.
-func (w *workload) waitWriting(t *testing.T, since time.Time, timeout time.Duration, replaced *corev1.Pod) *corev1.Pod {
+func (w *Workload) WaitWriting(t harness.TB, since time.Time, timeout time.Duration, replaced *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
 	what := w.name + " to write and read its volume"
@@ -202,7 +201,7 @@ type outage struct {
 }
 
 // outageOf reads the tries of pod after since.
-func (w *workload) outageOf(ctx context.Context, pod string, since time.Time) (outage, error) {
+func (w *Workload) outageOf(ctx context.Context, pod string, since time.Time) (outage, error) {
 	tries, err := w.tries(ctx, pod)
 	if err != nil {
 		return outage{}, err
@@ -227,8 +226,29 @@ func (w *workload) outageOf(ctx context.Context, pod string, since time.Time) (o
 	return o, nil
 }
 
-// optInToPodRestarts creates the workloads' namespace with the label that lets the built-in
+// OptInToPodRestarts creates the workloads' namespace with the label that lets the built-in
 // policy evict controller-owned pods left on a dead mount.
-func (e *env) optInToPodRestarts() {
+func (e *Env) OptInToPodRestarts() {
 	e.namespace(appsNS, map[string]string{annotations.EvictPodsLabel: "true"})
+}
+
+// Name is the workload's name.
+func (w *Workload) Name() string { return w.name }
+
+// State says in a few words what the workload's running pod does now: its name and the outcome
+// of its latest try, or "" when it cannot be read.
+func (w *Workload) State(ctx context.Context) string {
+	p, err := w.pod(ctx)
+	if err != nil {
+		return "no running pod"
+	}
+	tries, err := w.tries(ctx, p.Name)
+	if err != nil || len(tries) == 0 {
+		return "pod " + p.Name + ": starting"
+	}
+	r := tries[len(tries)-1]
+	if r.OK {
+		return "pod " + p.Name + ": writes and reads"
+	}
+	return fmt.Sprintf("pod %s: %s fails: %s", p.Name, r.Op, r.Err)
 }

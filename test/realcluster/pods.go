@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,9 +16,9 @@ import (
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
-// runsPods runs a pod from a locally built image with an emptyDir that writes and reads a file
+// RunsPods runs a pod from a locally built image with an emptyDir that writes and reads a file
 // every 100ms, and reads its output through the API server and kubelet (as kubectl logs does).
-func runsPods(t *testing.T, c *cluster.Cluster, assets cluster.Assets) {
+func RunsPods(t harness.TB, c *cluster.Cluster, assets cluster.Assets) {
 	ctx := context.Background()
 	img := assets.Images["healer-test-workload"]
 	pod := &corev1.Pod{
@@ -35,7 +34,7 @@ func runsPods(t *testing.T, c *cluster.Cluster, assets cluster.Assets) {
 		},
 	}
 	if _, err := c.Clientset.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	harness.Eventually(t, 2*time.Minute, "pod writer to run", func() (bool, string) {
 		p, err := c.Clientset.CoreV1().Pods("default").Get(ctx, "writer", metav1.GetOptions{})

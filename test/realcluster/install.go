@@ -9,11 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,17 +33,19 @@ const (
 	controllerDep = "volume-healer"
 )
 
-// env is the suite's cluster with the two charts installed.
-type env struct {
-	t      *testing.T
+// Env is the suite's cluster with the two charts installed.
+type Env struct {
+	t      harness.TB
 	c      *cluster.Cluster
 	assets cluster.Assets
 	root   string
 	tools  map[string]string
+	// helmHome holds helm's cache, configuration and data.
+	helmHome string
 }
 
 // tools builds or finds helm (hack/tools.sh) and kubectl (the machine's, else hack/tools.sh).
-func findTools(t *testing.T, root string) map[string]string {
+func findTools(t harness.TB, root string) map[string]string {
 	t.Helper()
 	names := []string{"helm"}
 	kubectl, err := exec.LookPath("kubectl")
@@ -58,7 +58,7 @@ func findTools(t *testing.T, root string) map[string]string {
 		if errors.As(err, &ee) {
 			t.Fatalf("hack/tools.sh %s: %v\n%s", strings.Join(names, " "), err, ee.Stderr)
 		}
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	paths := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -71,10 +71,10 @@ func findTools(t *testing.T, root string) map[string]string {
 }
 
 // run runs a tool against the cluster with the administrator's kubeconfig.
-func (e *env) run(name string, args ...string) (string, error) {
-	cmd := exec.Command(e.tools[name], args...)
+func (e *Env) run(name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(e.t.Context(), e.tools[name], args...)
 	cmd.Dir = e.root
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig, "HELM_CACHE_HOME="+e.t.TempDir(), "HELM_CONFIG_HOME="+e.t.TempDir(), "HELM_DATA_HOME="+e.t.TempDir())
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig, "HELM_CACHE_HOME="+e.helmHome, "HELM_CONFIG_HOME="+e.helmHome, "HELM_DATA_HOME="+e.helmHome)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -84,35 +84,32 @@ func (e *env) run(name string, args ...string) (string, error) {
 	return out.String(), nil
 }
 
-func (e *env) must(t *testing.T, name string, args ...string) string {
+func (e *Env) must(t harness.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := e.run(name, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	return out
 }
 
-func imagesOf(a cluster.Assets) []cluster.Image {
-	imgs := make([]cluster.Image, 0, len(a.Images))
-	for _, img := range a.Images {
-		imgs = append(imgs, img)
-	}
-	return imgs
-}
-
 // install installs the CSIAddonsNode CRD and the charts on the node.
-func install(t *testing.T, c *cluster.Cluster, assets cluster.Assets) *env {
+func Install(t harness.TB, c *cluster.Cluster, assets cluster.Assets) *Env {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
-	e := &env{t: t, c: c, assets: assets, root: root, tools: findTools(t, root)}
+	helmHome, err := os.MkdirTemp("", "volume-healer-helm-")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(helmHome) })
+	e := &Env{t: t, c: c, assets: assets, root: root, tools: findTools(t, root), helmHome: helmHome}
 	ctrllog.SetLogger(logr.Discard())
 	crd, err := controlplane.CSIAddonsNodeCRDPath()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{Paths: []string{crd}, ErrorIfPathMissing: true}); err != nil {
 		t.Fatalf("install the CSIAddonsNode CRD: %v", err)
@@ -138,7 +135,7 @@ const driverStateDir = "/var/lib/healer-refdriver"
 // teardown removes the workloads, so that kubelet unpublishes and unstages their volumes through
 // the driver, then the releases, as an operator would; what does not go in time the node's Stop
 // removes.
-func (e *env) teardown() {
+func (e *Env) teardown() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cs := e.c.Clientset
@@ -166,24 +163,24 @@ func (e *env) teardown() {
 }
 
 // namespace creates ns.
-func (e *env) namespace(ns string, labels map[string]string) {
+func (e *Env) namespace(ns string, labels map[string]string) {
 	e.t.Helper()
 	_, err := e.c.Clientset.CoreV1().Namespaces().Create(e.t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
-		e.t.Fatal(err)
+		e.t.Fatalf("%v", err)
 	}
 }
 
 // sidecarTLS gives the healer sidecars a serving certificate for the name the controller checks
 // (healer-sidecar) and the controller the CA that signed it, as an operator does with their own
 // CA or cert-manager (docs/operations.md).
-func (e *env) sidecarTLS() {
+func (e *Env) sidecarTLS() {
 	t := e.t
 	t.Helper()
 	ctx := t.Context()
 	certPEM, keyPEM, err := harness.SelfSigned("healer-sidecar")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	e.namespace(healerNS, nil)
 	e.namespace(driverNS, nil)
@@ -192,20 +189,20 @@ func (e *env) sidecarTLS() {
 		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	_, err = e.c.Clientset.CoreV1().ConfigMaps(healerNS).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "volume-healer-sidecar-ca"}, Data: map[string]string{"ca.crt": string(certPEM)},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 }
 
 // installCharts installs the volume-healer chart and the reference driver's chart with the images
 // built here, and waits until the controller, the node plugin and the driver's registration with
 // kubelet are up.
-func (e *env) installCharts() {
+func (e *Env) installCharts() {
 	t := e.t
 	t.Helper()
 	img := e.assets.Images
@@ -244,7 +241,7 @@ func (e *env) installCharts() {
 
 // waitDriverRegistered waits until kubelet lists the driver on the node's CSINode, which it does
 // once the driver registered itself through kubelet's plugin registration.
-func (e *env) waitDriverRegistered() {
+func (e *Env) waitDriverRegistered() {
 	e.t.Helper()
 	harness.Eventually(e.t, 2*time.Minute, "kubelet to register "+driverName, func() (bool, string) {
 		n, err := e.c.Clientset.StorageV1().CSINodes().Get(e.t.Context(), e.c.NodeName(), metav1.GetOptions{})
@@ -258,15 +255,4 @@ func (e *env) waitDriverRegistered() {
 		}
 		return false, fmt.Sprintf("CSINode drivers: %v", n.Spec.Drivers)
 	})
-}
-
-// rolledOut tells whether the DaemonSet's pods all run the current template and are ready.
-func rolledOut(ds *appsv1.DaemonSet) bool {
-	s := ds.Status
-	return s.ObservedGeneration >= ds.Generation && s.UpdatedNumberScheduled == s.DesiredNumberScheduled &&
-		s.NumberReady == s.DesiredNumberScheduled && s.NumberAvailable == s.DesiredNumberScheduled && s.DesiredNumberScheduled > 0
-}
-
-func (e *env) nodePlugin(ctx context.Context) (*appsv1.DaemonSet, error) {
-	return e.c.Clientset.AppsV1().DaemonSets(driverNS).Get(ctx, nodePluginDS, metav1.GetOptions{})
 }
