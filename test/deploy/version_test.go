@@ -45,19 +45,21 @@ func TestVersionsFollowTheVersionFile(t *testing.T) {
 	tag := "v" + v
 	fix := "; run hack/set-version.sh " + v + " to bring every file to the VERSION file's"
 
-	raw, err := os.ReadFile(path(t, chart, "Chart.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var meta struct {
-		Version    string `json:"version"`
-		AppVersion string `json:"appVersion"`
-	}
-	if err := yaml.Unmarshal(raw, &meta); err != nil {
-		t.Fatal(err)
-	}
-	if meta.Version != v || meta.AppVersion != tag {
-		t.Errorf("%s/Chart.yaml: version %q, appVersion %q; VERSION says %s, so %q and %q%s", chart, meta.Version, meta.AppVersion, v, v, tag, fix)
+	for _, chart := range []string{chart, "deploy/helm/healer-refdriver"} {
+		raw, err := os.ReadFile(path(t, chart, "Chart.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct {
+			Version    string `json:"version"`
+			AppVersion string `json:"appVersion"`
+		}
+		if err := yaml.Unmarshal(raw, &meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta.Version != v || meta.AppVersion != tag {
+			t.Errorf("%s/Chart.yaml: version %q, appVersion %q; VERSION says %s, so %q and %q%s", chart, meta.Version, meta.AppVersion, v, v, tag, fix)
+		}
 	}
 
 	for _, tc := range []struct{ render, kind, name, container, want string }{
