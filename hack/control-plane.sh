@@ -19,6 +19,9 @@ mkdir -p "${assets}"
 
 log() { echo "control-plane: $*" >&2; }
 
+# shellcheck source=hack/lib/kubernetes.sh
+. "${root}/hack/lib/kubernetes.sh"
+
 staging_version() {
   # k8s.io/kubernetes v1.X.Y publishes its staging modules as v0.X.Y.
   echo "v0.${KUBE_VERSION#v1.}"
@@ -28,34 +31,8 @@ build_apiserver() {
   local work="${root}/.cache/control-plane/build-apiserver"
   rm -rf "${work}" && mkdir -p "${work}"
   log "building kube-apiserver ${KUBE_VERSION} from the Go module proxy (about 10 minutes on 2 cores)"
-  (
-    cd "${work}"
-    go mod init build-apiserver >/dev/null 2>&1
-    local modfile
-    modfile="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
-    local sv
-    sv="$(staging_version)"
-    {
-      echo "require k8s.io/kubernetes ${KUBE_VERSION}"
-      echo "replace ("
-      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"${sv}"'#p' "${modfile}"
-      echo ")"
-    } >> go.mod
-    cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-GO
-    go mod tidy >/dev/null 2>&1 || true
-    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-    local pkg=k8s.io/component-base/version
-    CGO_ENABLED=0 go build -o "${assets}/kube-apiserver.tmp" \
-      -ldflags "-s -w -X ${pkg}.gitVersion=${KUBE_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}" \
-      k8s.io/kubernetes/cmd/kube-apiserver
-  )
-  mv "${assets}/kube-apiserver.tmp" "${assets}/kube-apiserver"
+  (cd "${work}" && kubernetes_build "${work}/bin" "${KUBE_VERSION}" k8s.io/kubernetes/cmd/kube-apiserver)
+  mv "${work}/bin/kube-apiserver" "${assets}/kube-apiserver"
   rm -rf "${work}"
 }
 

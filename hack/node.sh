@@ -37,6 +37,9 @@ mkdir -p "${out}"
 
 log() { echo "node: $*" >&2; }
 
+# shellcheck source=hack/lib/kubernetes.sh
+. "${root}/hack/lib/kubernetes.sh"
+
 # check says why a node cannot run here, on stdout, and fails; it prints nothing when one can.
 check() {
   local why=()
@@ -77,30 +80,7 @@ build_kube() {
   local work="${out}/.build-kube"
   new_module "${work}"
   log "building ${cmds[*]} ${KUBE_VERSION} from the Go module proxy (about 10 minutes cold)"
-  (
-    cd "${work}"
-    export GOFLAGS=-buildvcs=false
-    local modfile staging="v0.${KUBE_VERSION#v1.}"
-    modfile="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
-    {
-      echo "require k8s.io/kubernetes ${KUBE_VERSION}"
-      echo "replace ("
-      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"${staging}"'#p' "${modfile}"
-      echo ")"
-    } >> go.mod
-    {
-      printf '//go:build tools\n\npackage tools\n\nimport (\n'
-      for c in "${cmds[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "${c}"; done
-      printf ')\n'
-    } > tools.go
-    go mod tidy >/dev/null 2>&1 || true
-    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-    local pkg=k8s.io/component-base/version
-    mkdir -p bin
-    CGO_ENABLED=0 go build -trimpath -o bin/ \
-      -ldflags "-s -w -X ${pkg}.gitVersion=${KUBE_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}" \
-      "${cmds[@]/#/k8s.io/kubernetes/cmd/}" >&2
-  )
+  (cd "${work}" && kubernetes_build "${work}/bin" "${KUBE_VERSION}" "${cmds[@]/#/k8s.io/kubernetes/cmd/}")
   for c in "${cmds[@]}"; do
     mv -f "${work}/bin/${c}" "${out}/${c}"
     stamp "${c}" "${KUBE_VERSION}"

@@ -80,34 +80,17 @@ ldflags_of() {
     kustomize) echo "-X sigs.k8s.io/kustomize/api/provenance.version=${v}" ;;
     # staticcheck carries its version in its source.
     staticcheck) ;;
-    kubectl)
-      local minor="${v#v1.}"; minor="${minor%%.*}"
-      local pkg=k8s.io/component-base/version
-      echo "-X ${pkg}.gitVersion=${v} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}" ;;
+    # kubectl is stamped by kubernetes_build (hack/lib/kubernetes.sh).
   esac
 }
 
-# build_kubernetes_command builds a command of k8s.io/kubernetes at version into the folder work,
-# in a module of its own that requires k8s.io/kubernetes and replaces each of its staging modules
-# by the published version (v1.X.Y publishes them as v0.X.Y).
+# shellcheck source=hack/lib/kubernetes.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/kubernetes.sh"
+
+# build_kubernetes_command builds a command of k8s.io/kubernetes at version into the folder work.
 build_kubernetes_command() {
-  local work="$1" pkg="$2" version="$3" ldflags="$4"
-  (
-    cd "${work}"
-    export GOFLAGS=-buildvcs=false
-    go mod init "build-$(basename "${pkg}")" >/dev/null 2>&1
-    local modfile staging="v0.${version#v1.}"
-    modfile="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')"
-    {
-      echo "require k8s.io/kubernetes ${version}"
-      echo "replace ("
-      sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"${staging}"'#p' "${modfile}"
-      echo ")"
-    } >> go.mod
-    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "${pkg}" > tools.go
-    go mod tidy >/dev/null 2>&1 || true
-    CGO_ENABLED=0 go build -trimpath -o "${work}/$(basename "${pkg}")" -ldflags "-s -w ${ldflags}" "${pkg}" >&2
-  )
+  local work="$1" pkg="$2" version="$3"
+  (cd "${work}" && kubernetes_build "${work}" "${version}" "${pkg}")
 }
 
 # promtool_from_debian puts the promtool of Debian's prometheus package into the work folder: the
@@ -141,7 +124,7 @@ build() {
     log "promtool: $("${work}/promtool" --version 2>&1 | head -n 1), from Debian's prometheus package"
   elif [ "${tool}" = kubectl ]; then
     log "building kubectl ${version} from the Go module proxy (a few minutes the first time)"
-    if ! build_kubernetes_command "${work}" "${pkg}" "${version}" "$(ldflags_of "${tool}" "${version}")"; then
+    if ! build_kubernetes_command "${work}" "${pkg}" "${version}"; then
       rm -rf "${work}"
       log "building ${pkg}@${version} failed (the go output above says why)"
       return 1

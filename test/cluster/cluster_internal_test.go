@@ -23,18 +23,6 @@ func TestNewSubnet(t *testing.T) {
 	}
 }
 
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		`/var/lib/kubelet/pods/x`:  "/var/lib/kubelet/pods/x",
-		`/mnt/with\040space`:       "/mnt/with space",
-		`/mnt/tab\011and\134slash`: "/mnt/tab\tand\\slash",
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // TestContainerdConfig checks the settings this machine kind needs (see containerdConfig).
 func TestContainerdConfig(t *testing.T) {
 	conf := containerdConfig(newDirs("/tmp/n"), "/usr/sbin/runc", "docker.io/library/healer-test-pause:v1")

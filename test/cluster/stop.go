@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/mount-utils"
 )
 
 // Stop stops every component and removes what the node left on the machine: the pods'
@@ -244,20 +245,13 @@ func removeCgroups(name string) error {
 // mountsUnder lists the mount points below any of roots (a root ending in "-" is a name
 // prefix), deepest first, from this process's mount table.
 func mountsUnder(roots ...string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
-	defer func() { _ = f.Close() }()
 	var points []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		point := unescapeMount(fields[4])
+	for _, m := range infos {
+		point := m.MountPoint
 		for _, root := range roots {
 			if point == root || strings.HasPrefix(point, strings.TrimSuffix(root, "/")+"/") ||
 				(strings.HasSuffix(root, "-") && strings.HasPrefix(point, root)) {
@@ -268,25 +262,6 @@ func mountsUnder(roots ...string) []string {
 	}
 	slices.SortFunc(points, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	return slices.Compact(points)
-}
-
-// unescapeMount undoes the octal escapes of mountinfo (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // unmountUnder detaches every mount below roots, deepest first, until none is left.
