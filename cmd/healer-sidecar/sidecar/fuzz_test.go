@@ -121,7 +121,7 @@ func fuzzHealer(f *testing.F) *nodeHealer {
 	for pv, handle := range fuzzVolumes {
 		objs = append(objs, testPV(pv, d.Name(), handle))
 	}
-	vols := startVolumesFor(f, d.Name(), objs...)
+	vols := startVolumesFor(f, objs...)
 	dc, err := newDriverClient(&Options{DriverEndpoint: endpoint, DriverTimeout: 2 * time.Second, MaxMessageSize: DefaultMaxMessageSize}, NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		f.Fatal(err)

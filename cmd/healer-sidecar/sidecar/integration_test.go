@@ -143,7 +143,9 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
-// TestListStagedVolumes maps the driver's staged volumes back to PV names, page by page.
+// TestListStagedVolumes relays the driver's staged volumes page by page, with the PV names of the
+// volumes the sidecar has read (here pv-1, probed before) and none for the others, which the
+// controller maps from its own cache: the sidecar keeps no view of the cluster's PVs.
 func TestListStagedVolumes(t *testing.T) {
 	f := newFixture(t)
 	d := f.startDriver(driver.Options{SeedVolumes: []string{"vol-1", "vol-2", "vol-3", "vol-orphan"}}, nil)
@@ -159,6 +161,9 @@ func TestListStagedVolumes(t *testing.T) {
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
+	if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
+		t.Fatal(err)
+	}
 
 	got := map[string]string{}
 	token := ""
@@ -187,8 +192,8 @@ func TestListStagedVolumes(t *testing.T) {
 	}
 	want := map[string]string{
 		"vol-1":      f.pvName("pv-1"),
-		"vol-2":      f.pvName("pv-2"),
-		"vol-3":      f.pvName("pv-3"),
+		"vol-2":      "",
+		"vol-3":      "",
 		"vol-orphan": "",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -448,7 +453,7 @@ func TestMalformedRequests(t *testing.T) {
 		message string
 	}{
 		"empty pv name":                {pv: "", want: codes.InvalidArgument, message: "pv_name is required"},
-		"unknown PV":                   {pv: f.pvName("missing"), want: codes.NotFound, message: "not in the sidecar's cache"},
+		"unknown PV":                   {pv: f.pvName("missing"), want: codes.NotFound, message: "does not exist"},
 		"PV of another driver":         {pv: f.pvName("other"), want: codes.InvalidArgument, message: `belongs to driver "other.example.com"`},
 		"PV that is not a CSI volume":  {pv: f.pvName("hostpath"), want: codes.InvalidArgument, message: "no spec.csi"},
 		"volume not staged here":       {pv: f.pvName("unstaged"), want: codes.FailedPrecondition, message: "not staged"},
@@ -495,8 +500,8 @@ func (reasonless) ProbeVolume(context.Context, *healerv1alpha1.ProbeVolumeReques
 	return &healerv1alpha1.ProbeVolumeResponse{HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE}}}, nil
 }
 
-// TestStageSecrets hands the driver the node-stage Secret of the PV, follows changes to it, and
-// answers FAILED_PRECONDITION when it is missing.
+// TestStageSecrets hands the driver the node-stage Secret of the PV, follows changes to it within
+// SecretCacheTTL, and answers FAILED_PRECONDITION when it is missing.
 func TestStageSecrets(t *testing.T) {
 	f := newFixture(t)
 	f.startDriver(driver.Options{}, nil)
@@ -512,7 +517,7 @@ func TestStageSecrets(t *testing.T) {
 	}
 	f.create(f.pv("pv-1", "vol-1", withSecret("ceph-node-stage")))
 	f.create(f.pv("pv-2", "vol-2", withSecret("does-not-exist")))
-	sc := f.startSidecar(nil)
+	sc := f.startSidecar(func(o *sidecar.Options) { o.SecretCacheTTL = 500 * time.Millisecond })
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
 
@@ -529,7 +534,7 @@ func TestStageSecrets(t *testing.T) {
 		t.Errorf("probe of a PV whose secret is missing: %v, want FAILED_PRECONDITION naming the secret", err)
 	}
 
-	// A rotated key reaches the driver through the watch, without a restart.
+	// A rotated key reaches the driver once the cached one expires, without a restart.
 	s, err := f.env.Clientset.CoreV1().Secrets(secretNS).Get(f.ctx, "ceph-node-stage", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

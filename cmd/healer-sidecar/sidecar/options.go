@@ -35,12 +35,12 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	// DefaultAuthCacheTTL is how long an accepted token is trusted without a new TokenReview.
 	DefaultAuthCacheTTL = 30 * time.Second
+	// DefaultSecretCacheTTL is how long a node-stage Secret read is handed to the driver before it
+	// is read again.
+	DefaultSecretCacheTTL = time.Minute
 	// DefaultAuthFailureCacheTTL is how long a rejected token stays rejected without a new
 	// TokenReview.
 	DefaultAuthFailureCacheTTL = 10 * time.Second
-	// DefaultSecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be
-	// cached the first time that namespace is needed.
-	DefaultSecretSyncTimeout = 5 * time.Second
 )
 
 // Options configure a Sidecar. Zero values take the defaults documented on each field.
@@ -140,9 +140,10 @@ type Options struct {
 	// DefaultKubeletDir.
 	KubeletDir string
 
-	// SecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be cached
-	// the first time it needs one from there. Default: DefaultSecretSyncTimeout.
-	SecretSyncTimeout time.Duration
+	// SecretCacheTTL is how long a node-stage Secret read from the API server is used before it
+	// is read again: a rotated Secret reaches the driver within this time. Default:
+	// DefaultSecretCacheTTL.
+	SecretCacheTTL time.Duration
 
 	// MetricsAddress serves /metrics, /healthz and /readyz over HTTP. "0" turns the server off
 	// (the metrics are still recorded in Registry). Default: DefaultMetricsAddress.
@@ -220,7 +221,7 @@ func (o *Options) setDefaults() error {
 		{"AuthFailureCacheTTL", &o.AuthFailureCacheTTL, DefaultAuthFailureCacheTTL},
 		{"DriverTimeout (--driver-timeout)", &o.DriverTimeout, DefaultDriverTimeout},
 		{"ShutdownTimeout (--shutdown-timeout)", &o.ShutdownTimeout, DefaultShutdownTimeout},
-		{"SecretSyncTimeout", &o.SecretSyncTimeout, DefaultSecretSyncTimeout},
+		{"SecretCacheTTL (--secret-cache-ttl)", &o.SecretCacheTTL, DefaultSecretCacheTTL},
 		{"RegisterBackoff", &o.RegisterBackoff, 500 * time.Millisecond},
 		{"RegisterMaxBackoff", &o.RegisterMaxBackoff, 30 * time.Second},
 	}

@@ -116,9 +116,6 @@ func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
 		return nil, toStatus(notAdvertised(info, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES))
 	}
-	if !h.volumes.synced() {
-		return nil, status.Error(codes.Unavailable, "the sidecar's PersistentVolume cache has not synced yet; retry later")
-	}
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
 	resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{
@@ -163,15 +160,22 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 	if err := h.onNode(ctx, info, vol); err != nil {
 		return nil, ctx, err
 	}
+	if err := h.volumes.stageSecrets(ctx, vol); err != nil {
+		return nil, ctx, err
+	}
 	return vol, klog.NewContext(ctx, log.WithValues("volume", vol.volumeID)), nil
 }
 
-// onNode checks that vol is on the sidecar's node before any call reaches the driver: attached
-// here (a VolumeAttachment of the driver to this node, attached and not being deleted), or, for
-// a volume without one there (drivers without an attach step), staged here by the driver's own
-// list. Neither: ErrNotOnNode, whoever asked.
+// onNode checks that vol is on the sidecar's node before any call reaches the driver and before
+// its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
+// attached and not being deleted), or, for a volume without one there (drivers without an attach
+// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked.
 func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) error {
-	if h.volumes.attachedHere(info.name, vol.pvName) {
+	attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID)
+	if err != nil {
+		return err
+	}
+	if attached {
 		return nil
 	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {

@@ -3,9 +3,10 @@
 // the driver's Healer service on the driver's CSI-Addons UNIX socket.
 //
 // For each call it authenticates the caller (a TokenReview of the ServiceAccount token in the
-// "authorization" metadata, cached briefly), resolves the PersistentVolume from informer caches
-// (volume handle, kubelet staging path, volume context, volume capability, node-stage secret)
-// and calls the driver with a bounded timeout. On every start it writes a fresh restart marker
+// "authorization" metadata, cached briefly); then it reads the
+// PersistentVolume (volume handle, kubelet staging path, volume context, volume capability),
+// checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
+// calls the driver with a bounded timeout. On every start it writes a fresh restart marker
 // on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
 //
 // The package holds no global state: a test or a scale harness can run many sidecars in one
@@ -35,7 +36,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -88,9 +88,7 @@ func New(opts Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CSIAddonsNode client: %w", err)
 	}
-	if s.volumes, err = newVolumes(kube, &s.opts); err != nil {
-		return nil, err
-	}
+	s.volumes = newVolumes(kube, &s.opts)
 	s.auth = newAuthenticator(kube.AuthenticationV1().TokenReviews(), &s.opts, s.metrics, opts.Clock)
 
 	var creds credentials.TransportCredentials
@@ -108,7 +106,6 @@ func New(opts Options) (*Sidecar, error) {
 	if s.driver, err = newDriverClient(&s.opts, s.metrics); err != nil {
 		return nil, err
 	}
-	s.driver.onLoad = func(info *driverInfo) { s.volumes.setDriver(info.name) }
 	s.driver.onReconnect = func(*driverInfo) {
 		select {
 		case s.driverRestarted <- struct{}{}:
@@ -185,10 +182,9 @@ func (s *Sidecar) Endpoint() string { return s.reg.endpoint }
 // Registered is closed once the CSIAddonsNode carries this start's restart marker.
 func (s *Sidecar) Registered() <-chan struct{} { return s.registered }
 
-// Ready reports whether calls can be answered: the PersistentVolume cache has synced and the
-// driver has told its name and capabilities.
+// Ready reports whether calls can be answered: the driver has told its name and capabilities.
 func (s *Sidecar) Ready() bool {
-	return s.volumes.synced() && s.driver.cached() != nil
+	return s.driver.cached() != nil
 }
 
 // Start serves until ctx is done, then stops accepting calls, lets the calls in flight finish
@@ -206,7 +202,6 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()))
 
 	g, gctx := errgroup.WithContext(ctx)
-	s.volumes.start(gctx)
 	g.Go(func() error {
 		s.driver.watch(gctx)
 		return nil
@@ -235,7 +230,6 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return nil
 	})
 	err := g.Wait()
-	s.volumes.stop()
 	if cerr := s.driver.close(); cerr != nil && err == nil {
 		log.V(2).Info("Closing the driver connection", "error", cerr.Error())
 	}
@@ -243,16 +237,13 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	return err
 }
 
-// register writes the restart marker once the sidecar can answer: the PV cache has synced and
-// the driver has told its name. Marking the restart earlier would send the controller's sweep
+// register writes the restart marker once the sidecar can answer: the driver has told its name.
+// Marking the restart earlier would send the controller's sweep
 // to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
 // under the running sidecar (the driver container alone crashed), since that kills userspace
 // mounters just as a restart of the whole pod does.
 func (s *Sidecar) register(ctx context.Context) {
 	log := klog.FromContext(ctx)
-	if !waitFor(ctx, s.opts.Clock, s.volumes.synced) {
-		return
-	}
 	var info *driverInfo
 	wait := s.opts.RegisterBackoff
 	for {
@@ -294,20 +285,6 @@ func (s *Sidecar) register(ctx context.Context) {
 	}
 }
 
-// waitFor polls cond until it holds or ctx is done.
-func waitFor(ctx context.Context, clk clock.Clock, cond func() bool) bool {
-	for !cond() {
-		t := clk.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C():
-		}
-	}
-	return true
-}
-
 // shutdown stops accepting calls and gives those in flight ShutdownTimeout to finish.
 func (s *Sidecar) shutdown(ctx context.Context) {
 	log := klog.FromContext(ctx)
@@ -345,8 +322,6 @@ func (s *Sidecar) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
-		case !s.volumes.synced():
-			http.Error(w, "PersistentVolume cache not synced", http.StatusServiceUnavailable)
 		case s.driver.cached() == nil:
 			http.Error(w, "driver identity and capabilities not loaded from "+s.opts.DriverEndpoint, http.StatusServiceUnavailable)
 		default:
