@@ -189,6 +189,7 @@ func (f *fixture) stopDriver() {
 // running is a started sidecar and a NodeHealer client connected to it over TLS.
 type running struct {
 	s      *sidecar.Sidecar
+	conn   *grpc.ClientConn
 	client healerv1alpha1.NodeHealerClient
 	stop   func() error
 }
@@ -243,7 +244,7 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() { _ = conn.Close() })
-	return &running{s: s.Sidecar, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
+	return &running{s: s.Sidecar, conn: conn, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
 }
 
 // waitReady waits until the sidecar's PV cache has synced and it knows the driver.

@@ -892,3 +892,54 @@ func TestClientCertificates(t *testing.T) {
 		})
 	}
 }
+
+// rawCodec sends a request's bytes as they are, so that a test can send what no well-behaved
+// client would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = data
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// TestAuthenticatedBeforeDecoding sends requests that are no protobuf message at all: without a
+// token, or with a token the API server rejects, the caller learns only that it is not
+// authenticated, since the sidecar reads no request before it knows who calls; with the
+// controller's token the same bytes are read and refused as malformed.
+func TestAuthenticatedBeforeDecoding(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(driver.Options{}, nil)
+	sc := f.startSidecar(nil)
+	f.waitReady(sc)
+	conn := sc.conn
+	garbage := []byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x80}
+	call := func(ctx context.Context) error {
+		var reply []byte
+		return conn.Invoke(ctx, "/"+healerv1alpha1.NodeHealer_ServiceDesc.ServiceName+"/ProbeVolume", garbage, &reply, grpc.ForceCodec(rawCodec{}))
+	}
+	tests := map[string]struct {
+		ctx  context.Context
+		want codes.Code
+	}{
+		"no token":                {ctx: f.ctx, want: codes.Unauthenticated},
+		"a token the API rejects": {ctx: f.as("not-a-token"), want: codes.Unauthenticated},
+		"the controller's token":  {ctx: f.as(f.token(controllerSA)), want: codes.Internal},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := call(tc.ctx)
+			if status.Code(err) != tc.want {
+				t.Fatalf("ProbeVolume with bytes that are no request: %v, want %s", err, tc.want)
+			}
+			if tc.want == codes.Unauthenticated && strings.Contains(err.Error(), "unmarshal") {
+				t.Errorf("the refusal shows the request was decoded: %v", err)
+			}
+		})
+	}
+	body := scrape(t, sc.s)
+	if want := `volume_healer_sidecar_calls_total{code="Unauthenticated",rpc="ProbeVolume"} 2`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q:\n%s", want, grep(body, "volume_healer_sidecar_calls_total"))
+	}
+}

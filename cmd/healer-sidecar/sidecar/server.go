@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"runtime/debug"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -247,8 +248,49 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// recoverPanics turns a panic while handling a call (authentication included) into an Internal
-// error for that call alone: one malformed object or message must not take down the sidecar, and
+// authenticatedFirst returns a copy of desc whose every method admits its caller before anything
+// else: before the request is read from the wire and decoded, before the interceptors (metrics,
+// logs, panic recovery) and the handler run. A caller without a valid token thus costs the
+// sidecar the check of its token and nothing more, whatever it sends. A refused call is counted
+// and logged here, as the interceptors would.
+func (s *Sidecar) authenticatedFirst(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
+	out := *desc
+	out.Methods = slices.Clone(desc.Methods)
+	for i := range out.Methods {
+		rpc, handler := out.Methods[i].MethodName, out.Methods[i].Handler
+		out.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, next grpc.UnaryServerInterceptor) (any, error) {
+			start := s.opts.Clock.Now()
+			admitted, err := s.admit(ctx, rpc)
+			if err != nil {
+				took := s.opts.Clock.Since(start)
+				s.metrics.call(rpc, status.Code(err), took)
+				s.log.V(2).Info("Call refused", "rpc", rpc, "code", status.Code(err), "error", err.Error(), "took", took)
+				return nil, err
+			}
+			return handler(srv, admitted, dec, next)
+		}
+	}
+	return &out
+}
+
+// admit authenticates the caller of rpc and returns the call's context with the caller's name. A
+// panic while doing so refuses this call alone, as recoverPanics does for the rest.
+func (s *Sidecar) admit(ctx context.Context, rpc string) (_ context.Context, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.metrics.panicked(rpc)
+			s.log.Error(nil, "Authentication panicked", "rpc", rpc, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "the sidecar failed while authenticating %s: %v", rpc, r)
+		}
+	}()
+	user, err := s.auth.authenticate(ctx)
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, callerKey{}, user), nil
+}
+
+// recoverPanics turns a panic while handling a call into an Internal error for that call alone: one malformed object or message must not take down the sidecar, and
 // with it every volume of the node.
 func (s *Sidecar) recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
@@ -267,7 +309,7 @@ func (s *Sidecar) recoverPanics(ctx context.Context, req any, info *grpc.UnarySe
 func (s *Sidecar) observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	rpc := path.Base(info.FullMethod)
 	// The server's contexts do not derive from Start's, so the logger comes from the sidecar.
-	log := s.log.WithValues("rpc", rpc)
+	log := s.log.WithValues("rpc", rpc, "caller", callerOf(ctx))
 	if d := s.driver.cached(); d != nil {
 		log = log.WithValues("driver", d.name)
 	}

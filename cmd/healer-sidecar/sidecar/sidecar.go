@@ -2,8 +2,8 @@
 // NodeHealer service to the volume-healer controller over TCP with TLS, and relays each call to
 // the driver's Healer service on the driver's CSI-Addons UNIX socket.
 //
-// For each call it authenticates the caller (a TokenReview of the ServiceAccount token in the
-// "authorization" metadata, cached briefly); then it reads the
+// For each call it first authenticates the caller (a TokenReview of the ServiceAccount token in
+// the "authorization" metadata, cached briefly), before it reads the request; then it reads the
 // PersistentVolume (volume handle, kubelet staging path, volume context, volume capability),
 // checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
 // calls the driver with a bounded timeout. On every start it writes a fresh restart marker
@@ -116,13 +116,15 @@ func New(opts Options) (*Sidecar, error) {
 	serverOpts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageSize),
 		grpc.MaxSendMsgSize(opts.MaxMessageSize),
-		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics, s.auth.interceptor),
+		// The caller is authenticated before these run (authenticatedFirst).
+		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics),
 	}
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	healerv1alpha1.RegisterNodeHealerServer(s.grpc, &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes})
+	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc),
+		&nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes})
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {
 		_ = s.driver.close()
