@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
-		"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
