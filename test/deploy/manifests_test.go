@@ -756,6 +756,16 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 	}
 }
 
+// volumeMountedAt names the volume that c mounts at path, or "".
+func volumeMountedAt(c corev1.Container, path string) string {
+	for _, m := range c.VolumeMounts {
+		if strings.TrimSuffix(m.MountPath, "/") == strings.TrimSuffix(path, "/") {
+			return m.Name
+		}
+	}
+	return ""
+}
+
 func mountPathOf(c corev1.Container, volume string) string {
 	for _, m := range c.VolumeMounts {
 		if m.Name == volume {
@@ -810,6 +820,20 @@ func TestSidecarComponent(t *testing.T) {
 	}
 	if flags["tls-cert-file"] == "" || flags["insecure"] == "true" {
 		t.Error("the sidecar does not serve TLS")
+	}
+	if flags["tls-server-name"] != base.cfg.Sidecar.TLS.ServerName {
+		t.Errorf("--tls-server-name=%s, the controller expects certificates for <node>.%s", flags["tls-server-name"], base.cfg.Sidecar.TLS.ServerName)
+	}
+	// The node's key pair is the node's alone: read from the node, not from a Secret that every
+	// node plugin could read.
+	certVolume := volumeMountedAt(*sc, filepath.Dir(flags["tls-cert-file"]))
+	if certVolume == "" {
+		t.Errorf("--tls-cert-file=%s is on no volume of the sidecar", flags["tls-cert-file"])
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == certVolume && v.HostPath == nil {
+			t.Errorf("the sidecar's key pair (%s) is on volume %s, not on a hostPath of the node's own", flags["tls-cert-file"], v.Name)
+		}
 	}
 	socket := strings.TrimPrefix(flags["driver-endpoint"], "unix://")
 	if m := mountPathOf(*sc, "socket-dir"); m == "" || filepath.Dir(socket) != m {

@@ -92,6 +92,13 @@ type Options struct {
 	// TLSKeyFile: see TLSCertFile.
 	TLSKeyFile string
 
+	// TLSServerName is the base of the name the controller expects in this node's certificate
+	// (its sidecar.tls.serverName): the certificate must be valid for "<NodeName>.<TLSServerName>",
+	// or the sidecar does not start, and a rotated certificate that is not is passed over. It
+	// catches a certificate the controller would refuse before the controller does. Default: none,
+	// no check.
+	TLSServerName string
+
 	// ClientCAFile, when set, names a PEM bundle of CAs: every connection must then present a
 	// client certificate they sign (the controller's sidecar.tls.certFile), or the TLS handshake
 	// fails before any call. It is read at start. Default: none, no client certificate is asked
@@ -197,6 +204,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Insecure && o.ClientCAFile != "" {
 		return fmt.Errorf("%w: Insecure (--insecure) and ClientCAFile (--client-ca-file) were both given; client certificates need TLS", ErrInvalidOptions)
+	}
+	if o.Insecure && o.TLSServerName != "" {
+		return fmt.Errorf("%w: Insecure (--insecure) and TLSServerName (--tls-server-name) were both given; a server name needs TLS", ErrInvalidOptions)
 	}
 	if o.Insecure && (o.TLSCertFile != "" || o.TLSKeyFile != "") {
 		return fmt.Errorf("%w: Insecure (--insecure) and a TLS certificate were both given; choose one", ErrInvalidOptions)

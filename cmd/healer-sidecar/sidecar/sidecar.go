@@ -93,7 +93,11 @@ func New(opts Options) (*Sidecar, error) {
 
 	var creds credentials.TransportCredentials
 	if !opts.Insecure {
-		kp, err := newKeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		name := ""
+		if opts.TLSServerName != "" {
+			name = opts.NodeName + "." + opts.TLSServerName
+		}
+		kp, err := newKeyPair(opts.TLSCertFile, opts.TLSKeyFile, name)
 		if err != nil {
 			return nil, err
 		}
