@@ -33,9 +33,9 @@ const (
 	apiTimeout = 10 * time.Second
 )
 
-// LeanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads, for the
+// leanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads, for the
 // sidecar's cache of PVs.
-func LeanPersistentVolume(pv *corev1.PersistentVolume) *corev1.PersistentVolume {
+func leanPersistentVolume(pv *corev1.PersistentVolume) *corev1.PersistentVolume {
 	lean := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: pv.Name, UID: pv.UID, ResourceVersion: pv.ResourceVersion},
 		Spec: corev1.PersistentVolumeSpec{
@@ -58,13 +58,16 @@ type volume struct {
 	stagingPath string
 	context     map[string]string
 	capability  *csi.VolumeCapability
-	secrets     map[string]string
+	// secretRef names the node-stage Secret, read into secrets once the volume is known to be on
+	// this node.
+	secretRef *corev1.SecretReference
+	secrets   map[string]string
 }
 
-// volumes resolves PersistentVolume names with GETs of the objects a call needs (the PV, its
-// VolumeAttachment on this node, its node-stage Secret), each cached briefly in small bounded
-// caches. It lists and watches nothing: a cluster of 40,000 PVs costs the sidecar what its own
-// node's volumes cost.
+// volumes resolves PersistentVolume names with GETs of the objects a call needs: the PV and its
+// node-stage Secret, kept briefly in small bounded caches, and its VolumeAttachment on this node,
+// read at every call. It lists and watches nothing: a cluster of 40,000 PVs costs the sidecar what
+// its own node's volumes cost.
 type volumes struct {
 	client     kubernetes.Interface
 	nodeName   string
@@ -113,7 +116,7 @@ func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.Pe
 	case err != nil:
 		return nil, fmt.Errorf("%w: get PersistentVolume %q: %w", ErrNotReady, name, err)
 	}
-	lean := LeanPersistentVolume(pv)
+	lean := leanPersistentVolume(pv)
 	v.pvs.Add(name, lean, pvCacheTTL)
 	if lean.Spec.CSI != nil {
 		v.handles.Add(driverHandleKey(lean.Spec.CSI.Driver, lean.Spec.CSI.VolumeHandle), name, pvCacheTTL)
@@ -165,6 +168,7 @@ func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volu
 		stagingPath: stagingPath(v.kubeletDir, pv),
 		context:     src.VolumeAttributes,
 		capability:  volumeCapability(pv),
+		secretRef:   src.NodeStageSecretRef,
 	}, nil
 }
 
@@ -172,15 +176,7 @@ func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volu
 // volume is known to be on this node, so that the sidecar reads no Secret for another node's
 // volume.
 func (v *volumes) stageSecrets(ctx context.Context, vol *volume) error {
-	obj, ok := v.pvs.Get(vol.pvName)
-	if !ok {
-		pv, err := v.persistentVolume(ctx, vol.pvName)
-		if err != nil {
-			return err
-		}
-		obj = pv
-	}
-	ref := obj.(*corev1.PersistentVolume).Spec.CSI.NodeStageSecretRef
+	ref := vol.secretRef
 	if ref == nil {
 		return nil
 	}

@@ -301,7 +301,7 @@ func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
 	}
 }
 
-// The cache keeps a lean copy of every PV: what the driver is sent must not change because of it.
+// The cache keeps a lean copy of each PV it reads: what the driver is sent must not change because of it.
 func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 	block := corev1.PersistentVolumeBlock
 	pvs := map[string]*corev1.PersistentVolume{
@@ -320,7 +320,7 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 	}
 	for name, pv := range pvs {
 		t.Run(name, func(t *testing.T) {
-			lean := LeanPersistentVolume(pv.DeepCopy())
+			lean := leanPersistentVolume(pv.DeepCopy())
 			if lean.Labels != nil || lean.Spec.ClaimRef != nil {
 				t.Errorf("lean copy keeps fields nothing reads: %+v", lean)
 			}
