@@ -247,7 +247,7 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 	return &running{s: s.Sidecar, conn: conn, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
 }
 
-// waitReady waits until the sidecar's PV cache has synced and it knows the driver.
+// waitReady waits until the sidecar knows the driver.
 func (f *fixture) waitReady(r *running) {
 	f.t.Helper()
 	f.eventually("sidecar ready", 20*time.Second, r.s.Ready)
