@@ -7,6 +7,9 @@ import (
 	"path"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -206,6 +209,57 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) 
 	}
 	return fmt.Errorf("%w: PersistentVolume %q (volume %q) has no attached VolumeAttachment of driver %q on node %q and the driver does not list it as staged here; this sidecar acts only on its node's volumes",
 		ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
+}
+
+// warm reads, before the node's restart is marked, the VolumeAttachment, the PV and the node-stage
+// Secret of each volume the driver lists as staged here, a few at a time, so that the restart
+// sweep that follows finds them read, and is answered even if the API server goes away during it.
+// What it reads is this node's alone. A volume without a VolumeAttachment here (a driver without
+// an attach step) is read when a call first names it.
+func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
+	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		return
+	}
+	log := klog.FromContext(ctx)
+	var handles []string
+	token := ""
+	for page := 0; page < 10000; page++ {
+		cctx, cancel := h.driver.callContext(ctx)
+		resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{StartingToken: token})
+		cancel()
+		if err != nil {
+			log.V(2).Info("Cannot list the staged volumes to read them ahead", "error", err.Error())
+			return
+		}
+		for _, e := range resp.GetEntries() {
+			handles = append(handles, e.GetVolumeId())
+		}
+		if resp.GetNextToken() == "" || resp.GetNextToken() == token {
+			break
+		}
+		token = resp.GetNextToken()
+	}
+	var read atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, handle := range handles {
+		g.Go(func() error {
+			pv, err := h.volumes.attachedPV(gctx, info.name, handle)
+			if err != nil || pv == "" {
+				return nil
+			}
+			vol, err := h.volumes.resolve(gctx, info.name, pv)
+			if err != nil {
+				return nil
+			}
+			if err := h.volumes.stageSecrets(gctx, vol); err == nil {
+				read.Add(1)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	log.V(2).Info("Read the node's volumes ahead", "staged", len(handles), "read", read.Load())
 }
 
 func notAdvertised(info *driverInfo, rpc healerv1alpha1.HealerCapability_RPC_Type) error {

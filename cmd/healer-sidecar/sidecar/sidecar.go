@@ -47,6 +47,7 @@ type Sidecar struct {
 	metrics *Metrics
 	driver  *driverClient
 	volumes *volumes
+	healer  *nodeHealer
 	auth    *authenticator
 	reg     *registrar
 
@@ -127,8 +128,8 @@ func New(opts Options) (*Sidecar, error) {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc),
-		&nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes})
+	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes}
+	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {
 		_ = s.driver.close()
@@ -243,9 +244,12 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	return err
 }
 
-// register writes the restart marker once the sidecar can answer: the driver has told its name.
-// Marking the restart earlier would send the controller's sweep
-// to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
+// warmTimeout bounds how long reading the node's volumes ahead may delay the restart marker.
+const warmTimeout = 30 * time.Second
+
+// register writes the restart marker once the sidecar can answer: the driver has told its name,
+// and the node's volumes have been read ahead (warm). Marking the restart earlier would send the
+// controller's sweep to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
 // under the running sidecar (the driver container alone crashed), since that kills userspace
 // mounters just as a restart of the whole pod does.
 func (s *Sidecar) register(ctx context.Context) {
@@ -267,6 +271,10 @@ func (s *Sidecar) register(ctx context.Context) {
 		}
 		wait = min(2*wait, s.opts.RegisterMaxBackoff)
 	}
+	// The sweep this start sets off finds the node's volumes read.
+	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	s.healer.warm(wctx, info)
+	cancel()
 	// A reconnect seen before the first registration is part of this start.
 	select {
 	case <-s.driverRestarted:

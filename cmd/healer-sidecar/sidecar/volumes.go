@@ -29,6 +29,10 @@ const (
 	// pvCacheTTL is how long a PV read is used. What the sidecar reads of a PV (spec.csi, access
 	// modes, volume mode, mount options) does not change while the PV exists.
 	pvCacheTTL = 5 * time.Minute
+	// staleFor is how long an object read stays usable while the API server cannot be reached
+	// (not for an object that is gone, nor for a refusal): calls are answered through an outage
+	// with what was last read, as informer caches would.
+	staleFor = 30 * time.Minute
 	// apiTimeout bounds each GET.
 	apiTimeout = 10 * time.Second
 )
@@ -72,13 +76,59 @@ type volumes struct {
 	client     kubernetes.Interface
 	nodeName   string
 	kubeletDir string
-	secretTTL  time.Duration
 
-	// pvs holds lean PVs by name; handles PV names by driver and volume handle, for the volumes
-	// the driver lists; secrets the data of node-stage Secrets by "namespace/name".
-	pvs     *utilcache.LRUExpireCache
+	// pvs holds lean PVs by name; attachments whether a VolumeAttachment name attaches a PV here,
+	// by "<VolumeAttachment>/<PV>"; secrets the data of node-stage Secrets by "namespace/name".
+	pvs         *readCache
+	attachments *readCache
+	secrets     *readCache
+	// handles holds PV names by driver and volume handle, for the volumes the driver lists.
 	handles *utilcache.LRUExpireCache
-	secrets *utilcache.LRUExpireCache
+}
+
+// readCache keeps what the sidecar read from the API server, at most volumeCacheSize entries.
+// An entry is used while it is fresh; after that it is read again, and while the API server
+// cannot be reached the last value read is used up to staleFor.
+type readCache struct {
+	lru   *utilcache.LRUExpireCache
+	fresh time.Duration
+	clock clock.PassiveClock
+}
+
+// cached is one value read, and when.
+type cached struct {
+	value any
+	at    time.Time
+}
+
+func newReadCache(fresh time.Duration, clk clock.PassiveClock) *readCache {
+	return &readCache{lru: utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk), fresh: fresh, clock: clk}
+}
+
+// get returns the value of key: from the cache while fresh, else from read. When read fails
+// because the API server is unreachable, it returns the last value read, if any, not older than
+// staleFor, and the failure otherwise.
+func (c *readCache) get(key string, read func() (any, error)) (any, error) {
+	e, ok := c.lru.Get(key)
+	if ok && c.clock.Since(e.(cached).at) < c.fresh {
+		return e.(cached).value, nil
+	}
+	v, err := read()
+	if err == nil {
+		c.lru.Add(key, cached{value: v, at: c.clock.Now()}, staleFor)
+		return v, nil
+	}
+	if ok && unreachable(err) {
+		return e.(cached).value, nil
+	}
+	return nil, err
+}
+
+// unreachable tells an API server that could not answer (a connection refused, a timeout, a 5xx
+// or 429) from one that answered no: an object that does not exist, or a refusal.
+func unreachable(err error) bool {
+	return !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) &&
+		!apierrors.IsBadRequest(err) && !apierrors.IsInvalid(err)
 }
 
 func newVolumes(client kubernetes.Interface, o *Options) *volumes {
@@ -87,13 +137,13 @@ func newVolumes(client kubernetes.Interface, o *Options) *volumes {
 		clk = clock.RealClock{}
 	}
 	return &volumes{
-		client:     client,
-		nodeName:   o.NodeName,
-		kubeletDir: o.KubeletDir,
-		secretTTL:  o.SecretCacheTTL,
-		pvs:        utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk),
-		handles:    utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk),
-		secrets:    utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk),
+		client:      client,
+		nodeName:    o.NodeName,
+		kubeletDir:  o.KubeletDir,
+		pvs:         newReadCache(pvCacheTTL, clk),
+		attachments: newReadCache(0, clk),
+		secrets:     newReadCache(o.SecretCacheTTL, clk),
+		handles:     utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk),
 	}
 }
 
@@ -104,42 +154,72 @@ func driverHandleKey(driver, handle string) string {
 
 // persistentVolume returns the PV named name, from the cache or with one GET.
 func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
-	if obj, ok := v.pvs.Get(name); ok {
-		return obj.(*corev1.PersistentVolume), nil
-	}
-	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	pv, err := v.client.CoreV1().PersistentVolumes().Get(gctx, name, metav1.GetOptions{})
+	obj, err := v.pvs.get(name, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		pv, err := v.client.CoreV1().PersistentVolumes().Get(gctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return leanPersistentVolume(pv), nil
+	})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("%w: %q does not exist", ErrPVNotFound, name)
 	case err != nil:
 		return nil, fmt.Errorf("%w: get PersistentVolume %q: %w", ErrNotReady, name, err)
 	}
-	lean := leanPersistentVolume(pv)
-	v.pvs.Add(name, lean, pvCacheTTL)
-	if lean.Spec.CSI != nil {
-		v.handles.Add(driverHandleKey(lean.Spec.CSI.Driver, lean.Spec.CSI.VolumeHandle), name, pvCacheTTL)
+	pv := obj.(*corev1.PersistentVolume)
+	if pv.Spec.CSI != nil {
+		v.handles.Add(driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle), name, staleFor)
 	}
-	return lean, nil
+	return pv, nil
 }
 
 // attachedHere reports whether PersistentVolume pvName, of volume handle handle, is attached to
 // the sidecar's node by driverName: its VolumeAttachment there (named as the attach/detach
 // controller names it) is for this PV, attached, and not being deleted (the volume is
-// detaching). It is read at every call: attachment is what the sidecar's trust rests on.
+// detaching). It is read at every call, attachment being what the sidecar's trust rests on; only
+// while the API server cannot be reached is the last answer used.
 func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string) (bool, error) {
+	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
+	attached, err := v.attachments.get(name+"/"+pvName, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return isAttachedHere(va, driverName, pvName, v.nodeName), nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("%w: get VolumeAttachment %s of PersistentVolume %q on node %q: %w", ErrNotReady, name, pvName, v.nodeName, err)
+	}
+	return attached.(bool), nil
+}
+
+// attachedPV returns the PV that the VolumeAttachment of the volume handle on this node attaches
+// here, or "" when there is none.
+func (v *volumes) attachedPV(ctx context.Context, driverName, handle string) (string, error) {
 	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
 	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("%w: get VolumeAttachment %s of PersistentVolume %q on node %q: %w", ErrNotReady, name, pvName, v.nodeName, err)
+	if apierrors.IsNotFound(err) {
+		return "", nil
 	}
-	return isAttachedHere(va, driverName, pvName, v.nodeName), nil
+	if err != nil {
+		return "", fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	src := va.Spec.Source.PersistentVolumeName
+	if src == nil || !isAttachedHere(va, driverName, *src, v.nodeName) {
+		return "", nil
+	}
+	v.attachments.lru.Add(name+"/"+*src, cached{value: true, at: v.attachments.clock.Now()}, staleFor)
+	return *src, nil
 }
 
 func isAttachedHere(va *storagev1.VolumeAttachment, driverName, pvName, node string) bool {
@@ -192,24 +272,26 @@ func (v *volumes) stageSecrets(ctx context.Context, vol *volume) error {
 // with one GET.
 func (v *volumes) secret(ctx context.Context, namespace, name string) (map[string]string, error) {
 	key := namespace + "/" + name
-	if data, ok := v.secrets.Get(key); ok {
-		return data.(map[string]string), nil
-	}
-	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	s, err := v.client.CoreV1().Secrets(namespace).Get(gctx, name, metav1.GetOptions{})
+	data, err := v.secrets.get(key, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		s, err := v.client.CoreV1().Secrets(namespace).Get(gctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]string, len(s.Data))
+		for k, val := range s.Data {
+			out[k] = string(val)
+		}
+		return out, nil
+	})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("%w: %s", ErrSecretNotFound, key)
 	case err != nil:
 		return nil, fmt.Errorf("%w: Secret %s (the sidecar needs get on Secrets in namespace %q): %w", ErrSecretsUnavailable, key, namespace, err)
 	}
-	out := make(map[string]string, len(s.Data))
-	for k, val := range s.Data {
-		out[k] = string(val)
-	}
-	v.secrets.Add(key, out, v.secretTTL)
-	return out, nil
+	return data.(map[string]string), nil
 }
 
 // pvNameFor returns the PV of driverName whose volume handle is volumeID, among the PVs the

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
@@ -334,5 +335,58 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 				t.Errorf("CSI source %+v, want %+v", lean.Spec.CSI, pv.Spec.CSI)
 			}
 		})
+	}
+}
+
+// TestAnsweredThroughAnOutage: once read, a PV, its attachment and its Secret are used while the
+// API server cannot be reached, past their freshness, and not when the API server says the
+// object is gone.
+func TestAnsweredThroughAnOutage(t *testing.T) {
+	pvName := "mine"
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status: storagev1.VolumeAttachmentStatus{Attached: true},
+	}
+	client := fake.NewClientset(
+		testPV(pvName, "d", "vol-1", func(pv *corev1.PersistentVolume) {
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
+		}),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ceph", Name: "stage"}, Data: map[string][]byte{"key": []byte("k")}},
+		va,
+	)
+	clk := testingclock.NewFakeClock(time.Now())
+	v := newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", SecretCacheTTL: time.Minute, Clock: clk})
+	ctx := context.Background()
+	check := func(when string) error {
+		vol, err := resolveWithSecrets(v, "d", pvName)
+		if err != nil {
+			return err
+		}
+		ok, err := v.attachedHere(ctx, "d", pvName, vol.volumeID)
+		if err != nil {
+			return err
+		}
+		if !ok || vol.secrets["key"] != "k" {
+			t.Fatalf("%s: attached %v, secrets %v; want attached with its Secret", when, ok, vol.secrets)
+		}
+		return nil
+	}
+	if err := check("API server up"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(10 * time.Minute)
+	client.PrependReactor("get", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("the API server is down")
+	})
+	if err := check("API server down"); err != nil {
+		t.Fatalf("API server down: %v, want the last answers", err)
+	}
+	client.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "storage.k8s.io", Resource: "volumeattachments"}, va.Name)
+	})
+	if ok, err := v.attachedHere(ctx, "d", pvName, "vol-1"); ok || err != nil {
+		t.Errorf("VolumeAttachment gone: attached %v, %v; want not attached", ok, err)
 	}
 }
