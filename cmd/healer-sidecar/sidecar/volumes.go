@@ -23,8 +23,8 @@ import (
 // need and nothing of the rest of the cluster, so that the sidecar's memory and its load on the
 // API server follow its own node's volumes, not the cluster's.
 const (
-	// volumeCacheSize bounds each cache: PVs, volume handles and node-stage Secrets. A node with
-	// more volumes than this reads the oldest again.
+	// volumeCacheSize bounds each cache: PVs, attachments, volume handles and node-stage
+	// Secrets. A node with more volumes than this reads the oldest again.
 	volumeCacheSize = 1024
 	// pvCacheTTL is how long a PV read is used. What the sidecar reads of a PV (spec.csi, access
 	// modes, volume mode, mount options) does not change while the PV exists.
