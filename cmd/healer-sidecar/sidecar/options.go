@@ -31,6 +31,12 @@ const (
 	DefaultMaxMessageSize = 4 << 20
 	// DefaultDriverTimeout bounds each call to the driver.
 	DefaultDriverTimeout = 30 * time.Second
+	// DefaultAPIQPS and DefaultAPIBurst pace the sidecar's reads of PersistentVolumes,
+	// VolumeAttachments and Secrets when KubeConfig sets no pace: one read per probe or heal, so
+	// the controller's per-node budget, not the client, sets the pace of a sweep.
+	DefaultAPIQPS = 50
+	// DefaultAPIBurst: see DefaultAPIQPS.
+	DefaultAPIBurst = 100
 	// DefaultShutdownTimeout bounds how long calls in flight may run after a stop is requested.
 	DefaultShutdownTimeout = 10 * time.Second
 	// DefaultAuthCacheTTL is how long an accepted token is trusted without a new TokenReview.
@@ -45,7 +51,8 @@ const (
 
 // Options configure a Sidecar. Zero values take the defaults documented on each field.
 type Options struct {
-	// KubeConfig reaches the API server with the sidecar's own ServiceAccount. Required.
+	// KubeConfig reaches the API server with the sidecar's own ServiceAccount. Without QPS and
+	// Burst, its reads are paced at DefaultAPIQPS and DefaultAPIBurst. Required.
 	KubeConfig *rest.Config
 
 	// NodeName is the Kubernetes Node the sidecar runs on (downward API spec.nodeName). It is

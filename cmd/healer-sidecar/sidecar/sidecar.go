@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -73,7 +74,13 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	s := &Sidecar{opts: opts, log: klog.Background().WithValues("node", opts.NodeName), metrics: NewMetrics(opts.Registry), registered: make(chan struct{}), driverRestarted: make(chan struct{}, 1)}
 
-	kube, err := kubernetes.NewForConfig(opts.KubeConfig)
+	kubeCfg := rest.CopyConfig(opts.KubeConfig)
+	if kubeCfg.QPS == 0 && kubeCfg.Burst == 0 {
+		// Every probe and heal reads its VolumeAttachment: client-go's default pace (5 requests
+		// a second) would pace the node's restart sweep instead of the controller's budgets.
+		kubeCfg.QPS, kubeCfg.Burst = DefaultAPIQPS, DefaultAPIBurst
+	}
+	kube, err := kubernetes.NewForConfig(kubeCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
