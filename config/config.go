@@ -214,8 +214,10 @@ type SidecarTLS struct {
 	CertFile string
 	// KeyFile is the PEM private key of CertFile. Default "".
 	KeyFile string
-	// ServerName is the name expected in the sidecars' certificates; empty means the host
-	// part of each sidecar's address. Default "".
+	// ServerName is the base of the names the sidecars' certificates must carry: the sidecar of
+	// node N must present a certificate for "N.<ServerName>", so that a sidecar cannot answer
+	// for another node. Empty means the host part of each sidecar's address, for every node.
+	// Default "".
 	ServerName string
 	// InsecureSkipVerify accepts any sidecar certificate. For tests only. Default false.
 	InsecureSkipVerify bool

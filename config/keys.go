@@ -263,7 +263,7 @@ var settings = []setting{
 	{
 		path:    "sidecar.tls.serverName",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.ServerName },
-		help:    "Name expected in the sidecars' certificates; empty means the host part of each sidecar's address.",
+		help:    "Base of the names in the sidecars' certificates: the sidecar of node N must present a certificate for N.<serverName>, so that no sidecar answers for another node; empty means the host part of each sidecar's address.",
 		allowed: "a host name, or empty",
 	},
 	{

@@ -672,10 +672,22 @@ func (s *Sweeper) staged(ctx context.Context, driver, node string, keep func(pv 
 		klog.FromContext(ctx).Error(err, "Cannot list staged volumes", "driver", driver, "node", node)
 		return nil, nil, fmt.Errorf("the staged volumes of %s on node %s could not be listed: %w", driver, node, err)
 	}
+	// The sidecar names the PVs it has read lately; the others are mapped here, by handle.
+	var unnamed []string
+	for _, v := range staged {
+		if v.PV == "" && v.VolumeID != "" {
+			unnamed = append(unnamed, v.VolumeID)
+		}
+	}
+	byHandle := s.opts.Planner.PVNamesByHandle(driver, unnamed)
 	var names []string
 	for _, v := range staged {
-		if v.PV != "" && (keep == nil || keep(v.PV)) {
-			names = append(names, v.PV)
+		pv := v.PV
+		if pv == "" {
+			pv = byHandle[v.VolumeID]
+		}
+		if pv != "" && (keep == nil || keep(pv)) {
+			names = append(names, pv)
 		}
 	}
 	vols, skipped := s.opts.Planner.StagedVolumes(driver, node, names)

@@ -140,6 +140,12 @@ type StagedVolume struct {
 type Options struct {
 	// TLS is the client TLS configuration; nil dials without TLS (tests and demos only). Default nil.
 	TLS *tls.Config
+	// NodeServerName, when set with TLS, gives the name that the sidecar of a node must prove with
+	// its certificate: each node's sidecars are dialled with ServerName NodeServerName(node), so
+	// that a sidecar answering at another node's address with its own node's certificate fails
+	// the handshake before any call, and before the token for that node is sent. Default nil:
+	// TLS.ServerName, or the host of the address, for every node.
+	NodeServerName func(node string) string
 	// TokenFile holds the ServiceAccount token sent on every call; re-read every TokenRefresh so a
 	// rotated projected token is picked up. Empty sends no token. Default "".
 	TokenFile string
@@ -196,7 +202,7 @@ type Client struct {
 	opts Options
 
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns map[connKey]*grpc.ClientConn
 	caps  map[capKey]*Capabilities
 	// capErrs holds recent failed capabilities calls, until their expiry.
 	capErrs map[capKey]capFailure
@@ -208,6 +214,10 @@ type Client struct {
 
 type capKey struct{ driver, node, endpoint string }
 
+// connKey names a pooled connection: with NodeServerName, one address serves, after a pod IP moved
+// to another node, a connection that proves another node, so the node is part of the key.
+type connKey struct{ endpoint, node string }
+
 // capFailure is a failed capabilities call remembered until expires.
 type capFailure struct {
 	err     error
@@ -217,7 +227,7 @@ type capFailure struct {
 // New returns a Client with no connection yet; connections are made on first use.
 func New(opts Options) *Client {
 	opts.defaults()
-	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}, capErrs: map[capKey]capFailure{}}
+	return &Client{opts: opts, conns: map[connKey]*grpc.ClientConn{}, caps: map[capKey]*Capabilities{}, capErrs: map[capKey]capFailure{}}
 }
 
 // callContext bounds one call to the sidecar of node: by timeout, then by the Guard. end must be
@@ -235,16 +245,26 @@ func (c *Client) callContext(ctx context.Context, node string, timeout time.Dura
 	return guarded, func() { done(); cancel() }, nil
 }
 
-// conn returns the pooled connection to endpoint, creating it on first use.
-func (c *Client) conn(endpoint string) (healerv1alpha1.NodeHealerClient, error) {
+// conn returns the pooled connection to the sidecar of t, creating it on first use.
+func (c *Client) conn(t Target) (healerv1alpha1.NodeHealerClient, error) {
+	endpoint := t.Endpoint
+	key := connKey{endpoint: endpoint}
+	if c.opts.TLS != nil && c.opts.NodeServerName != nil {
+		key.node = t.Node
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc, ok := c.conns[endpoint]; ok {
+	if cc, ok := c.conns[key]; ok {
 		return healerv1alpha1.NewNodeHealerClient(cc), nil
 	}
 	creds := insecure.NewCredentials()
 	if c.opts.TLS != nil {
-		creds = credentials.NewTLS(c.opts.TLS)
+		cfg := c.opts.TLS
+		if key.node != "" {
+			cfg = cfg.Clone()
+			cfg.ServerName = c.opts.NodeServerName(key.node)
+		}
+		creds = credentials.NewTLS(cfg)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+endpoint,
 		grpc.WithTransportCredentials(creds),
@@ -254,7 +274,7 @@ func (c *Client) conn(endpoint string) (healerv1alpha1.NodeHealerClient, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: sidecar %s: %w", ErrUnreachable, endpoint, err)
 	}
-	c.conns[endpoint] = cc
+	c.conns[key] = cc
 	return healerv1alpha1.NewNodeHealerClient(cc), nil
 }
 
@@ -263,9 +283,11 @@ func (c *Client) conn(endpoint string) (healerv1alpha1.NodeHealerClient, error) 
 func (c *Client) Forget(endpoint string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc, ok := c.conns[endpoint]; ok {
-		_ = cc.Close()
-		delete(c.conns, endpoint)
+	for k, cc := range c.conns {
+		if k.endpoint == endpoint {
+			_ = cc.Close()
+			delete(c.conns, k)
+		}
 	}
 	c.dropCapabilitiesLocked(func(k capKey) bool { return k.endpoint == endpoint })
 }
@@ -335,7 +357,7 @@ func (c *Client) Capabilities(ctx context.Context, t Target) (*Capabilities, err
 
 // fetchCapabilities asks the sidecar of t for its driver's capabilities.
 func (c *Client) fetchCapabilities(ctx context.Context, t Target) (*Capabilities, error) {
-	client, err := c.conn(t.Endpoint)
+	client, err := c.conn(t)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +390,7 @@ func capabilitiesOf(resp *healerv1alpha1.NodeGetHealerCapabilitiesResponse, t Ta
 
 // Probe asks the sidecar of t how the volume of PersistentVolume pv is.
 func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error) {
-	client, err := c.conn(t.Endpoint)
+	client, err := c.conn(t)
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +451,7 @@ func recheckAfter(d *durationpb.Duration) (time.Duration, error) {
 // Heal asks the sidecar of t to heal the volume of PersistentVolume pv, and returns its health
 // after the heal.
 func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error) {
-	client, err := c.conn(t.Endpoint)
+	client, err := c.conn(t)
 	if err != nil {
 		return nil, err
 	}
@@ -451,7 +473,7 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 
 // ListStaged lists the volumes the driver of t has staged on its node, following next tokens.
 func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, error) {
-	client, err := c.conn(t.Endpoint)
+	client, err := c.conn(t)
 	if err != nil {
 		return nil, err
 	}

@@ -70,6 +70,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.StringVar(&o.CSIAddonsNodeName, "csiaddonsnode-name", "", "CSIAddonsNode to create or update. Default: the one in --namespace for this driver and node, else <node>-<driver with dots replaced by dashes>.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "PEM serving certificate; read again when it changes.")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file.")
+	fs.StringVar(&o.TLSServerName, "tls-server-name", "", "Base of the name the controller expects (its sidecar.tls.serverName): the certificate must be valid for <node-name>.<base>, or the sidecar does not start.")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", "", "PEM CA bundle: when set, callers must present a client certificate it signs (the controller's sidecar.tls.certFile).")
 	fs.BoolVar(&o.Insecure, "insecure", false, "Serve without TLS. For tests and demos only: tokens travel in clear text.")
 	fs.StringVar(&o.TokenAudience, "token-audience", healerv1alpha1.DefaultTokenAudience, "Base of the audience the controller's token must carry: the sidecar accepts only tokens for <base>/node/<--node-name>.")
@@ -79,6 +80,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.IntVar(&o.MaxMessageSize, "max-message-size", sidecar.DefaultMaxMessageSize, "Largest gRPC message, in bytes, accepted or sent, toward the controller and the driver.")
 	fs.DurationVar(&o.DriverTimeout, "driver-timeout", sidecar.DefaultDriverTimeout, "Timeout of each call to the driver; a shorter deadline of the controller wins.")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sidecar.DefaultShutdownTimeout, "On SIGTERM, how long calls in flight may still finish.")
+	fs.DurationVar(&o.SecretCacheTTL, "secret-cache-ttl", sidecar.DefaultSecretCacheTTL, "How long a node-stage Secret read is used; a rotated Secret reaches the driver within this time.")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", sidecar.DefaultMetricsAddress, "Address of /metrics, /healthz and /readyz; 0 turns it off.")
 

@@ -350,6 +350,32 @@ func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
 	return vols, skipped
 }
 
+// PVNamesByHandle maps volume handles of driver to the names of their PVs, for the volumes a
+// sidecar listed without a PV name (the sidecars keep no view of the cluster's PVs). Should
+// several PVs share a handle, the first by name is taken, so that the answer is stable. It walks
+// the PV cache once, and is asked once per listing of a node's staged volumes, for drivers without
+// an attach step only: an index of handles would cost every PV of the cluster a set entry.
+func (p *Planner) PVNamesByHandle(driver string, handles []string) map[string]string {
+	want := make(map[string]bool, len(handles))
+	for _, h := range handles {
+		want[h] = true
+	}
+	out := map[string]string{}
+	if len(want) == 0 {
+		return out
+	}
+	for _, obj := range p.c.PVs.List() {
+		pv := recordOf[cachedPV](obj)
+		if pv == nil || !pv.csi || pv.driver != driver || !want[pv.handle] {
+			continue
+		}
+		if have, ok := out[pv.handle]; !ok || pv.name < have {
+			out[pv.handle] = pv.name
+		}
+	}
+	return out
+}
+
 // PVDriver returns the CSI driver of the PersistentVolume named pv, if it is in the cache.
 func (p *Planner) PVDriver(pv string) (string, bool) {
 	rec := p.pv(pv)

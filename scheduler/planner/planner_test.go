@@ -335,3 +335,22 @@ func TestPolicyInputTermsOverVariedVolumes(t *testing.T) {
 		t.Fatalf("compared %d volumes, want 300", seen)
 	}
 }
+
+// TestPVNamesByHandle maps the handles a sidecar listed without PV names to PVs of the driver,
+// the first by name when several share one, and leaves unknown handles and other drivers' out.
+func TestPVNamesByHandle(t *testing.T) {
+	shared := func(name string) *corev1.PersistentVolume {
+		p := pv(name, "cephfs", "cephfs", corev1.VolumeBound)
+		p.Spec.CSI.VolumeHandle = "shared"
+		return p
+	}
+	p := newTestPlanner(t,
+		pv("f1", "cephfs", "cephfs", corev1.VolumeBound), shared("f3-static"), shared("f2-static"),
+		pv("r1", "rbd-nbd", "rbd", corev1.VolumeBound),
+	)
+	got := p.PVNamesByHandle("cephfs", []string{"h-f1", "shared", "h-r1", "h-gone"})
+	want := map[string]string{"h-f1": "f1", "shared": "f2-static"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("PVNamesByHandle = %v, want %v", got, want)
+	}
+}

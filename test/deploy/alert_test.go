@@ -83,8 +83,8 @@ func TestFailingHealFiresAlert(t *testing.T) {
 	}
 	createVolume(ctx, t, c.env.Client)
 
-	// TLS as the base expects it: the sidecar's certificate names healer-sidecar, signed by the CA
-	// the controller trusts.
+	// TLS as the base expects it: the sidecar's certificate names its node, worker-1.healer-sidecar,
+	// signed by the CA the controller trusts.
 	caFile, certFile, keyFile := writeCertificates(t, dir)
 
 	// The node plugin: the reference driver with a volume whose mount hangs for 2s on every call,
@@ -122,6 +122,7 @@ func TestFailingHealFiresAlert(t *testing.T) {
 		ListenAddress:  "127.0.0.1:0",
 		TLSCertFile:    certFile,
 		TLSKeyFile:     keyFile,
+		TLSServerName:  "healer-sidecar",
 		TokenAudience:  "volume-healer-sidecar",
 		MetricsAddress: "0",
 	})
@@ -469,8 +470,8 @@ func writeAlertTest(t *testing.T, dir string, series []string) string {
 	return file
 }
 
-// writeCertificates writes a CA and a serving certificate for the name healer-sidecar (and
-// 127.0.0.1) signed by it.
+// writeCertificates writes a CA and a serving certificate signed by it: the sidecar's of nodeName
+// (nodeName.healer-sidecar), which is also the webhook's (127.0.0.1).
 func writeCertificates(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -496,8 +497,8 @@ func writeCertificates(t *testing.T, dir string) (caFile, certFile, keyFile stri
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "healer-sidecar"},
-		DNSNames: []string{"healer-sidecar"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: nodeName + ".healer-sidecar"},
+		DNSNames: []string{nodeName + ".healer-sidecar"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}

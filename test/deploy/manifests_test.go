@@ -143,7 +143,8 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 
 // TestManifestsLeastPrivilege applies the RBAC of the base, of the sidecar example and of the chart
 // for real, and asks the API server what each ServiceAccount may do: the controller reads no
-// Secrets, the sidecar reads Secrets only where its driver's node-stage secrets are.
+// Secrets, the sidecar gets Secrets only where its driver's node-stage secrets are, and lists and
+// watches neither Secrets nor PersistentVolumes nor VolumeAttachments.
 func TestManifestsLeastPrivilege(t *testing.T) {
 	tool(t, "kustomize")
 	tool(t, "helm")
@@ -183,13 +184,21 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"controller touches no ConfigMaps elsewhere":       {"volume-healer/volume-healer", ra("patch", "", "configmaps", "kube-system"), false},
 		"controller deletes no claims":                     {"volume-healer/volume-healer", ra("delete", "", "persistentvolumeclaims", "shop"), false},
 		"controller takes no Leases elsewhere":             {"volume-healer/volume-healer", ra("update", "coordination.k8s.io", "leases", "kube-system"), false},
-		"sidecar watches PersistentVolumes":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), true},
-		"sidecar watches VolumeAttachments":                {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
-		"chart: sidecar watches VolumeAttachments":         {"csi-rbd/csi-rbd-plugin", ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
+		"sidecar gets PersistentVolumes":                   {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "persistentvolumes", ""), true},
+		"sidecar lists no PersistentVolumes":               {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "persistentvolumes", ""), false},
+		"sidecar watches no PersistentVolumes":             {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "persistentvolumes", ""), false},
+		"sidecar gets VolumeAttachments":                   {"ceph-csi/rbd-csi-nodeplugin", ra("get", "storage.k8s.io", "volumeattachments", ""), true},
+		"sidecar watches no VolumeAttachments":             {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "storage.k8s.io", "volumeattachments", ""), false},
+		"chart: sidecar gets VolumeAttachments":            {"csi-rbd/csi-rbd-plugin", ra("get", "storage.k8s.io", "volumeattachments", ""), true},
+		"chart: sidecar lists no VolumeAttachments":        {"csi-rbd/csi-rbd-plugin", ra("list", "storage.k8s.io", "volumeattachments", ""), false},
+		"chart: sidecar lists no PersistentVolumes":        {"csi-rbd/csi-rbd-plugin", ra("list", "", "persistentvolumes", ""), false},
 		"sidecar reviews tokens":                           {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
 		"sidecar registers its CSIAddonsNode":              {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
 		"sidecar keeps its CSIAddonsNode registered":       {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
-		"sidecar watches node-stage Secrets":               {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), true},
+		"sidecar gets its node-stage Secret":               {"ceph-csi/rbd-csi-nodeplugin", raNamed("get", "", "secrets", "", "rook-ceph", "rook-csi-rbd-node"), true},
+		"sidecar gets no other Secret there":               {"ceph-csi/rbd-csi-nodeplugin", raNamed("get", "", "secrets", "", "rook-ceph", "rook-ceph-admin-keyring"), false},
+		"sidecar lists no node-stage Secrets":              {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", "rook-ceph"), false},
+		"sidecar watches no node-stage Secrets":            {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "secrets", "rook-ceph"), false},
 		"sidecar reads no Secrets of its own namespace":    {"ceph-csi/rbd-csi-nodeplugin", ra("get", "", "secrets", "ceph-csi"), false},
 		"sidecar lists no Secrets cluster-wide":            {"ceph-csi/rbd-csi-nodeplugin", ra("list", "", "secrets", ""), false},
 		"sidecar writes no Secrets":                        {"ceph-csi/rbd-csi-nodeplugin", ra("update", "", "secrets", "rook-ceph"), false},
@@ -209,7 +218,10 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"chart: controller keeps the last accepted policy": {"healer-system/healer", ra("create", "", "configmaps", "healer-policies"), true},
 		"chart: controller renews its Lease":               {"healer-system/healer", ra("update", "coordination.k8s.io", "leases", "healer-system"), true},
 		"chart: controller reads no Secrets":               {"healer-system/healer", ra("get", "", "secrets", "healer-system"), false},
-		"chart: sidecar watches node-stage Secrets":        {"csi-rbd/csi-rbd-plugin", ra("watch", "", "secrets", "ceph-secrets-archive"), true},
+		"chart: sidecar gets node-stage Secrets":           {"csi-rbd/csi-rbd-plugin", raNamed("get", "", "secrets", "", "ceph-secrets-archive", "csi-rbd-node-archive"), true},
+		"chart: sidecar gets no other Secret there":        {"csi-rbd/csi-rbd-plugin", raNamed("get", "", "secrets", "", "ceph-secrets-archive", "admin-keyring"), false},
+		"chart: sidecar watches no node-stage Secrets":     {"csi-rbd/csi-rbd-plugin", ra("watch", "", "secrets", "ceph-secrets-archive"), false},
+		"chart: sidecar lists no node-stage Secrets":       {"csi-rbd/csi-rbd-plugin", ra("list", "", "secrets", "ceph-secrets-archive"), false},
 		"chart: sidecar reads no Secrets of its own":       {"csi-rbd/csi-rbd-plugin", ra("get", "", "secrets", "csi-rbd"), false},
 		"chart: sidecar registers its CSIAddonsNode":       {"csi-rbd/csi-rbd-plugin", ra("create", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), true},
 		"chart: sidecar touches no other CSIAddonsNodes":   {"csi-rbd/csi-rbd-plugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), false},
@@ -745,6 +757,16 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 	}
 }
 
+// volumeMountedAt names the volume that c mounts at path, or "".
+func volumeMountedAt(c corev1.Container, path string) string {
+	for _, m := range c.VolumeMounts {
+		if strings.TrimSuffix(m.MountPath, "/") == strings.TrimSuffix(path, "/") {
+			return m.Name
+		}
+	}
+	return ""
+}
+
 func mountPathOf(c corev1.Container, volume string) string {
 	for _, m := range c.VolumeMounts {
 		if m.Name == volume {
@@ -799,6 +821,20 @@ func TestSidecarComponent(t *testing.T) {
 	}
 	if flags["tls-cert-file"] == "" || flags["insecure"] == "true" {
 		t.Error("the sidecar does not serve TLS")
+	}
+	if flags["tls-server-name"] != base.cfg.Sidecar.TLS.ServerName {
+		t.Errorf("--tls-server-name=%s, the controller expects certificates for <node>.%s", flags["tls-server-name"], base.cfg.Sidecar.TLS.ServerName)
+	}
+	// The node's key pair is the node's alone: read from the node, not from a Secret that every
+	// node plugin could read.
+	certVolume := volumeMountedAt(*sc, filepath.Dir(flags["tls-cert-file"]))
+	if certVolume == "" {
+		t.Errorf("--tls-cert-file=%s is on no volume of the sidecar", flags["tls-cert-file"])
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == certVolume && v.HostPath == nil {
+			t.Errorf("the sidecar's key pair (%s) is on volume %s, not on a hostPath of the node's own", flags["tls-cert-file"], v.Name)
+		}
 	}
 	socket := strings.TrimPrefix(flags["driver-endpoint"], "unix://")
 	if m := mountPathOf(*sc, "socket-dir"); m == "" || filepath.Dir(socket) != m {

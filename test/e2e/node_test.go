@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +34,8 @@ type node struct {
 	control  *driver.ControlClient
 	// volumes are added to the driver at each start if it does not know them yet.
 	volumes []*volume
-	// sidecarArgs are more flags for the sidecar.
+	// sidecarArgs are more flags for the sidecar; with --tls-cert-file it serves TLS, else it
+	// runs with --insecure.
 	sidecarArgs []string
 	// pod, when set, gives the pod UID of the next sidecar start (that of a Pod object); else
 	// each start makes one up.
@@ -188,10 +190,12 @@ func (n *node) launchSidecar(wait bool) error {
 		// A new port on each start, as a recreated pod gets a new IP: the controller must follow
 		// the endpoint on the CSIAddonsNode.
 		"--listen", "127.0.0.1:0",
-		"--insecure",
 		"--metrics-address", "0",
 		"--shutdown-timeout", "2s",
 		"--v", "2",
+	}
+	if !slices.Contains(n.sidecarArgs, "--tls-cert-file") {
+		args = append(args, "--insecure")
 	}
 	args = append(args, n.sidecarArgs...)
 	logPath := filepath.Join(n.logDir, fmt.Sprintf("%s-sidecar-%d.log", n.name, n.starts))

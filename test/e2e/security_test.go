@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -84,4 +86,89 @@ func TestNoNodeSpeaksForAnother(t *testing.T) {
 	if _, err := sidecarB.ProbeVolume(forB, &healerv1alpha1.NodeProbeVolumeRequest{PvName: volsB[0].PV}); err != nil {
 		t.Errorf("probe of node B's own volume with node B's token: %v", err)
 	}
+}
+
+// TestSidecarProvesItsNode runs two nodes' sidecars with TLS, their certificates issued per node
+// by the CA the controller trusts: node A's names node-a, and node B's plugin answers with node
+// A's certificate, as a node holding another node's key would. The controller, which dials node
+// N's sidecar for the name <N>.healer-sidecar, sweeps node A and refuses node B's sidecar at the
+// handshake, before any call: node B's driver is never asked to probe. Once node B's sidecar
+// serves node B's own certificate, node B is swept.
+func TestSidecarProvesItsNode(t *testing.T) {
+	f := newFixture(t, "proof")
+	class := f.StorageClass("proof-rbd-nbd", "rbd-nbd", nil)
+	a, b := f.newNode("proof-node-a"), f.newNode("proof-node-b")
+	volsA := f.newVolumes(a, class, "rbd-nbd", "a", 1)
+	volsB := f.newVolumes(b, class, "rbd-nbd", "b", 1)
+	f.CreateVolumes(append(volsA, volsB...), true)
+
+	ca, err := harness.NewCA("healer sidecar CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// tlsArgs issues the certificate of node and returns the sidecar flags that serve it.
+	tlsArgs := func(node string) []string {
+		certPEM, keyPEM, err := ca.Issue(node + ".healer-sidecar")
+		if err != nil {
+			t.Fatal(err)
+		}
+		certFile, keyFile := filepath.Join(dir, node+".crt"), filepath.Join(dir, node+".key")
+		if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--tls-cert-file", certFile, "--tls-key-file", keyFile}
+	}
+	a.sidecarArgs = append(tlsArgs(a.name), "--tls-server-name", "healer-sidecar")
+	b.sidecarArgs = tlsArgs(a.name)
+	a.start()
+	b.start()
+	c := f.startController("proof", map[string]string{
+		"SIDECAR_TLS_ENABLED":     "true",
+		"SIDECAR_TLS_CA_FILE":     caFile,
+		"SIDECAR_TLS_SERVER_NAME": "healer-sidecar",
+	})
+	f.SweepsFinished([]string{a.name}, 2*time.Minute)
+	if probes := probed(t, f, a); probes == 0 {
+		t.Errorf("node A's driver was not probed in its sweep")
+	}
+	refusal := b.name + ".healer-sidecar"
+	err = harness.WaitFor(f.Ctx(), time.Minute, "the controller to refuse node B's sidecar", func() (bool, string) {
+		c.MustRun()
+		return c.LogContains(refusal), "no refusal naming " + refusal + " in the controller's log yet"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if probes := probed(t, f, b); probes != 0 {
+		t.Errorf("node B's driver was probed %d times through a sidecar with node A's certificate; want none", probes)
+	}
+
+	// Node B's sidecar with node B's own certificate: swept.
+	if err := b.stopSidecar(); err != nil {
+		t.Fatal(err)
+	}
+	b.sidecarArgs = append(tlsArgs(b.name), "--tls-server-name", "healer-sidecar")
+	b.startSidecar(true)
+	f.SweepsFinished([]string{b.name}, 2*time.Minute)
+	if probes := probed(t, f, b); probes == 0 {
+		t.Errorf("node B's driver was not probed once its sidecar proved node B")
+	}
+}
+
+// probed returns how many probes the driver of n has served.
+func probed(t *testing.T, f *fixture, n *node) int64 {
+	t.Helper()
+	c, err := n.control.Counters(f.Ctx())
+	if err != nil {
+		t.Fatalf("read the counters of the driver on %s: %v", n.name, err)
+	}
+	return c.Calls["ProbeVolume"]
 }

@@ -16,7 +16,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
@@ -42,9 +41,7 @@ func stripManagedFields(obj any) (any, error) {
 
 // measureCacheHeap fills the controller's storage informers in this process with transform and
 // returns their live heap. With profile set it writes a heap profile there and keeps its top.
-// With sidecarView set it fills only what one healer sidecar caches instead: every
-// PersistentVolume in the cluster, indexed by driver and volume handle.
-func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform toolscache.TransformFunc, volumes int, profile string, sidecarView bool) (cacheHeap, error) {
+func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform toolscache.TransformFunc, volumes int, profile string) (cacheHeap, error) {
 	out := cacheHeap{Name: name, Volumes: volumes}
 	kube, err := kubernetes.NewForConfig(c.restConfig(newRequestStats(), nil, nil))
 	if err != nil {
@@ -56,13 +53,6 @@ func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform t
 	runtime.ReadMemStats(&before)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(transform))
-	if sidecarView {
-		err := factory.Core().V1().PersistentVolumes().Informer().AddIndexers(sidecar.PersistentVolumeIndexers())
-		if err != nil {
-			return out, err
-		}
-		return c.fillAndMeasure(ctx, factory, &before, out, profile)
-	}
 	if _, err := planner.InformerCaches(factory); err != nil {
 		return out, err
 	}

@@ -24,8 +24,8 @@ const (
 	pluginNamespace = "csi-rbd"
 	secretNamespace = "rook-ceph"
 	secretName      = "rook-csi-rbd-node"
-	// nodeLabel on each PersistentVolume names the node it is attached to; the simulated
-	// sidecars select on it (see withLabelSelector).
+	// nodeLabel on each PersistentVolume names the node it is attached to, as some
+	// provisioners' labels do.
 	nodeLabel = "scale.volume-healer.io/node"
 	// appNamespaces is how many namespaces the claims spread over.
 	appNamespaces = 20

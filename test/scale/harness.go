@@ -277,17 +277,15 @@ func (h *runner) measureCluster(ctx context.Context) error {
 	for _, t := range []struct {
 		name      string
 		transform func(any) (any, error)
-		sidecar   bool
 	}{
-		{"controller, compact records (planner.CacheTransform, as shipped)", planner.CacheTransform, false},
-		{"controller, API objects with managed fields stripped (the transform before)", stripManagedFields, false},
-		{"one sidecar, every PersistentVolume of the cluster (as shipped)", sidecar.LeanPersistentVolume, true},
+		{"controller, compact records (planner.CacheTransform, as shipped)", planner.CacheTransform},
+		{"controller, API objects with managed fields stripped (the transform before)", stripManagedFields},
 	} {
 		profile := ""
 		if l.Profile {
 			profile = filepath.Join(h.dir, fmt.Sprintf("cache-heap-%d.pprof", len(h.res.Memory.Caches)))
 		}
-		ch, err := h.c.measureCacheHeap(ctx, t.name, t.transform, h.clusterVolumes, profile, t.sidecar)
+		ch, err := h.c.measureCacheHeap(ctx, t.name, t.transform, h.clusterVolumes, profile)
 		if err != nil {
 			return err
 		}

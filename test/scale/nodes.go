@@ -187,7 +187,7 @@ func newNodePlugin(c *cluster, name string, vols []volume, calls *callStats, log
 			p.markerAt.Store(time.Now().UnixNano())
 		}
 	}
-	cfg := c.restConfig(p.stats, withLabelSelector("persistentvolumes", nodeLabel+"="+name), observe)
+	cfg := c.restConfig(p.stats, nil, observe)
 	// The sidecar's own client-side rate limit, as it has in a cluster.
 	cfg.QPS, cfg.Burst = 0, 0
 	hp, err := harness.NewPlugin(harness.PluginOptions{

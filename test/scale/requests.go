@@ -222,23 +222,3 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// withLabelSelector returns a narrow function that adds selector to LIST and WATCH requests of
-// resource. It gives each simulated sidecar the view of the PersistentVolumes its node would
-// need; see docs/scale.md for why.
-func withLabelSelector(resource, selector string) func(*http.Request, requestKey) *http.Request {
-	return func(req *http.Request, key requestKey) *http.Request {
-		if key.Resource != resource || (key.Verb != "LIST" && key.Verb != "WATCH") {
-			return req
-		}
-		out := req.Clone(req.Context())
-		q := out.URL.Query()
-		if have := q.Get("labelSelector"); have != "" {
-			q.Set("labelSelector", have+","+selector)
-		} else {
-			q.Set("labelSelector", selector)
-		}
-		out.URL.RawQuery = q.Encode()
-		return out
-	}
-}

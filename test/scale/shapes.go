@@ -1,8 +1,6 @@
 package scale
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -12,6 +10,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/test/fixtures"
 )
 
@@ -67,11 +66,10 @@ type volume struct {
 	pv, pvc, namespace, handle, class, node string
 }
 
-// va is the VolumeAttachment name the external-attacher gives it: "csi-" and the SHA-256 of
-// volume, attacher and node.
+// va is the VolumeAttachment name the attach/detach controller gives it: "csi-" and the SHA-256
+// of volume handle, attacher and node.
 func (v volume) va() string {
-	sum := sha256.Sum256([]byte(v.pv + driverName + v.node))
-	return "csi-" + hex.EncodeToString(sum[:])
+	return healerv1alpha1.VolumeAttachmentName(v.handle, driverName, v.node)
 }
 
 // uuid derives a stable UUID-shaped string, so that names have the length of real ones.

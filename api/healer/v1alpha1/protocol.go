@@ -74,3 +74,12 @@ func HasRPC(caps []*HealerCapability, t HealerCapability_RPC_Type) bool {
 	}
 	return false
 }
+
+// VolumeAttachmentName returns the name Kubernetes' attach/detach controller gives the
+// VolumeAttachment of a CSI volume on a node: "csi-" and the hex SHA-256 of the volume handle, the
+// driver name and the node name, concatenated. The sidecar reads its own node's attachment of a
+// volume by this name, with a GET, instead of watching every VolumeAttachment of the cluster.
+func VolumeAttachmentName(volumeHandle, driverName, nodeName string) string {
+	sum := sha256.Sum256([]byte(volumeHandle + driverName + nodeName))
+	return "csi-" + hex.EncodeToString(sum[:])
+}

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -94,15 +93,13 @@ func newAuthenticator(reviews tokenReviewer, o *Options, metrics *Metrics, clk c
 	}
 }
 
-// interceptor rejects a call whose caller is not authenticated and allowed, before its handler
-// runs.
-func (a *authenticator) interceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	user, err := a.authenticate(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("caller", user))
-	return handler(ctx, req)
+// callerKey is the context key of the authenticated caller's user name.
+type callerKey struct{}
+
+// callerOf returns the user name that admitted the call, or "".
+func callerOf(ctx context.Context) string {
+	user, _ := ctx.Value(callerKey{}).(string)
+	return user
 }
 
 // authenticate returns the caller's user name, or a gRPC status error: UNAUTHENTICATED for a

@@ -48,8 +48,6 @@ type driverClient struct {
 	identity identity.IdentityClient
 	healer   healerv1alpha1.HealerClient
 	metrics  *Metrics
-	// onLoad runs after every successful load, outside the lock.
-	onLoad func(*driverInfo)
 	// onReconnect runs after a load that follows the loss of a ready connection: the driver
 	// restarted (a UNIX socket connection does not drop otherwise, and idleness is off).
 	onReconnect func(*driverInfo)
@@ -132,9 +130,6 @@ func (d *driverClient) load(ctx context.Context) error {
 			"vendorVersion", info.vendorVersion, "capabilities", capabilityNames(info), "attributes", info.attributes)
 		if !info.healerUnimplemented && !healerv1alpha1.HasRPC(info.capabilities, healerv1alpha1.HealerCapability_RPC_PROBE) {
 			log.Info("The driver does not advertise PROBE, which the protocol requires; probes will answer UNIMPLEMENTED", "driver", info.name)
-		}
-		if d.onLoad != nil {
-			d.onLoad(info)
 		}
 		return nil, nil
 	})

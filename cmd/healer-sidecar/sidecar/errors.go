@@ -6,16 +6,17 @@ var (
 	// ErrInvalidOptions is returned by New when an option is missing or invalid.
 	ErrInvalidOptions = errors.New("invalid sidecar options")
 
-	// ErrNotReady means the sidecar cannot answer yet: its PersistentVolume cache has not synced,
-	// or the driver has not answered GetIdentity and GetHealerCapabilities since the sidecar
-	// started. Callers get UNAVAILABLE and retry.
+	// ErrNotReady means the sidecar cannot answer now: the driver has not answered GetIdentity
+	// and GetHealerCapabilities since the sidecar started, or the API server did not answer a
+	// read of the volume's PersistentVolume or VolumeAttachment. Callers get UNAVAILABLE and
+	// retry.
 	ErrNotReady = errors.New("sidecar not ready")
 
 	// ErrDriverIdentity is returned when the driver's CSI-Addons identity is unusable (an empty
 	// driver name).
 	ErrDriverIdentity = errors.New("invalid driver identity")
 
-	// ErrPVNotFound means the sidecar's cache has no PersistentVolume of the requested name.
+	// ErrPVNotFound means no PersistentVolume of the requested name exists.
 	ErrPVNotFound = errors.New("PersistentVolume not found")
 
 	// ErrNotCSIVolume means the PersistentVolume has no spec.csi: it is not a CSI volume.
@@ -37,8 +38,8 @@ var (
 	// ErrSecretNotFound means the node-stage Secret a PersistentVolume names does not exist.
 	ErrSecretNotFound = errors.New("node-stage Secret not found")
 
-	// ErrSecretsUnavailable means the Secrets of a namespace could not be cached in time,
-	// typically because the sidecar may not list and watch them there.
+	// ErrSecretsUnavailable means the node-stage Secret could not be read, typically because the
+	// sidecar may not get Secrets in its namespace.
 	ErrSecretsUnavailable = errors.New("node-stage Secrets not readable")
 
 	// ErrNotAdvertised means the driver does not advertise the Healer RPC that was asked for, or

@@ -121,7 +121,7 @@ func fuzzHealer(f *testing.F) *nodeHealer {
 	for pv, handle := range fuzzVolumes {
 		objs = append(objs, testPV(pv, d.Name(), handle))
 	}
-	vols := startVolumesFor(f, d.Name(), objs...)
+	vols := startVolumesFor(f, objs...)
 	dc, err := newDriverClient(&Options{DriverEndpoint: endpoint, DriverTimeout: 2 * time.Second, MaxMessageSize: DefaultMaxMessageSize}, NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		f.Fatal(err)
@@ -137,7 +137,7 @@ func fuzzHealer(f *testing.F) *nodeHealer {
 }
 
 // FuzzAuthorization sends arbitrary "authorization" metadata, one value or two, through the
-// sidecar's auth interceptor, which runs before any other work: it never panics, answers every
+// sidecar's authentication, which runs before any other work: it never panics, answers every
 // refusal Unauthenticated, PermissionDenied or Unavailable, and lets a call through only with
 // exactly one "Bearer <token>" value whose token the TokenReview accepted for an allowed identity.
 func FuzzAuthorization(f *testing.F) {
@@ -158,11 +158,8 @@ func FuzzAuthorization(f *testing.F) {
 		if second != "" {
 			values = append(values, second)
 		}
-		reached := false
-		_, err := a.interceptor(withAuth(values...), nil, nil, func(context.Context, any) (any, error) {
-			reached = true
-			return nil, nil
-		})
+		_, err := a.authenticate(withAuth(values...))
+		reached := err == nil
 		scheme, token, _ := strings.Cut(strings.TrimSpace(first), " ")
 		wantThrough := len(values) == 1 && strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) == "good-token"
 		if reached != wantThrough {

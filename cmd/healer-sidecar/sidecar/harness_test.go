@@ -189,6 +189,7 @@ func (f *fixture) stopDriver() {
 // running is a started sidecar and a NodeHealer client connected to it over TLS.
 type running struct {
 	s      *sidecar.Sidecar
+	conn   *grpc.ClientConn
 	client healerv1alpha1.NodeHealerClient
 	stop   func() error
 }
@@ -243,10 +244,10 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() { _ = conn.Close() })
-	return &running{s: s.Sidecar, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
+	return &running{s: s.Sidecar, conn: conn, client: healerv1alpha1.NewNodeHealerClient(conn), stop: stop}
 }
 
-// waitReady waits until the sidecar's PV cache has synced and it knows the driver.
+// waitReady waits until the sidecar knows the driver.
 func (f *fixture) waitReady(r *running) {
 	f.t.Helper()
 	f.eventually("sidecar ready", 20*time.Second, r.s.Ready)
@@ -318,7 +319,7 @@ func (f *fixture) create(obj any) {
 			node, attach = n, n != ""
 		}
 		if _, err = f.env.Clientset.CoreV1().PersistentVolumes().Create(f.ctx, o, metav1.CreateOptions{}); err == nil && attach {
-			err = f.attach(o.Name, node)
+			err = f.attach(o, node)
 		}
 	case *corev1.Secret:
 		_, err = f.env.Clientset.CoreV1().Secrets(o.Namespace).Create(f.ctx, o, metav1.CreateOptions{})
@@ -334,10 +335,15 @@ func (f *fixture) create(obj any) {
 // Without it the PV is attached to the fixture's node.
 const attachedTo = "test.volume-healer.io/attached-to"
 
-// attach creates an attached VolumeAttachment of the fixture's driver for PV pvName to node.
-func (f *fixture) attach(pvName, node string) error {
+// attach creates an attached VolumeAttachment of the fixture's driver for pv to node, named as the
+// attach/detach controller names it.
+func (f *fixture) attach(pv *corev1.PersistentVolume, node string) error {
+	pvName, name := pv.Name, "va-"+pv.Name+"-"+node
+	if pv.Spec.CSI != nil {
+		name = healerv1alpha1.VolumeAttachmentName(pv.Spec.CSI.VolumeHandle, f.driverName, node)
+	}
 	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: "va-" + pvName + "-" + node},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: storagev1.VolumeAttachmentSpec{Attacher: f.driverName, NodeName: node,
 			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
 	}

@@ -143,7 +143,10 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
-// TestListStagedVolumes maps the driver's staged volumes back to PV names, page by page.
+// TestListStagedVolumes relays the driver's staged volumes page by page, with the PV names of the
+// volumes attached here, which the sidecar read ahead at its start through their
+// VolumeAttachments, and none for a volume no PV of this driver attaches here (the controller maps
+// such volumes from its own cache: the sidecar keeps no view of the cluster's PVs).
 func TestListStagedVolumes(t *testing.T) {
 	f := newFixture(t)
 	d := f.startDriver(driver.Options{SeedVolumes: []string{"vol-1", "vol-2", "vol-3", "vol-orphan"}}, nil)
@@ -448,7 +451,7 @@ func TestMalformedRequests(t *testing.T) {
 		message string
 	}{
 		"empty pv name":                {pv: "", want: codes.InvalidArgument, message: "pv_name is required"},
-		"unknown PV":                   {pv: f.pvName("missing"), want: codes.NotFound, message: "not in the sidecar's cache"},
+		"unknown PV":                   {pv: f.pvName("missing"), want: codes.NotFound, message: "does not exist"},
 		"PV of another driver":         {pv: f.pvName("other"), want: codes.InvalidArgument, message: `belongs to driver "other.example.com"`},
 		"PV that is not a CSI volume":  {pv: f.pvName("hostpath"), want: codes.InvalidArgument, message: "no spec.csi"},
 		"volume not staged here":       {pv: f.pvName("unstaged"), want: codes.FailedPrecondition, message: "not staged"},
@@ -495,8 +498,8 @@ func (reasonless) ProbeVolume(context.Context, *healerv1alpha1.ProbeVolumeReques
 	return &healerv1alpha1.ProbeVolumeResponse{HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE}}}, nil
 }
 
-// TestStageSecrets hands the driver the node-stage Secret of the PV, follows changes to it, and
-// answers FAILED_PRECONDITION when it is missing.
+// TestStageSecrets hands the driver the node-stage Secret of the PV, follows changes to it within
+// SecretCacheTTL, and answers FAILED_PRECONDITION when it is missing.
 func TestStageSecrets(t *testing.T) {
 	f := newFixture(t)
 	f.startDriver(driver.Options{}, nil)
@@ -512,7 +515,7 @@ func TestStageSecrets(t *testing.T) {
 	}
 	f.create(f.pv("pv-1", "vol-1", withSecret("ceph-node-stage")))
 	f.create(f.pv("pv-2", "vol-2", withSecret("does-not-exist")))
-	sc := f.startSidecar(nil)
+	sc := f.startSidecar(func(o *sidecar.Options) { o.SecretCacheTTL = 500 * time.Millisecond })
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
 
@@ -529,7 +532,7 @@ func TestStageSecrets(t *testing.T) {
 		t.Errorf("probe of a PV whose secret is missing: %v, want FAILED_PRECONDITION naming the secret", err)
 	}
 
-	// A rotated key reaches the driver through the watch, without a restart.
+	// A rotated key reaches the driver once the cached one expires, without a restart.
 	s, err := f.env.Clientset.CoreV1().Secrets(secretNS).Get(f.ctx, "ceph-node-stage", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -885,5 +888,56 @@ func TestClientCertificates(t *testing.T) {
 				t.Errorf("probe: %v, want %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// rawCodec sends a request's bytes as they are, so that a test can send what no well-behaved
+// client would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = data
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// TestAuthenticatedBeforeDecoding sends requests that are no protobuf message at all: without a
+// token, or with a token the API server rejects, the caller learns only that it is not
+// authenticated, since the sidecar reads no request before it knows who calls; with the
+// controller's token the same bytes are read and refused as malformed.
+func TestAuthenticatedBeforeDecoding(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(driver.Options{}, nil)
+	sc := f.startSidecar(nil)
+	f.waitReady(sc)
+	conn := sc.conn
+	garbage := []byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x80}
+	call := func(ctx context.Context) error {
+		var reply []byte
+		return conn.Invoke(ctx, "/"+healerv1alpha1.NodeHealer_ServiceDesc.ServiceName+"/ProbeVolume", garbage, &reply, grpc.ForceCodec(rawCodec{}))
+	}
+	tests := map[string]struct {
+		ctx  context.Context
+		want codes.Code
+	}{
+		"no token":                {ctx: f.ctx, want: codes.Unauthenticated},
+		"a token the API rejects": {ctx: f.as("not-a-token"), want: codes.Unauthenticated},
+		"the controller's token":  {ctx: f.as(f.token(controllerSA)), want: codes.Internal},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := call(tc.ctx)
+			if status.Code(err) != tc.want {
+				t.Fatalf("ProbeVolume with bytes that are no request: %v, want %s", err, tc.want)
+			}
+			if tc.want == codes.Unauthenticated && strings.Contains(err.Error(), "unmarshal") {
+				t.Errorf("the refusal shows the request was decoded: %v", err)
+			}
+		})
+	}
+	body := scrape(t, sc.s)
+	if want := `volume_healer_sidecar_calls_total{code="Unauthenticated",rpc="ProbeVolume"} 2`; !strings.Contains(body, want) {
+		t.Errorf("metrics lack %q:\n%s", want, grep(body, "volume_healer_sidecar_calls_total"))
 	}
 }

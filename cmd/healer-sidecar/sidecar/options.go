@@ -31,21 +31,28 @@ const (
 	DefaultMaxMessageSize = 4 << 20
 	// DefaultDriverTimeout bounds each call to the driver.
 	DefaultDriverTimeout = 30 * time.Second
+	// DefaultAPIQPS and DefaultAPIBurst pace the sidecar's reads of PersistentVolumes,
+	// VolumeAttachments and Secrets when KubeConfig sets no pace: one read per probe or heal, so
+	// the controller's per-node budget, not the client, sets the pace of a sweep.
+	DefaultAPIQPS = 50
+	// DefaultAPIBurst: see DefaultAPIQPS.
+	DefaultAPIBurst = 100
 	// DefaultShutdownTimeout bounds how long calls in flight may run after a stop is requested.
 	DefaultShutdownTimeout = 10 * time.Second
 	// DefaultAuthCacheTTL is how long an accepted token is trusted without a new TokenReview.
 	DefaultAuthCacheTTL = 30 * time.Second
+	// DefaultSecretCacheTTL is how long a node-stage Secret read is handed to the driver before it
+	// is read again.
+	DefaultSecretCacheTTL = time.Minute
 	// DefaultAuthFailureCacheTTL is how long a rejected token stays rejected without a new
 	// TokenReview.
 	DefaultAuthFailureCacheTTL = 10 * time.Second
-	// DefaultSecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be
-	// cached the first time that namespace is needed.
-	DefaultSecretSyncTimeout = 5 * time.Second
 )
 
 // Options configure a Sidecar. Zero values take the defaults documented on each field.
 type Options struct {
-	// KubeConfig reaches the API server with the sidecar's own ServiceAccount. Required.
+	// KubeConfig reaches the API server with the sidecar's own ServiceAccount. Without QPS and
+	// Burst, its reads are paced at DefaultAPIQPS and DefaultAPIBurst. Required.
 	KubeConfig *rest.Config
 
 	// NodeName is the Kubernetes Node the sidecar runs on (downward API spec.nodeName). It is
@@ -91,6 +98,13 @@ type Options struct {
 	TLSCertFile string
 	// TLSKeyFile: see TLSCertFile.
 	TLSKeyFile string
+
+	// TLSServerName is the base of the name the controller expects in this node's certificate
+	// (its sidecar.tls.serverName): the certificate must be valid for "<NodeName>.<TLSServerName>",
+	// or the sidecar does not start, and a rotated certificate that is not is passed over. It
+	// catches a certificate the controller would refuse before the controller does. Default: none,
+	// no check.
+	TLSServerName string
 
 	// ClientCAFile, when set, names a PEM bundle of CAs: every connection must then present a
 	// client certificate they sign (the controller's sidecar.tls.certFile), or the TLS handshake
@@ -140,9 +154,10 @@ type Options struct {
 	// DefaultKubeletDir.
 	KubeletDir string
 
-	// SecretSyncTimeout bounds how long a call waits for the Secrets of a namespace to be cached
-	// the first time it needs one from there. Default: DefaultSecretSyncTimeout.
-	SecretSyncTimeout time.Duration
+	// SecretCacheTTL is how long a node-stage Secret read from the API server is used before it
+	// is read again: a rotated Secret reaches the driver within this time. Default:
+	// DefaultSecretCacheTTL.
+	SecretCacheTTL time.Duration
 
 	// MetricsAddress serves /metrics, /healthz and /readyz over HTTP. "0" turns the server off
 	// (the metrics are still recorded in Registry). Default: DefaultMetricsAddress.
@@ -197,6 +212,9 @@ func (o *Options) setDefaults() error {
 	if o.Insecure && o.ClientCAFile != "" {
 		return fmt.Errorf("%w: Insecure (--insecure) and ClientCAFile (--client-ca-file) were both given; client certificates need TLS", ErrInvalidOptions)
 	}
+	if o.Insecure && o.TLSServerName != "" {
+		return fmt.Errorf("%w: Insecure (--insecure) and TLSServerName (--tls-server-name) were both given; a server name needs TLS", ErrInvalidOptions)
+	}
 	if o.Insecure && (o.TLSCertFile != "" || o.TLSKeyFile != "") {
 		return fmt.Errorf("%w: Insecure (--insecure) and a TLS certificate were both given; choose one", ErrInvalidOptions)
 	}
@@ -220,7 +238,7 @@ func (o *Options) setDefaults() error {
 		{"AuthFailureCacheTTL", &o.AuthFailureCacheTTL, DefaultAuthFailureCacheTTL},
 		{"DriverTimeout (--driver-timeout)", &o.DriverTimeout, DefaultDriverTimeout},
 		{"ShutdownTimeout (--shutdown-timeout)", &o.ShutdownTimeout, DefaultShutdownTimeout},
-		{"SecretSyncTimeout", &o.SecretSyncTimeout, DefaultSecretSyncTimeout},
+		{"SecretCacheTTL (--secret-cache-ttl)", &o.SecretCacheTTL, DefaultSecretCacheTTL},
 		{"RegisterBackoff", &o.RegisterBackoff, 500 * time.Millisecond},
 		{"RegisterMaxBackoff", &o.RegisterMaxBackoff, 30 * time.Second},
 	}

@@ -85,6 +85,11 @@ func (r *registrar) current() (name, marker string) {
 func (r *registrar) run(ctx context.Context, driverName string) (string, error) {
 	log := klog.FromContext(ctx)
 	marker := annotations.HealerRestartValue(r.clock.Now(), r.podUID)
+	// keep restores the current marker whenever the object shows another: it must know the new
+	// one before the object does, or it would put the old one back over it.
+	r.mu.Lock()
+	r.currentMarker = marker
+	r.mu.Unlock()
 	wait := r.backoff
 	for {
 		name, err := r.registerCurrent(ctx, driverName, marker)

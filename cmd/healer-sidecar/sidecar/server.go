@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"path"
 	"runtime/debug"
+	"slices"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -116,9 +120,6 @@ func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
 		return nil, toStatus(notAdvertised(info, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES))
 	}
-	if !h.volumes.synced() {
-		return nil, status.Error(codes.Unavailable, "the sidecar's PersistentVolume cache has not synced yet; retry later")
-	}
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
 	resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{
@@ -163,15 +164,22 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 	if err := h.onNode(ctx, info, vol); err != nil {
 		return nil, ctx, err
 	}
+	if err := h.volumes.stageSecrets(ctx, vol); err != nil {
+		return nil, ctx, err
+	}
 	return vol, klog.NewContext(ctx, log.WithValues("volume", vol.volumeID)), nil
 }
 
-// onNode checks that vol is on the sidecar's node before any call reaches the driver: attached
-// here (a VolumeAttachment of the driver to this node, attached and not being deleted), or, for
-// a volume without one there (drivers without an attach step), staged here by the driver's own
-// list. Neither: ErrNotOnNode, whoever asked.
+// onNode checks that vol is on the sidecar's node before any call reaches the driver and before
+// its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
+// attached and not being deleted), or, for a volume without one there (drivers without an attach
+// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked.
 func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) error {
-	if h.volumes.attachedHere(info.name, vol.pvName) {
+	attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID)
+	if err != nil {
+		return err
+	}
+	if attached {
 		return nil
 	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
@@ -201,6 +209,57 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) 
 	}
 	return fmt.Errorf("%w: PersistentVolume %q (volume %q) has no attached VolumeAttachment of driver %q on node %q and the driver does not list it as staged here; this sidecar acts only on its node's volumes",
 		ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
+}
+
+// warm reads, before the node's restart is marked, the VolumeAttachment, the PV and the node-stage
+// Secret of each volume the driver lists as staged here, a few at a time, so that the restart
+// sweep that follows finds them read, and is answered even if the API server goes away during it.
+// What it reads is this node's alone. A volume without a VolumeAttachment here (a driver without
+// an attach step) is read when a call first names it.
+func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
+	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
+		return
+	}
+	log := klog.FromContext(ctx)
+	var handles []string
+	token := ""
+	for page := 0; page < 10000; page++ {
+		cctx, cancel := h.driver.callContext(ctx)
+		resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{StartingToken: token})
+		cancel()
+		if err != nil {
+			log.V(2).Info("Cannot list the staged volumes to read them ahead", "error", err.Error())
+			return
+		}
+		for _, e := range resp.GetEntries() {
+			handles = append(handles, e.GetVolumeId())
+		}
+		if resp.GetNextToken() == "" || resp.GetNextToken() == token {
+			break
+		}
+		token = resp.GetNextToken()
+	}
+	var read atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, handle := range handles {
+		g.Go(func() error {
+			pv, err := h.volumes.attachedPV(gctx, info.name, handle)
+			if err != nil || pv == "" {
+				return nil
+			}
+			vol, err := h.volumes.resolve(gctx, info.name, pv)
+			if err != nil {
+				return nil
+			}
+			if err := h.volumes.stageSecrets(gctx, vol); err == nil {
+				read.Add(1)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	log.V(2).Info("Read the node's volumes ahead", "staged", len(handles), "read", read.Load())
 }
 
 func notAdvertised(info *driverInfo, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
@@ -243,8 +302,49 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// recoverPanics turns a panic while handling a call (authentication included) into an Internal
-// error for that call alone: one malformed object or message must not take down the sidecar, and
+// authenticatedFirst returns a copy of desc whose every method admits its caller before anything
+// else: before the request is read from the wire and decoded, before the interceptors (metrics,
+// logs, panic recovery) and the handler run. A caller without a valid token thus costs the
+// sidecar the check of its token and nothing more, whatever it sends. A refused call is counted
+// and logged here, as the interceptors would.
+func (s *Sidecar) authenticatedFirst(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
+	out := *desc
+	out.Methods = slices.Clone(desc.Methods)
+	for i := range out.Methods {
+		rpc, handler := out.Methods[i].MethodName, out.Methods[i].Handler
+		out.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, next grpc.UnaryServerInterceptor) (any, error) {
+			start := s.opts.Clock.Now()
+			admitted, err := s.admit(ctx, rpc)
+			if err != nil {
+				took := s.opts.Clock.Since(start)
+				s.metrics.call(rpc, status.Code(err), took)
+				s.log.V(2).Info("Call refused", "rpc", rpc, "code", status.Code(err), "error", err.Error(), "took", took)
+				return nil, err
+			}
+			return handler(srv, admitted, dec, next)
+		}
+	}
+	return &out
+}
+
+// admit authenticates the caller of rpc and returns the call's context with the caller's name. A
+// panic while doing so refuses this call alone, as recoverPanics does for the rest.
+func (s *Sidecar) admit(ctx context.Context, rpc string) (_ context.Context, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.metrics.panicked(rpc)
+			s.log.Error(nil, "Authentication panicked", "rpc", rpc, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "the sidecar failed while authenticating %s: %v", rpc, r)
+		}
+	}()
+	user, err := s.auth.authenticate(ctx)
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, callerKey{}, user), nil
+}
+
+// recoverPanics turns a panic while handling a call into an Internal error for that call alone: one malformed object or message must not take down the sidecar, and
 // with it every volume of the node.
 func (s *Sidecar) recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
@@ -263,7 +363,7 @@ func (s *Sidecar) recoverPanics(ctx context.Context, req any, info *grpc.UnarySe
 func (s *Sidecar) observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	rpc := path.Base(info.FullMethod)
 	// The server's contexts do not derive from Start's, so the logger comes from the sidecar.
-	log := s.log.WithValues("rpc", rpc)
+	log := s.log.WithValues("rpc", rpc, "caller", callerOf(ctx))
 	if d := s.driver.cached(); d != nil {
 		log = log.WithValues("driver", d.name)
 	}

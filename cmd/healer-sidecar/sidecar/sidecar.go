@@ -2,10 +2,11 @@
 // NodeHealer service to the volume-healer controller over TCP with TLS, and relays each call to
 // the driver's Healer service on the driver's CSI-Addons UNIX socket.
 //
-// For each call it authenticates the caller (a TokenReview of the ServiceAccount token in the
-// "authorization" metadata, cached briefly), resolves the PersistentVolume from informer caches
-// (volume handle, kubelet staging path, volume context, volume capability, node-stage secret)
-// and calls the driver with a bounded timeout. On every start it writes a fresh restart marker
+// For each call it first authenticates the caller (a TokenReview of the ServiceAccount token in
+// the "authorization" metadata, cached briefly), before it reads the request; then it reads the
+// PersistentVolume (volume handle, kubelet staging path, volume context, volume capability),
+// checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
+// calls the driver with a bounded timeout. On every start it writes a fresh restart marker
 // on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
 //
 // The package holds no global state: a test or a scale harness can run many sidecars in one
@@ -34,8 +35,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -47,6 +48,7 @@ type Sidecar struct {
 	metrics *Metrics
 	driver  *driverClient
 	volumes *volumes
+	healer  *nodeHealer
 	auth    *authenticator
 	reg     *registrar
 
@@ -72,7 +74,13 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	s := &Sidecar{opts: opts, log: klog.Background().WithValues("node", opts.NodeName), metrics: NewMetrics(opts.Registry), registered: make(chan struct{}), driverRestarted: make(chan struct{}, 1)}
 
-	kube, err := kubernetes.NewForConfig(opts.KubeConfig)
+	kubeCfg := rest.CopyConfig(opts.KubeConfig)
+	if kubeCfg.QPS == 0 && kubeCfg.Burst == 0 {
+		// Every probe and heal reads its VolumeAttachment: client-go's default pace (5 requests
+		// a second) would pace the node's restart sweep instead of the controller's budgets.
+		kubeCfg.QPS, kubeCfg.Burst = DefaultAPIQPS, DefaultAPIBurst
+	}
+	kube, err := kubernetes.NewForConfig(kubeCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -88,14 +96,16 @@ func New(opts Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CSIAddonsNode client: %w", err)
 	}
-	if s.volumes, err = newVolumes(kube, &s.opts); err != nil {
-		return nil, err
-	}
+	s.volumes = newVolumes(kube, &s.opts)
 	s.auth = newAuthenticator(kube.AuthenticationV1().TokenReviews(), &s.opts, s.metrics, opts.Clock)
 
 	var creds credentials.TransportCredentials
 	if !opts.Insecure {
-		kp, err := newKeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		name := ""
+		if opts.TLSServerName != "" {
+			name = opts.NodeName + "." + opts.TLSServerName
+		}
+		kp, err := newKeyPair(opts.TLSCertFile, opts.TLSKeyFile, name)
 		if err != nil {
 			return nil, err
 		}
@@ -108,7 +118,6 @@ func New(opts Options) (*Sidecar, error) {
 	if s.driver, err = newDriverClient(&s.opts, s.metrics); err != nil {
 		return nil, err
 	}
-	s.driver.onLoad = func(info *driverInfo) { s.volumes.setDriver(info.name) }
 	s.driver.onReconnect = func(*driverInfo) {
 		select {
 		case s.driverRestarted <- struct{}{}:
@@ -119,13 +128,15 @@ func New(opts Options) (*Sidecar, error) {
 	serverOpts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMessageSize),
 		grpc.MaxSendMsgSize(opts.MaxMessageSize),
-		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics, s.auth.interceptor),
+		// The caller is authenticated before these run (authenticatedFirst).
+		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics),
 	}
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	healerv1alpha1.RegisterNodeHealerServer(s.grpc, &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes})
+	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes}
+	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {
 		_ = s.driver.close()
@@ -185,10 +196,9 @@ func (s *Sidecar) Endpoint() string { return s.reg.endpoint }
 // Registered is closed once the CSIAddonsNode carries this start's restart marker.
 func (s *Sidecar) Registered() <-chan struct{} { return s.registered }
 
-// Ready reports whether calls can be answered: the PersistentVolume cache has synced and the
-// driver has told its name and capabilities.
+// Ready reports whether calls can be answered: the driver has told its name and capabilities.
 func (s *Sidecar) Ready() bool {
-	return s.volumes.synced() && s.driver.cached() != nil
+	return s.driver.cached() != nil
 }
 
 // Start serves until ctx is done, then stops accepting calls, lets the calls in flight finish
@@ -206,7 +216,6 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()))
 
 	g, gctx := errgroup.WithContext(ctx)
-	s.volumes.start(gctx)
 	g.Go(func() error {
 		s.driver.watch(gctx)
 		return nil
@@ -235,7 +244,6 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return nil
 	})
 	err := g.Wait()
-	s.volumes.stop()
 	if cerr := s.driver.close(); cerr != nil && err == nil {
 		log.V(2).Info("Closing the driver connection", "error", cerr.Error())
 	}
@@ -243,16 +251,16 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	return err
 }
 
-// register writes the restart marker once the sidecar can answer: the PV cache has synced and
-// the driver has told its name. Marking the restart earlier would send the controller's sweep
-// to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
+// warmTimeout bounds how long reading the node's volumes ahead may delay the restart marker.
+const warmTimeout = 30 * time.Second
+
+// register writes the restart marker once the sidecar can answer: the driver has told its name,
+// and the node's volumes have been read ahead (warm). Marking the restart earlier would send the
+// controller's sweep to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
 // under the running sidecar (the driver container alone crashed), since that kills userspace
 // mounters just as a restart of the whole pod does.
 func (s *Sidecar) register(ctx context.Context) {
 	log := klog.FromContext(ctx)
-	if !waitFor(ctx, s.opts.Clock, s.volumes.synced) {
-		return
-	}
 	var info *driverInfo
 	wait := s.opts.RegisterBackoff
 	for {
@@ -270,6 +278,10 @@ func (s *Sidecar) register(ctx context.Context) {
 		}
 		wait = min(2*wait, s.opts.RegisterMaxBackoff)
 	}
+	// The sweep this start sets off finds the node's volumes read.
+	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	s.healer.warm(wctx, info)
+	cancel()
 	// A reconnect seen before the first registration is part of this start.
 	select {
 	case <-s.driverRestarted:
@@ -292,20 +304,6 @@ func (s *Sidecar) register(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// waitFor polls cond until it holds or ctx is done.
-func waitFor(ctx context.Context, clk clock.Clock, cond func() bool) bool {
-	for !cond() {
-		t := clk.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C():
-		}
-	}
-	return true
 }
 
 // shutdown stops accepting calls and gives those in flight ShutdownTimeout to finish.
@@ -345,8 +343,6 @@ func (s *Sidecar) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
-		case !s.volumes.synced():
-			http.Error(w, "PersistentVolume cache not synced", http.StatusServiceUnavailable)
 		case s.driver.cached() == nil:
 			http.Error(w, "driver identity and capabilities not loaded from "+s.opts.DriverEndpoint, http.StatusServiceUnavailable)
 		default:

@@ -15,6 +15,9 @@ import (
 // so handshakes are rare.
 type keyPair struct {
 	certFile, keyFile string
+	// name, when set, is the DNS name the certificate must carry: a pair without it is refused at
+	// start, and passed over at a reload.
+	name string
 
 	mu                sync.Mutex
 	cert              *tls.Certificate
@@ -23,8 +26,9 @@ type keyPair struct {
 }
 
 // newKeyPair loads the pair once, so that a bad file fails the start rather than the first call.
-func newKeyPair(certFile, keyFile string) (*keyPair, error) {
-	k := &keyPair{certFile: certFile, keyFile: keyFile}
+// With name set, the certificate must be valid for that DNS name.
+func newKeyPair(certFile, keyFile, name string) (*keyPair, error) {
+	k := &keyPair{certFile: certFile, keyFile: keyFile, name: name}
 	if _, err := k.get(); err != nil {
 		return nil, err
 	}
@@ -47,6 +51,14 @@ func (k *keyPair) get() (*tls.Certificate, error) {
 		return k.cert, nil
 	}
 	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	if err == nil && k.name != "" {
+		err = cert.Leaf.VerifyHostname(k.name)
+		if err != nil {
+			err = fmt.Errorf("it is not for %q, the name the controller expects of this node's sidecar "+
+				"(<--node-name>.<--tls-server-name>, sidecar.tls.serverName of the controller), and the controller would refuse it; "+
+				"give each node a certificate of its own: %w", k.name, err)
+		}
+	}
 	if err != nil {
 		if k.cert != nil {
 			// Mid-rotation one file may be new and the other old: keep serving the last good pair.

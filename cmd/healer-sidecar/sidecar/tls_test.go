@@ -11,18 +11,20 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
 
-// writePair writes a self-signed certificate for cn and its key, stamped with modTime.
+// writePair writes a self-signed certificate for cn (also its DNS name) and its key, stamped with
+// modTime.
 func writePair(t *testing.T, certFile, keyFile, cn string, modTime time.Time) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, DNSNames: []string{cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -65,7 +67,7 @@ func TestKeyPairRotation(t *testing.T) {
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	writePair(t, certFile, keyFile, "first", t0)
-	k, err := newKeyPair(certFile, keyFile)
+	k, err := newKeyPair(certFile, keyFile, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +88,29 @@ func TestKeyPairRotation(t *testing.T) {
 
 func TestKeyPairInvalidAtStart(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := newKeyPair(filepath.Join(dir, "missing.crt"), filepath.Join(dir, "missing.key")); !errors.Is(err, ErrInvalidOptions) {
+	if _, err := newKeyPair(filepath.Join(dir, "missing.crt"), filepath.Join(dir, "missing.key"), ""); !errors.Is(err, ErrInvalidOptions) {
 		t.Errorf("newKeyPair with missing files: %v, want ErrInvalidOptions", err)
+	}
+}
+
+// TestKeyPairNamesItsNode: with a name to prove, a certificate for another node fails the start
+// with a message naming the name the controller expects, and a rotated certificate for another
+// node is passed over for the last good one.
+func TestKeyPairNamesItsNode(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	writePair(t, certFile, keyFile, "node-a.healer-sidecar", t0)
+	_, err := newKeyPair(certFile, keyFile, "node-b.healer-sidecar")
+	if !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), `"node-b.healer-sidecar"`) {
+		t.Fatalf("node A's certificate on node B: %v, want ErrInvalidOptions naming node-b.healer-sidecar", err)
+	}
+	k, err := newKeyPair(certFile, keyFile, "node-a.healer-sidecar")
+	if err != nil {
+		t.Fatalf("node A's certificate on node A: %v", err)
+	}
+	writePair(t, certFile, keyFile, "node-c.healer-sidecar", t0.Add(time.Minute))
+	if got := servedName(t, k); got != "node-a.healer-sidecar" {
+		t.Errorf("after a rotation to another node's certificate the sidecar serves %q, want node A's kept", got)
 	}
 }

@@ -5,55 +5,41 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
-// pvByHandleIndex indexes PersistentVolumes by CSI driver and volume handle, so that a volume
-// ID from the driver maps back to its PV without a scan.
-const pvByHandleIndex = "csiDriverVolumeHandle"
+// The sidecar's caches of what it read from the API server. They hold what the node's volumes
+// need and nothing of the rest of the cluster, so that the sidecar's memory and its load on the
+// API server follow its own node's volumes, not the cluster's.
+const (
+	// volumeCacheSize bounds each cache: PVs, attachments, volume handles and node-stage
+	// Secrets. A node with more volumes than this reads the oldest again.
+	volumeCacheSize = 1024
+	// pvCacheTTL is how long a PV read is used. What the sidecar reads of a PV (spec.csi, access
+	// modes, volume mode, mount options) does not change while the PV exists.
+	pvCacheTTL = 5 * time.Minute
+	// staleFor is how long an object read stays usable while the API server cannot be reached
+	// (not for an object that is gone, nor for a refusal): calls are answered through an outage
+	// with what was last read, as informer caches would.
+	staleFor = 30 * time.Minute
+	// apiTimeout bounds each GET.
+	apiTimeout = 10 * time.Second
+)
 
-func driverHandleKey(driver, handle string) string {
-	// NUL cannot occur in a driver name, so the key is unambiguous.
-	return driver + "\x00" + handle
-}
-
-func indexByDriverHandle(obj any) ([]string, error) {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok || pv.Spec.CSI == nil {
-		return nil, nil
-	}
-	return []string{driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle)}, nil
-}
-
-// PersistentVolumeIndexers are the indexes of the sidecar's PersistentVolume informer: by driver
-// and volume handle, to name the PV of a volume the driver lists.
-func PersistentVolumeIndexers() cache.Indexers {
-	return cache.Indexers{pvByHandleIndex: indexByDriverHandle}
-}
-
-// LeanPersistentVolume is the transform of the sidecar's PersistentVolume informer: it keeps of a
-// PersistentVolume what resolving it for the driver reads. The
-// sidecar caches every PV of the cluster (a field selector cannot pick a node's PVs), so every
-// byte dropped here is saved once per PV on every node.
-func LeanPersistentVolume(obj any) (any, error) {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	if !ok {
-		return stripManagedFields(obj)
-	}
+// leanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads, for the
+// sidecar's cache of PVs.
+func leanPersistentVolume(pv *corev1.PersistentVolume) *corev1.PersistentVolume {
 	lean := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: pv.Name, UID: pv.UID, ResourceVersion: pv.ResourceVersion},
 		Spec: corev1.PersistentVolumeSpec{
@@ -66,15 +52,7 @@ func LeanPersistentVolume(obj any) (any, error) {
 			VolumeAttributes: src.VolumeAttributes, NodeStageSecretRef: src.NodeStageSecretRef,
 		}
 	}
-	return lean, nil
-}
-
-// stripManagedFields keeps cached objects small: nothing here reads managed fields.
-func stripManagedFields(obj any) (any, error) {
-	if o, err := meta.Accessor(obj); err == nil {
-		o.SetManagedFields(nil)
-	}
-	return obj, nil
+	return lean
 }
 
 // volume is a PersistentVolume resolved into what the driver's Healer calls need.
@@ -84,152 +62,179 @@ type volume struct {
 	stagingPath string
 	context     map[string]string
 	capability  *csi.VolumeCapability
-	secrets     map[string]string
+	// secretRef names the node-stage Secret, read into secrets once the volume is known to be on
+	// this node.
+	secretRef *corev1.SecretReference
+	secrets   map[string]string
 }
 
-// volumes resolves PersistentVolume names from informer caches: one cluster-wide PV informer,
-// indexed by driver and volume handle, and one Secret informer per namespace that this driver's
-// node-stage secrets live in, started when the first such PV is seen. No call makes an API
-// request of its own.
+// volumes resolves PersistentVolume names with GETs of the objects a call needs: the PV and its
+// node-stage Secret, kept briefly in small bounded caches, and its VolumeAttachment on this node,
+// read at every call. It lists and watches nothing: a cluster of 40,000 PVs costs the sidecar what
+// its own node's volumes cost.
 type volumes struct {
-	pvs cache.SharedIndexInformer
-	// vas caches the VolumeAttachments of the sidecar's node in full, and of other nodes only
-	// their names (leanVolumeAttachment).
-	vas        cache.SharedIndexInformer
+	client     kubernetes.Interface
 	nodeName   string
-	factory    informers.SharedInformerFactory
-	secrets    *secretCache
 	kubeletDir string
-	// driverName is the driver's name once known; PV events use it to start Secret informers
-	// early.
-	driverName atomic.Pointer[string]
+
+	// pvs holds lean PVs by name; attachments whether a VolumeAttachment name attaches a PV here,
+	// by "<VolumeAttachment>/<PV>"; secrets the data of node-stage Secrets by "namespace/name".
+	pvs         *readCache
+	attachments *readCache
+	secrets     *readCache
+	// handles holds PV names by driver and volume handle, for the volumes the driver lists.
+	handles *utilcache.LRUExpireCache
 }
 
-func newVolumes(client kubernetes.Interface, o *Options) (*volumes, error) {
-	node := o.NodeName
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(func(obj any) (any, error) {
-		if va, ok := obj.(*storagev1.VolumeAttachment); ok {
-			return leanVolumeAttachment(va, node), nil
+// readCache keeps what the sidecar read from the API server, at most volumeCacheSize entries.
+// An entry is used while it is fresh; after that it is read again, and while the API server
+// cannot be reached the last value read is used up to staleFor.
+type readCache struct {
+	lru   *utilcache.LRUExpireCache
+	fresh time.Duration
+	clock clock.PassiveClock
+}
+
+// cached is one value read, and when.
+type cached struct {
+	value any
+	at    time.Time
+}
+
+func newReadCache(fresh time.Duration, clk clock.PassiveClock) *readCache {
+	return &readCache{lru: utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk), fresh: fresh, clock: clk}
+}
+
+// get returns the value of key: from the cache while fresh, else from read. When read fails
+// because the API server is unreachable, it returns the last value read, if any, not older than
+// staleFor, and the failure otherwise.
+func (c *readCache) get(key string, read func() (any, error)) (any, error) {
+	e, ok := c.lru.Get(key)
+	if ok && c.clock.Since(e.(cached).at) < c.fresh {
+		return e.(cached).value, nil
+	}
+	v, err := read()
+	if err == nil {
+		c.lru.Add(key, cached{value: v, at: c.clock.Now()}, staleFor)
+		return v, nil
+	}
+	if ok && unreachable(err) {
+		return e.(cached).value, nil
+	}
+	return nil, err
+}
+
+// unreachable tells an API server that could not answer (a connection refused, a timeout, a 5xx
+// or 429) from one that answered no: an object that does not exist, or a refusal.
+func unreachable(err error) bool {
+	return !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) &&
+		!apierrors.IsBadRequest(err) && !apierrors.IsInvalid(err)
+}
+
+func newVolumes(client kubernetes.Interface, o *Options) *volumes {
+	clk := o.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &volumes{
+		client:      client,
+		nodeName:    o.NodeName,
+		kubeletDir:  o.KubeletDir,
+		pvs:         newReadCache(pvCacheTTL, clk),
+		attachments: newReadCache(0, clk),
+		secrets:     newReadCache(o.SecretCacheTTL, clk),
+		handles:     utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk),
+	}
+}
+
+func driverHandleKey(driver, handle string) string {
+	// NUL cannot occur in a driver name, so the key is unambiguous.
+	return driver + "\x00" + handle
+}
+
+// persistentVolume returns the PV named name, from the cache or with one GET.
+func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
+	obj, err := v.pvs.get(name, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		pv, err := v.client.CoreV1().PersistentVolumes().Get(gctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
 		}
-		return LeanPersistentVolume(obj)
-	}))
-	pvs := factory.Core().V1().PersistentVolumes().Informer()
-	if err := pvs.AddIndexers(PersistentVolumeIndexers()); err != nil {
-		return nil, fmt.Errorf("index PersistentVolumes: %w", err)
-	}
-	vas := factory.Storage().V1().VolumeAttachments().Informer()
-	if err := vas.AddIndexers(cache.Indexers{vaByPVIndex: indexByPV}); err != nil {
-		return nil, fmt.Errorf("index VolumeAttachments: %w", err)
-	}
-	v := &volumes{
-		pvs:        pvs,
-		vas:        vas,
-		nodeName:   node,
-		factory:    factory,
-		secrets:    newSecretCache(client, o.SecretSyncTimeout),
-		kubeletDir: o.KubeletDir,
-	}
-	if _, err := pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    v.pvChanged,
-		UpdateFunc: func(_, obj any) { v.pvChanged(obj) },
-	}); err != nil {
-		return nil, fmt.Errorf("watch PersistentVolumes: %w", err)
-	}
-	return v, nil
-}
-
-// start runs the informers until ctx is done; stop waits for them to end.
-func (v *volumes) start(ctx context.Context) {
-	v.factory.Start(ctx.Done())
-	v.secrets.start(ctx)
-}
-
-func (v *volumes) stop() {
-	v.factory.Shutdown()
-	v.secrets.shutdown()
-}
-
-func (v *volumes) synced() bool {
-	return v.pvs.HasSynced() && v.vas.HasSynced()
-}
-
-// vaByPVIndex indexes the VolumeAttachments of the sidecar's node by PersistentVolume name.
-const vaByPVIndex = "persistentVolumeName"
-
-func indexByPV(obj any) ([]string, error) {
-	va, ok := obj.(*storagev1.VolumeAttachment)
-	if !ok || va.Spec.Source.PersistentVolumeName == nil {
-		return nil, nil
-	}
-	return []string{*va.Spec.Source.PersistentVolumeName}, nil
-}
-
-// leanVolumeAttachment keeps of a VolumeAttachment to node what attachedHere reads, and of one
-// to another node its name alone: the sidecar never acts on those, and the informer needs an
-// entry to follow their deletion.
-func leanVolumeAttachment(va *storagev1.VolumeAttachment, node string) *storagev1.VolumeAttachment {
-	lean := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: va.Name, UID: va.UID, ResourceVersion: va.ResourceVersion}}
-	if va.Spec.NodeName != node {
-		return lean
-	}
-	lean.DeletionTimestamp = va.DeletionTimestamp
-	lean.Spec = storagev1.VolumeAttachmentSpec{Attacher: va.Spec.Attacher, NodeName: va.Spec.NodeName,
-		Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: va.Spec.Source.PersistentVolumeName}}
-	lean.Status.Attached = va.Status.Attached
-	return lean
-}
-
-// attachedHere reports whether PersistentVolume pvName is attached to the sidecar's node by
-// driverName: a VolumeAttachment there, attached, and not being deleted (the volume is
-// detaching).
-func (v *volumes) attachedHere(driverName, pvName string) bool {
-	objs, err := v.vas.GetIndexer().ByIndex(vaByPVIndex, pvName)
-	if err != nil {
-		return false
-	}
-	for _, o := range objs {
-		va := o.(*storagev1.VolumeAttachment)
-		if va.Spec.NodeName == v.nodeName && va.Spec.Attacher == driverName && va.Status.Attached && va.DeletionTimestamp == nil {
-			return true
-		}
-	}
-	return false
-}
-
-// setDriver records the driver's name and starts the Secret informers of the namespaces its
-// PVs' node-stage secrets live in, so that the first probe does not wait for them.
-func (v *volumes) setDriver(name string) {
-	v.driverName.Store(&name)
-	for _, obj := range v.pvs.GetStore().List() {
-		v.pvChanged(obj)
-	}
-}
-
-func (v *volumes) pvChanged(obj any) {
-	pv, ok := obj.(*corev1.PersistentVolume)
-	name := v.driverName.Load()
-	if !ok || name == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != *name {
-		return
-	}
-	if ref := pv.Spec.CSI.NodeStageSecretRef; ref != nil && ref.Namespace != "" {
-		v.secrets.ensure(ref.Namespace)
-	}
-}
-
-// resolve finds the PV named pvName in the cache and builds the request fields the driver
-// needs. The PV must be a CSI volume of driverName.
-func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volume, error) {
-	if !v.synced() {
-		return nil, fmt.Errorf("%w: the PersistentVolume cache has not synced yet", ErrNotReady)
-	}
-	obj, ok, err := v.pvs.GetStore().GetByKey(pvName)
-	if err != nil {
-		return nil, fmt.Errorf("read PersistentVolume %q from the cache: %w", pvName, err)
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %q is not in the sidecar's cache", ErrPVNotFound, pvName)
+		return leanPersistentVolume(pv), nil
+	})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("%w: %q does not exist", ErrPVNotFound, name)
+	case err != nil:
+		return nil, fmt.Errorf("%w: get PersistentVolume %q: %w", ErrNotReady, name, err)
 	}
 	pv := obj.(*corev1.PersistentVolume)
+	if pv.Spec.CSI != nil {
+		v.handles.Add(driverHandleKey(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle), name, staleFor)
+	}
+	return pv, nil
+}
+
+// attachedHere reports whether PersistentVolume pvName, of volume handle handle, is attached to
+// the sidecar's node by driverName: its VolumeAttachment there (named as the attach/detach
+// controller names it) is for this PV, attached, and not being deleted (the volume is
+// detaching). It is read at every call, attachment being what the sidecar's trust rests on; only
+// while the API server cannot be reached is the last answer used.
+func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string) (bool, error) {
+	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
+	attached, err := v.attachments.get(name+"/"+pvName, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return isAttachedHere(va, driverName, pvName, v.nodeName), nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("%w: get VolumeAttachment %s of PersistentVolume %q on node %q: %w", ErrNotReady, name, pvName, v.nodeName, err)
+	}
+	return attached.(bool), nil
+}
+
+// attachedPV returns the PV that the VolumeAttachment of the volume handle on this node attaches
+// here, or "" when there is none.
+func (v *volumes) attachedPV(ctx context.Context, driverName, handle string) (string, error) {
+	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
+	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("get VolumeAttachment %s: %w", name, err)
+	}
+	src := va.Spec.Source.PersistentVolumeName
+	if src == nil || !isAttachedHere(va, driverName, *src, v.nodeName) {
+		return "", nil
+	}
+	v.attachments.lru.Add(name+"/"+*src, cached{value: true, at: v.attachments.clock.Now()}, staleFor)
+	return *src, nil
+}
+
+func isAttachedHere(va *storagev1.VolumeAttachment, driverName, pvName, node string) bool {
+	src := va.Spec.Source.PersistentVolumeName
+	return va.Spec.NodeName == node && va.Spec.Attacher == driverName && src != nil && *src == pvName &&
+		va.Status.Attached && va.DeletionTimestamp == nil
+}
+
+// resolve reads the PV named pvName and builds the request fields the driver needs. The PV must
+// be a CSI volume of driverName.
+func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volume, error) {
+	pv, err := v.persistentVolume(ctx, pvName)
+	if err != nil {
+		return nil, err
+	}
 	src := pv.Spec.CSI
 	if src == nil {
 		return nil, fmt.Errorf("%w: %q has no spec.csi", ErrNotCSIVolume, pvName)
@@ -237,34 +242,65 @@ func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volu
 	if src.Driver != driverName {
 		return nil, fmt.Errorf("%w: %q belongs to driver %q, this sidecar serves %q", ErrOtherDriver, pvName, src.Driver, driverName)
 	}
-	vol := &volume{
+	return &volume{
 		pvName:      pv.Name,
 		volumeID:    src.VolumeHandle,
 		stagingPath: stagingPath(v.kubeletDir, pv),
 		context:     src.VolumeAttributes,
 		capability:  volumeCapability(pv),
-	}
-	if ref := src.NodeStageSecretRef; ref != nil {
-		if vol.secrets, err = v.secrets.get(ctx, ref.Namespace, ref.Name); err != nil {
-			return nil, fmt.Errorf("PersistentVolume %q: %w", pvName, err)
-		}
-	}
-	return vol, nil
+		secretRef:   src.NodeStageSecretRef,
+	}, nil
 }
 
-// pvNameFor returns the PV of driverName whose volume handle is volumeID, or "" when the cache
-// has none. Should several PVs share a handle, the first by name is taken, so that the answer is
-// stable.
+// stageSecrets reads the node-stage Secret of vol's PV, if it names one: called only once the
+// volume is known to be on this node, so that the sidecar reads no Secret for another node's
+// volume.
+func (v *volumes) stageSecrets(ctx context.Context, vol *volume) error {
+	ref := vol.secretRef
+	if ref == nil {
+		return nil
+	}
+	secrets, err := v.secret(ctx, ref.Namespace, ref.Name)
+	if err != nil {
+		return fmt.Errorf("PersistentVolume %q: %w", vol.pvName, err)
+	}
+	vol.secrets = secrets
+	return nil
+}
+
+// secret returns the data of a Secret as the strings NodeStageVolume received, from the cache or
+// with one GET.
+func (v *volumes) secret(ctx context.Context, namespace, name string) (map[string]string, error) {
+	key := namespace + "/" + name
+	data, err := v.secrets.get(key, func() (any, error) {
+		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		s, err := v.client.CoreV1().Secrets(namespace).Get(gctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]string, len(s.Data))
+		for k, val := range s.Data {
+			out[k] = string(val)
+		}
+		return out, nil
+	})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("%w: %s", ErrSecretNotFound, key)
+	case err != nil:
+		return nil, fmt.Errorf("%w: Secret %s (the sidecar needs get on Secrets in namespace %q): %w", ErrSecretsUnavailable, key, namespace, err)
+	}
+	return data.(map[string]string), nil
+}
+
+// pvNameFor returns the PV of driverName whose volume handle is volumeID, among the PVs the
+// sidecar read recently, or "" (the controller maps the volume itself).
 func (v *volumes) pvNameFor(driverName, volumeID string) string {
-	objs, err := v.pvs.GetIndexer().ByIndex(pvByHandleIndex, driverHandleKey(driverName, volumeID))
-	if err != nil || len(objs) == 0 {
-		return ""
+	if name, ok := v.handles.Get(driverHandleKey(driverName, volumeID)); ok {
+		return name.(string)
 	}
-	names := make([]string, 0, len(objs))
-	for _, o := range objs {
-		names = append(names, o.(*corev1.PersistentVolume).Name)
-	}
-	return slices.Min(names)
+	return ""
 }
 
 // stagingPath is the path kubelet gives NodeStageVolume for the PV: for a filesystem volume
@@ -309,115 +345,4 @@ func volumeCapability(pv *corev1.PersistentVolume) *csi.VolumeCapability {
 		MountFlags: slices.Clone(pv.Spec.MountOptions),
 	}}
 	return c
-}
-
-// secretCache holds one Secret informer per namespace, started on first need. The sidecar thus
-// needs list and watch on Secrets only in the namespaces its driver's PVs name.
-type secretCache struct {
-	client      kubernetes.Interface
-	syncTimeout time.Duration
-
-	mu         sync.Mutex
-	ctx        context.Context // set by start; nil before
-	namespaces map[string]*namespaceSecrets
-	wg         sync.WaitGroup
-}
-
-type namespaceSecrets struct {
-	informer cache.SharedIndexInformer
-	// lastErr is the last list or watch failure, to explain a cache that does not sync.
-	lastErr atomic.Pointer[error]
-	started bool
-}
-
-func newSecretCache(client kubernetes.Interface, syncTimeout time.Duration) *secretCache {
-	return &secretCache{client: client, syncTimeout: syncTimeout, namespaces: map[string]*namespaceSecrets{}}
-}
-
-func (c *secretCache) start(ctx context.Context) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.ctx = ctx
-	for name, ns := range c.namespaces {
-		c.run(name, ns)
-	}
-}
-
-func (c *secretCache) shutdown() {
-	c.wg.Wait()
-}
-
-// ensure returns the informer of namespace, creating it, and starting it once start ran.
-func (c *secretCache) ensure(namespace string) *namespaceSecrets {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ns, ok := c.namespaces[namespace]
-	if !ok {
-		factory := informers.NewSharedInformerFactoryWithOptions(c.client, 0,
-			informers.WithNamespace(namespace), informers.WithTransform(stripManagedFields))
-		ns = &namespaceSecrets{informer: factory.Core().V1().Secrets().Informer()}
-		_ = ns.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-			ns.lastErr.Store(&err)
-			cache.DefaultWatchErrorHandler(ctx, r, err)
-		})
-		c.namespaces[namespace] = ns
-	}
-	if c.ctx != nil {
-		c.run(namespace, ns)
-	}
-	return ns
-}
-
-// run starts ns's informer once; c.mu is held.
-func (c *secretCache) run(namespace string, ns *namespaceSecrets) {
-	if ns.started {
-		return
-	}
-	ns.started = true
-	klog.FromContext(c.ctx).V(2).Info("Caching node-stage Secrets", "namespace", namespace)
-	c.wg.Go(func() { ns.informer.RunWithContext(c.ctx) })
-}
-
-// get returns the data of a Secret as the strings NodeStageVolume received. The first call for a
-// namespace waits, up to the sync timeout, for its Secrets to be cached.
-func (c *secretCache) get(ctx context.Context, namespace, name string) (map[string]string, error) {
-	ns := c.ensure(namespace)
-	if !ns.informer.HasSynced() {
-		unavailable := func(why string) error {
-			return fmt.Errorf("%w: Secrets of namespace %q (the sidecar needs get, list and watch on Secrets there): %s",
-				ErrSecretsUnavailable, namespace, why)
-		}
-		// A list that already failed (RBAC, most likely) fails the call at once: a sweep of many
-		// volumes should not wait out the sync timeout once per volume.
-		if err := ns.lastErr.Load(); err != nil {
-			return nil, unavailable((*err).Error())
-		}
-		wctx, cancel := context.WithTimeout(ctx, c.syncTimeout)
-		defer cancel()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for !ns.informer.HasSynced() {
-			if err := ns.lastErr.Load(); err != nil {
-				return nil, unavailable((*err).Error())
-			}
-			select {
-			case <-wctx.Done():
-				return nil, unavailable("not cached within " + c.syncTimeout.String())
-			case <-tick.C:
-			}
-		}
-	}
-	obj, ok, err := ns.informer.GetStore().GetByKey(namespace + "/" + name)
-	if err != nil {
-		return nil, fmt.Errorf("read Secret %s/%s from the cache: %w", namespace, name, err)
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %s/%s", ErrSecretNotFound, namespace, name)
-	}
-	s := obj.(*corev1.Secret)
-	out := make(map[string]string, len(s.Data))
-	for k, val := range s.Data {
-		out[k] = string(val)
-	}
-	return out, nil
 }

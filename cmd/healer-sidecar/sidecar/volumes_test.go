@@ -13,12 +13,16 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
 
 func testPV(name, driver, handle string, mutate ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
@@ -122,14 +126,14 @@ func TestStagingPath(t *testing.T) {
 	}
 }
 
-// startVolumes runs the caches against a fake clientset holding objs, for driver "d".
+// startVolumes reads from a fake clientset holding objs, for driver "d".
 func startVolumes(t *testing.T, objs ...any) *volumes {
 	t.Helper()
-	return startVolumesFor(t, "d", objs...)
+	return startVolumesFor(t, objs...)
 }
 
-// startVolumesFor runs the caches against a fake clientset holding objs, for driver driverName.
-func startVolumesFor(t testing.TB, driverName string, objs ...any) *volumes {
+// startVolumesFor reads from a fake clientset holding objs.
+func startVolumesFor(t testing.TB, objs ...any) *volumes {
 	t.Helper()
 	client := fake.NewClientset()
 	for _, o := range objs {
@@ -139,37 +143,30 @@ func startVolumesFor(t testing.TB, driverName string, objs ...any) *volumes {
 			_, err = client.CoreV1().PersistentVolumes().Create(context.Background(), o, metav1.CreateOptions{})
 		case *corev1.Secret:
 			_, err = client.CoreV1().Secrets(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{})
+		case *storagev1.VolumeAttachment:
+			_, err = client.StorageV1().VolumeAttachments().Create(context.Background(), o, metav1.CreateOptions{})
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	v := runVolumes(t, client, 2*time.Second)
-	v.setDriver(driverName)
-	return v
+	return runVolumes(client)
 }
 
-func runVolumes(t testing.TB, client *fake.Clientset, secretSync time.Duration) *volumes {
-	t.Helper()
-	v, err := newVolumes(client, &Options{KubeletDir: "/var/lib/kubelet", SecretSyncTimeout: secretSync})
+func runVolumes(client *fake.Clientset) *volumes {
+	return newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", SecretCacheTTL: time.Minute})
+}
+
+// resolveWithSecrets resolves pv as a call does once the volume is known to be on the node.
+func resolveWithSecrets(v *volumes, driver, pv string) (*volume, error) {
+	vol, err := v.resolve(context.Background(), driver, pv)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	v.start(ctx)
-	t.Cleanup(func() {
-		cancel()
-		v.stop()
-	})
-	deadline := time.Now().Add(5 * time.Second)
-	for !v.synced() {
-		if time.Now().After(deadline) {
-			t.Fatal("PV cache did not sync")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := v.stageSecrets(context.Background(), vol); err != nil {
+		return nil, err
 	}
-	v.setDriver("d")
-	return v
+	return vol, nil
 }
 
 func TestResolve(t *testing.T) {
@@ -201,7 +198,7 @@ func TestResolve(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			vol, err := v.resolve(context.Background(), "d", tc.pv)
+			vol, err := resolveWithSecrets(v, "d", tc.pv)
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 				t.Fatalf("resolve: %v, want %v", err, tc.wantErr)
 			}
@@ -218,18 +215,23 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+// TestPVNameFor names the PV of a volume the driver lists from the PVs the sidecar read, and
+// leaves the others to the controller.
 func TestPVNameFor(t *testing.T) {
 	v := startVolumes(t,
-		testPV("b-static", "d", "shared"),
-		testPV("a-static", "d", "shared"),
+		testPV("read", "d", "vol-1"),
+		testPV("unread", "d", "vol-2"),
 		testPV("other", "x", "vol-x"),
 	)
+	if _, err := v.resolve(context.Background(), "d", "read"); err != nil {
+		t.Fatal(err)
+	}
 	tests := map[string]struct {
 		driver, handle, want string
 	}{
-		"two PVs share a handle: the first by name": {driver: "d", handle: "shared", want: "a-static"},
-		"handle of another driver":                  {driver: "d", handle: "vol-x", want: ""},
-		"unknown handle":                            {driver: "d", handle: "nothing", want: ""},
+		"a PV the sidecar read":    {driver: "d", handle: "vol-1", want: "read"},
+		"a PV it has not read":     {driver: "d", handle: "vol-2", want: ""},
+		"handle of another driver": {driver: "d", handle: "vol-x", want: ""},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -240,12 +242,12 @@ func TestPVNameFor(t *testing.T) {
 	}
 }
 
-// TestSecretsForbidden fails calls quickly, with a message about RBAC, when the sidecar may not
-// list the Secrets of a namespace.
+// TestSecretsForbidden fails a call at once, with a message naming the Secret and the RBAC it
+// needs, when the sidecar may not get the node-stage Secret.
 func TestSecretsForbidden(t *testing.T) {
 	client := fake.NewClientset()
-	client.PrependReactor("list", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, "", errors.New("RBAC: access denied"))
+	client.PrependReactor("get", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, "stage", errors.New("RBAC: access denied"))
 	})
 	pv := testPV("mine", "d", "vol-1", func(pv *corev1.PersistentVolume) {
 		pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
@@ -253,23 +255,54 @@ func TestSecretsForbidden(t *testing.T) {
 	if _, err := client.CoreV1().PersistentVolumes().Create(context.Background(), pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	v := runVolumes(t, client, time.Minute)
-	for i := range 2 {
-		start := time.Now()
-		_, err := v.resolve(context.Background(), "d", "mine")
-		if !errors.Is(err, ErrSecretsUnavailable) || !strings.Contains(err.Error(), "forbidden") {
-			t.Fatalf("call %d: %v, want ErrSecretsUnavailable saying why", i+1, err)
-		}
-		if status.Code(toStatus(err)) != codes.Unavailable {
-			t.Errorf("call %d: code %s, want UNAVAILABLE", i+1, status.Code(toStatus(err)))
-		}
-		if took := time.Since(start); took > 10*time.Second {
-			t.Errorf("call %d took %s; a failed list should not wait out the one-minute sync timeout", i+1, took)
-		}
+	v := runVolumes(client)
+	_, err := resolveWithSecrets(v, "d", "mine")
+	if !errors.Is(err, ErrSecretsUnavailable) || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "ceph/stage") {
+		t.Fatalf("%v, want ErrSecretsUnavailable naming ceph/stage and saying why", err)
+	}
+	if status.Code(toStatus(err)) != codes.Unavailable {
+		t.Errorf("code %s, want UNAVAILABLE", status.Code(toStatus(err)))
 	}
 }
 
-// The cache keeps a lean copy of every PV: what the driver is sent must not change because of it.
+// TestVolumesReadOnlyWhatACallNeeds: resolving a volume, checking its attachment and reading its
+// Secret are GETs of those objects by name, each PV and Secret read once however many calls need
+// it; nothing is listed or watched, so the rest of the cluster costs the sidecar nothing.
+func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
+	pvName := "mine"
+	client := fake.NewClientset(
+		testPV(pvName, "d", "vol-1", func(pv *corev1.PersistentVolume) {
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
+		}),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ceph", Name: "stage"}, Data: map[string][]byte{"key": []byte("k")}},
+		&storagev1.VolumeAttachment{
+			ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
+			Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
+				Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+			Status: storagev1.VolumeAttachmentStatus{Attached: true},
+		},
+	)
+	v := runVolumes(client)
+	for range 3 {
+		vol, err := resolveWithSecrets(v, "d", pvName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := v.attachedHere(context.Background(), "d", pvName, vol.volumeID); !ok || err != nil {
+			t.Fatalf("attachedHere = %v, %v; want true", ok, err)
+		}
+	}
+	got := map[string]int{}
+	for _, a := range client.Actions() {
+		got[a.GetVerb()+" "+a.GetResource().Resource]++
+	}
+	want := map[string]int{"get persistentvolumes": 1, "get secrets": 1, "get volumeattachments": 3}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("API requests %v, want %v", got, want)
+	}
+}
+
+// The cache keeps a lean copy of each PV it reads: what the driver is sent must not change because of it.
 func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 	block := corev1.PersistentVolumeBlock
 	pvs := map[string]*corev1.PersistentVolume{
@@ -288,11 +321,7 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 	}
 	for name, pv := range pvs {
 		t.Run(name, func(t *testing.T) {
-			obj, err := LeanPersistentVolume(pv.DeepCopy())
-			if err != nil {
-				t.Fatal(err)
-			}
-			lean := obj.(*corev1.PersistentVolume)
+			lean := leanPersistentVolume(pv.DeepCopy())
 			if lean.Labels != nil || lean.Spec.ClaimRef != nil {
 				t.Errorf("lean copy keeps fields nothing reads: %+v", lean)
 			}
@@ -306,5 +335,58 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 				t.Errorf("CSI source %+v, want %+v", lean.Spec.CSI, pv.Spec.CSI)
 			}
 		})
+	}
+}
+
+// TestAnsweredThroughAnOutage: once read, a PV, its attachment and its Secret are used while the
+// API server cannot be reached, past their freshness, and not when the API server says the
+// object is gone.
+func TestAnsweredThroughAnOutage(t *testing.T) {
+	pvName := "mine"
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status: storagev1.VolumeAttachmentStatus{Attached: true},
+	}
+	client := fake.NewClientset(
+		testPV(pvName, "d", "vol-1", func(pv *corev1.PersistentVolume) {
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
+		}),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ceph", Name: "stage"}, Data: map[string][]byte{"key": []byte("k")}},
+		va,
+	)
+	clk := testingclock.NewFakeClock(time.Now())
+	v := newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", SecretCacheTTL: time.Minute, Clock: clk})
+	ctx := context.Background()
+	check := func(when string) error {
+		vol, err := resolveWithSecrets(v, "d", pvName)
+		if err != nil {
+			return err
+		}
+		ok, err := v.attachedHere(ctx, "d", pvName, vol.volumeID)
+		if err != nil {
+			return err
+		}
+		if !ok || vol.secrets["key"] != "k" {
+			t.Fatalf("%s: attached %v, secrets %v; want attached with its Secret", when, ok, vol.secrets)
+		}
+		return nil
+	}
+	if err := check("API server up"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(10 * time.Minute)
+	client.PrependReactor("get", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("the API server is down")
+	})
+	if err := check("API server down"); err != nil {
+		t.Fatalf("API server down: %v, want the last answers", err)
+	}
+	client.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "storage.k8s.io", Resource: "volumeattachments"}, va.Name)
+	})
+	if ok, err := v.attachedHere(ctx, "d", pvName, "vol-1"); ok || err != nil {
+		t.Errorf("VolumeAttachment gone: attached %v, %v; want not attached", ok, err)
 	}
 }

@@ -14,6 +14,11 @@ import (
 	"github.com/volume-healer/volume-healer/probe"
 )
 
+// SidecarServerName is the name that the certificate of node's sidecars must carry (a DNS
+// subject alternative name) when sidecar.tls.serverName is base: "<node>.<base>". A node name is a
+// DNS subdomain, so the name is one too.
+func SidecarServerName(node, base string) string { return node + "." + base }
+
 // sidecarClient builds the client of the sidecars from the configuration; guard, when not nil,
 // bounds every call (probe.Options.Guard). Each call carries a token of the controller's
 // ServiceAccount (the one sidecar.auth.tokenFile belongs to) for the called node alone, requested
@@ -48,6 +53,10 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 			tlsCfg.Certificates = []tls.Certificate{cert}
 		}
 		opts.TLS = tlsCfg
+		if name := cfg.Sidecar.TLS.ServerName; name != "" && !cfg.Sidecar.TLS.InsecureSkipVerify {
+			// Each node's sidecars prove their node: their certificate names <node>.<serverName>.
+			opts.NodeServerName = func(node string) string { return SidecarServerName(node, name) }
+		}
 	}
 	return probe.New(opts), nil
 }
