@@ -203,7 +203,7 @@ func TestRefdriverChartDefaults(t *testing.T) {
 	if side.Image != "healer-sidecar:v0.1.0" {
 		t.Errorf("healer sidecar image %q", side.Image)
 	}
-	for _, want := range []string{"--driver-endpoint=unix:///csi/csi-addons.sock", "--listen=:9072", "--tls-cert-file=/etc/healer-sidecar/tls/tls.crt"} {
+	for _, want := range []string{"--driver-endpoint=unix:///csi/csi-addons.sock", "--listen=:9072", "--tls-cert-file=/etc/healer-sidecar/tls/tls.crt", "--tls-server-name=healer-sidecar"} {
 		if !slices.Contains(side.Args, want) {
 			t.Errorf("healer sidecar args %q lack %s", side.Args, want)
 		}
@@ -211,8 +211,9 @@ func TestRefdriverChartDefaults(t *testing.T) {
 	if m, ok := mountOf(side, "socket-dir"); !ok || m.MountPath != "/csi" {
 		t.Error("the healer sidecar does not see the driver's CSI-Addons socket in /csi")
 	}
-	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.Secret == nil || v.Secret.SecretName != "healer-sidecar-tls" {
-		t.Errorf("healer sidecar TLS volume %+v, want the Secret healer-sidecar-tls", v.VolumeSource)
+	// Each node's own key pair, on the node: no node plugin holds another node's key.
+	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.HostPath == nil || v.HostPath.Path != "/etc/volume-healer/healer-sidecar" {
+		t.Errorf("healer sidecar TLS volume %+v, want the node's folder /etc/volume-healer/healer-sidecar", v.VolumeSource)
 	}
 	for _, c := range node.Containers {
 		if c.Name == "csi-addons" {
@@ -316,7 +317,8 @@ func TestRefdriverChartRequiredValues(t *testing.T) {
 		"an image without a tag":        {[]string{"images.csiAttacher.tag="}, "csi-attacher needs a tag or a digest"},
 		"an image without a repository": {[]string{"images.refdriver.repository="}, "images.<name>.repository"},
 		"no node ServiceAccount":        {[]string{"node.serviceAccountName="}, "node.serviceAccountName is required"},
-		"TLS without its Secret":        {[]string{"healerSidecar.tls.secretName="}, "healerSidecar.tls.secretName is required"},
+		"TLS without its key pair":      {[]string{"healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
+		"TLS without a server name":     {[]string{"healerSidecar.tls.serverName="}, "healerSidecar.tls.serverName is required"},
 		"no controller ServiceAccount":  {[]string{"controller.serviceAccountName="}, "controller.serviceAccountName is required"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -442,7 +444,9 @@ func TestRefdriverChartServerSideDryRun(t *testing.T) {
 		"controller plugin reads no Secrets":          {controllerSA, ra("get", "", "secrets", refdriverNamespace), false},
 		"controller plugin deletes no claims":         {controllerSA, ra("delete", "", "persistentvolumeclaims", "shop"), false},
 		"no Leases without leader election":           {controllerSA, ra("update", "coordination.k8s.io", "leases", refdriverNamespace), false},
-		"healer sidecar watches VolumeAttachments":    {nodeSA, ra("watch", "storage.k8s.io", "volumeattachments", ""), true},
+		"healer sidecar reads VolumeAttachments":      {nodeSA, ra("get", "storage.k8s.io", "volumeattachments", ""), true},
+		"healer sidecar watches no VolumeAttachments": {nodeSA, ra("watch", "storage.k8s.io", "volumeattachments", ""), false},
+		"healer sidecar lists no PersistentVolumes":   {nodeSA, ra("list", "", "persistentvolumes", ""), false},
 		"healer sidecar reviews tokens":               {nodeSA, ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
 		"healer sidecar registers its CSIAddonsNode":  {nodeSA, ra("create", "csiaddons.openshift.io", "csiaddonsnodes", refdriverNamespace), true},
 		"healer sidecar changes no PersistentVolumes": {nodeSA, ra("patch", "", "persistentvolumes", ""), false},
