@@ -739,7 +739,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		return nil, nil, outcomeSkipped
 	}
 
-	driver := s.drivers.get(caps, addonsNode)
+	driver := driverTermOf(s.drivers, caps, addonsNode)
 	in := v.PolicyInput(driver.info, policy.Trigger(sw.Trigger))
 	if in.Driver.Name == driver.info.Name {
 		in.Terms.Driver = driver.term
@@ -997,12 +997,9 @@ func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) po
 // driverTerms remembers the driver part of the policy input, with its Rego form, for each
 // capability answer and CSIAddonsNode: every volume of a node shares it. Entries are keyed by the
 // objects themselves, which the capability cache and the target map replace rather than change,
-// and the map is emptied when it outgrows maxDriverTerms, which bounds what replaced objects
-// keep alive.
-type driverTerms struct {
-	mu sync.Mutex
-	m  map[driverKey]driverTerm
-}
+// and the cache (policy.TermCache) is emptied when it outgrows maxDriverTerms, which bounds what
+// replaced objects keep alive.
+type driverTerms = policy.TermCache[driverKey, driverTerm]
 
 // maxDriverTerms is more than the node plugins of the largest clusters Kubernetes supports.
 const maxDriverTerms = 16384
@@ -1017,23 +1014,15 @@ type driverTerm struct {
 	term policy.Term
 }
 
-func newDriverTerms() *driverTerms { return &driverTerms{m: map[driverKey]driverTerm{}} }
+func newDriverTerms() *driverTerms { return policy.NewTermCache[driverKey, driverTerm](maxDriverTerms) }
 
-// get returns the driver part of the input; its maps and slices are shared: read-only.
-func (t *driverTerms) get(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) driverTerm {
-	key := driverKey{caps, n}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if d, ok := t.m[key]; ok {
+// driverTermOf returns the driver part of the input; its maps and slices are shared: read-only.
+func driverTermOf(t *driverTerms, caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) driverTerm {
+	return t.Get(driverKey{caps, n}, func() driverTerm {
+		d := driverTerm{info: driverInfo(caps, n)}
+		d.term = policy.DriverTerm(&d.info)
 		return d
-	}
-	if len(t.m) >= maxDriverTerms {
-		clear(t.m)
-	}
-	d := driverTerm{info: driverInfo(caps, n)}
-	d.term = policy.DriverTerm(&d.info)
-	t.m[key] = d
-	return d
+	})
 }
 
 func describe(hs []probe.Health) string {

@@ -1,8 +1,6 @@
 package planner
 
 import (
-	"sync"
-
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 
@@ -11,18 +9,15 @@ import (
 
 // policyTerms remembers the policy input parts that every volume of a StorageClass or of a node
 // shares, with their Rego form, so that an evaluation converts only what is the volume's own.
-// Entries are keyed by the cached object itself: an informer replaces an object on every update,
-// so an entry never goes stale, and the maps are emptied when they outgrow maxTermEntries, which
-// bounds what replaced objects keep alive.
+// Entries are keyed by the cached object itself (policy.TermCache).
 type policyTerms struct {
-	mu          sync.Mutex
-	classes     map[*storagev1.StorageClass]classTerm
-	nodes       map[*corev1.Node]nodeTerm
-	attachments map[attachmentKey]policy.Term
+	classes     *policy.TermCache[*storagev1.StorageClass, classTerm]
+	nodes       *policy.TermCache[*corev1.Node, nodeTerm]
+	attachments *policy.TermCache[attachmentKey, policy.Term]
 }
 
-// maxTermEntries bounds each map of policyTerms: more than the StorageClasses, and than the nodes
-// of the largest clusters Kubernetes supports (5,000).
+// maxTermEntries bounds each cache of policyTerms: more than the StorageClasses, and than the
+// nodes of the largest clusters Kubernetes supports (5,000).
 const maxTermEntries = 16384
 
 type classTerm struct {
@@ -42,56 +37,29 @@ type attachmentKey struct {
 
 func newPolicyTerms() *policyTerms {
 	return &policyTerms{
-		classes:     map[*storagev1.StorageClass]classTerm{},
-		nodes:       map[*corev1.Node]nodeTerm{},
-		attachments: map[attachmentKey]policy.Term{},
+		classes:     policy.NewTermCache[*storagev1.StorageClass, classTerm](maxTermEntries),
+		nodes:       policy.NewTermCache[*corev1.Node, nodeTerm](maxTermEntries),
+		attachments: policy.NewTermCache[attachmentKey, policy.Term](maxTermEntries),
 	}
 }
 
 // class returns the input part of a StorageClass, shared: read-only.
 func (t *policyTerms) class(sc *storagev1.StorageClass) classTerm {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c, ok := t.classes[sc]; ok {
-		return c
-	}
-	if len(t.classes) >= maxTermEntries {
-		clear(t.classes)
-	}
-	p := &policy.StorageClass{Name: sc.Name, Parameters: sc.Parameters}
-	c := classTerm{class: p, term: policy.StorageClassTerm(p)}
-	t.classes[sc] = c
-	return c
+	return t.classes.Get(sc, func() classTerm {
+		p := &policy.StorageClass{Name: sc.Name, Parameters: sc.Parameters}
+		return classTerm{class: p, term: policy.StorageClassTerm(p)}
+	})
 }
 
 // node returns the input part of a Node, shared: read-only.
 func (t *policyTerms) node(n *corev1.Node) nodeTerm {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c, ok := t.nodes[n]; ok {
-		return c
-	}
-	if len(t.nodes) >= maxTermEntries {
-		clear(t.nodes)
-	}
-	p := &policy.Node{Name: n.Name, Labels: n.Labels}
-	c := nodeTerm{node: p, term: policy.NodeTerm(p)}
-	t.nodes[n] = c
-	return c
+	return t.nodes.Get(n, func() nodeTerm {
+		p := &policy.Node{Name: n.Name, Labels: n.Labels}
+		return nodeTerm{node: p, term: policy.NodeTerm(p)}
+	})
 }
 
 // attachment returns the Rego form of a.
 func (t *policyTerms) attachment(a *policy.Attachment) policy.Term {
-	key := attachmentKey{a.Node, a.Attached, a.Detaching}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if term, ok := t.attachments[key]; ok {
-		return term
-	}
-	if len(t.attachments) >= maxTermEntries {
-		clear(t.attachments)
-	}
-	term := policy.AttachmentTerm(a)
-	t.attachments[key] = term
-	return term
+	return t.attachments.Get(attachmentKey{a.Node, a.Attached, a.Detaching}, func() policy.Term { return policy.AttachmentTerm(a) })
 }
