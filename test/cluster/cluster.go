@@ -231,6 +231,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		{"kubelet", c.startKubelet},
 		{"node Ready", c.waitNodeReady},
 		{"the kubernetes Service", c.waitServiceRule},
+		{"the default ServiceAccount", c.waitDefaultServiceAccount},
 	}
 	for _, step := range steps {
 		t := time.Now()
@@ -583,6 +584,15 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 			}
 		}
 		return fmt.Errorf("node %s has no Ready condition yet", c.opts.NodeName)
+	})
+}
+
+// waitDefaultServiceAccount waits until kube-controller-manager has made the ServiceAccount
+// "default" of the namespace default: until then no pod can be created there.
+func (c *Cluster) waitDefaultServiceAccount(ctx context.Context) error {
+	return c.waitFor(ctx, "kube-controller-manager", time.Minute, func(ctx context.Context) error {
+		_, err := c.Clientset.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+		return err
 	})
 }
 
