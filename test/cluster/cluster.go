@@ -55,6 +55,10 @@ type Options struct {
 	Subnet string
 	// Logf receives progress lines. Default: none.
 	Logf func(format string, args ...any)
+
+	// lock is the machine-wide node lock when the caller took it already (StartFor, which holds
+	// it while the images are built and imported too); Start takes it otherwise.
+	lock *os.File
 }
 
 // Cluster is a started cluster.
@@ -191,9 +195,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	lock, err := takeLock(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+	lock := o.lock
+	if lock == nil {
+		if lock, err = takeLock(ctx); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
 	}
 	if why := strings.Trim(Unavailable()+", "+occupied(), ", "); why != "" {
 		_ = lock.Close()

@@ -30,8 +30,15 @@ func StartFor(tb harness.TB, dir string) (*Cluster, Assets) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 40*time.Minute)
 	defer cancel()
+	// One node at a time, from the images' build on: two test packages preparing at once would
+	// rewrite the archives the other imports.
+	lock, err := takeLock(ctx)
+	if err != nil {
+		tb.Fatalf("cluster: %v", err)
+	}
 	assets, err := Prepare(ctx, tb.Logf)
 	if err != nil {
+		_ = lock.Close()
 		tb.Fatalf("%v", err)
 	}
 	temporary := dir == ""
@@ -42,6 +49,7 @@ func StartFor(tb harness.TB, dir string) (*Cluster, Assets) {
 	}
 	o := assets.Options(dir)
 	o.Logf = tb.Logf
+	o.lock = lock
 	c, err := Start(ctx, o)
 	if err != nil {
 		tb.Fatalf("%v", err)
