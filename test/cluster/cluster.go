@@ -300,38 +300,38 @@ func (c *Cluster) pkiPaths() pki {
 const apiserverPort = 6443
 
 func (c *Cluster) writeCertificates(context.Context) error {
-	ca, err := newAuthority()
+	ca, err := harness.NewCAFor("volume-healer test cluster CA", caValidity)
 	if err != nil {
 		return err
 	}
 	p := c.pkiPaths()
-	if err := os.WriteFile(p.ca, ca.certPEM, 0o644); err != nil {
+	if err := os.WriteFile(p.ca, ca.CertPEM, 0o644); err != nil {
 		return err
 	}
 	d := c.dirs.pki
-	if _, _, err := ca.issue(d, "apiserver", identity{user: "kube-apiserver", server: true,
-		dnsNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		ips:      parseIPs("127.0.0.1", c.NodeIP, kubernetesServiceIP)}); err != nil {
+	if _, _, err := issue(ca, d, "apiserver", harness.Identity{Name: "kube-apiserver", Server: true, Client: true,
+		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		IPs:      parseIPs("127.0.0.1", c.NodeIP, kubernetesServiceIP)}); err != nil {
 		return err
 	}
 	if _, _, err := writeServiceAccountKey(d); err != nil {
 		return err
 	}
 	c.Server = fmt.Sprintf("https://%s:%d", c.NodeIP, apiserverPort)
-	clients := map[string]identity{
-		"admin":                   {user: "volume-healer-admin", groups: []string{"system:masters"}},
-		"kubelet":                 {user: "system:node:" + c.opts.NodeName, groups: []string{"system:nodes"}},
-		"kube-controller-manager": {user: "system:kube-controller-manager"},
-		"kube-scheduler":          {user: "system:kube-scheduler"},
-		"kube-proxy":              {user: "system:kube-proxy", groups: []string{"system:node-proxier"}},
+	clients := map[string]harness.Identity{
+		"admin":                   {Name: "volume-healer-admin", Groups: []string{"system:masters"}, Client: true},
+		"kubelet":                 {Name: "system:node:" + c.opts.NodeName, Groups: []string{"system:nodes"}, Client: true},
+		"kube-controller-manager": {Name: "system:kube-controller-manager", Client: true},
+		"kube-scheduler":          {Name: "system:kube-scheduler", Client: true},
+		"kube-proxy":              {Name: "system:kube-proxy", Groups: []string{"system:node-proxier"}, Client: true},
 		// The API server's client certificate for kubelet's API (logs, exec).
-		"apiserver-kubelet-client": {user: "kube-apiserver-kubelet-client", groups: []string{"system:masters"}},
+		"apiserver-kubelet-client": {Name: "kube-apiserver-kubelet-client", Groups: []string{"system:masters"}, Client: true},
 		// kubelet's serving certificate, which the API server checks against the CA.
-		"kubelet-serving": {user: "system:node:" + c.opts.NodeName, groups: []string{"system:nodes"}, server: true,
-			dnsNames: []string{c.opts.NodeName}, ips: parseIPs(c.NodeIP)},
+		"kubelet-serving": {Name: "system:node:" + c.opts.NodeName, Groups: []string{"system:nodes"}, Server: true, Client: true,
+			DNSNames: []string{c.opts.NodeName}, IPs: parseIPs(c.NodeIP)},
 	}
 	for name, id := range clients {
-		cert, key, err := ca.issue(d, name, id)
+		cert, key, err := issue(ca, d, name, id)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/volume-healer/volume-healer/test/harness"
 	"k8s.io/mount-utils"
 )
 
@@ -37,7 +38,7 @@ func (c *Cluster) Stop() error {
 	note(c.stopProcess("kube-apiserver"))
 	note(c.stopProcess("etcd"))
 	c.procs.KillAll()
-	note(c.killNodeProcesses())
+	note(harness.KillProcessesUnder(c.dirs.root))
 
 	note(c.cleanupIPTables())
 	note(unmountUnder(c.mountRoots()...))
@@ -99,22 +100,6 @@ func (c *Cluster) mountRoots() []string {
 	return roots
 }
 
-// killNodeProcesses kills what is left of the node's processes (nodeProcesses).
-func (c *Cluster) killNodeProcesses() error {
-	for try := 0; try < 50; try++ {
-		left := c.nodeProcesses()
-		if len(left) == 0 {
-			return nil
-		}
-		for _, p := range left {
-			pid, _ := strconv.Atoi(strings.Fields(p)[0])
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("processes of the node do not die: %v", c.nodeProcesses())
-}
-
 // killShims kills the runc shims of the node's containerd: they outlive containerd by design.
 func (c *Cluster) killShims() error {
 	shim := filepath.Join(c.opts.NodeBin, "containerd-shim-runc-v2")
@@ -127,26 +112,15 @@ func (c *Cluster) killShims() error {
 	return errors.Join(errs...)
 }
 
-// nodeProcesses lists the processes of this node still running: those whose command line names
-// the node's folder (every component's does: its configuration, certificates or data are there)
-// and the runc shims, as "pid command".
+// nodeProcesses lists the processes of this node still running, as "pid command": those whose
+// command line names the node's folder (every component's does: its configuration, certificates
+// or data are there) and the runc shims.
 func (c *Cluster) nodeProcesses() []string {
-	shims := processesRunning(filepath.Join(c.opts.NodeBin, "containerd-shim-runc-v2"))
-	entries, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		cmd := strings.TrimSpace(strings.ReplaceAll(string(raw), "\x00", " "))
-		if strings.Contains(cmd, c.dirs.root+"/") || slices.Contains(shims, pid) {
-			out = append(out, fmt.Sprintf("%d %s", pid, cmd))
-		}
+	pids := append(harness.ProcessesUnder(c.dirs.root), processesRunning(filepath.Join(c.opts.NodeBin, "containerd-shim-runc-v2"))...)
+	out := make([]string, 0, len(pids))
+	for _, pid := range slices.Compact(slices.Sorted(slices.Values(pids))) {
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, fmt.Sprintf("%d %s", pid, strings.TrimSpace(strings.ReplaceAll(string(raw), "\x00", " "))))
 	}
 	return out
 }

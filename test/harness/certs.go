@@ -51,13 +51,17 @@ type CA struct {
 }
 
 // NewCA returns a CA valid from an hour ago to an hour from now.
-func NewCA(cn string) (*CA, error) {
+func NewCA(cn string) (*CA, error) { return NewCAFor(cn, time.Hour) }
+
+// NewCAFor returns a CA valid from an hour ago until validity from now; the certificates it
+// issues end with it.
+func NewCAFor(cn string, validity time.Duration) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(validity),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -73,14 +77,39 @@ func NewCA(cn string) (*CA, error) {
 // Issue returns a PEM serving certificate for the DNS name dnsName, signed by the CA, and its PEM
 // key.
 func (ca *CA) Issue(dnsName string) (certPEM, keyPEM []byte, err error) {
+	return ca.IssueFor(Identity{Name: dnsName, DNSNames: []string{dnsName}, Server: true})
+}
+
+// Identity is what a certificate of the CA says.
+type Identity struct {
+	// Name is the subject's common name: a client's user name.
+	Name string
+	// Groups are the subject's organizations: a client's groups.
+	Groups []string
+	// DNSNames and IPs are the names a server answers for.
+	DNSNames []string
+	IPs      []net.IP
+	// Server makes it a serving certificate, Client a client certificate; both may be set.
+	Server, Client bool
+}
+
+// IssueFor returns a PEM certificate for id, signed by the CA and valid as long as the CA, and its
+// PEM key.
+func (ca *CA) IssueFor(id Identity) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
 	ca.serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: dnsName},
-		DNSNames: []string{dnsName}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: id.Name, Organization: id.Groups},
+		DNSNames: id.DNSNames, IPAddresses: id.IPs, NotBefore: time.Now().Add(-time.Hour), NotAfter: ca.cert.NotAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	if id.Server {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	}
+	if id.Client {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return nil, nil, err

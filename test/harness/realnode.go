@@ -330,7 +330,7 @@ func (n *RealNode) Close() error {
 	n.workloads = nil
 	errs = append(errs, n.killLocked())
 	// A mounter started by a driver that was killed alone is not in a group anyone kills.
-	errs = append(errs, killProcessesUnder(n.opts.Dir))
+	errs = append(errs, KillProcessesUnder(n.opts.Dir))
 	errs = append(errs, n.kubelet.Close(), os.RemoveAll(n.sockDir))
 	errs = append(errs, Leftovers(n.opts.Dir))
 	return errors.Join(errs...)
@@ -350,7 +350,7 @@ func Leftovers(dir string) error {
 			problems = append(problems, "mount at "+fields[4])
 		}
 	}
-	for _, pid := range processesUnder(dir) {
+	for _, pid := range ProcessesUnder(dir) {
 		problems = append(problems, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
 	}
 	if len(problems) > 0 {
@@ -363,9 +363,9 @@ func underDir(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// processesUnder lists the processes (other than this one) whose command line names a path under
-// dir: the driver, its mounters and the workloads of a node.
-func processesUnder(dir string) []int {
+// ProcessesUnder lists the processes (other than this one) whose command line names a path under
+// dir: the driver, its mounters and the workloads of a node; every component of a test/cluster node.
+func ProcessesUnder(dir string) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -398,16 +398,16 @@ func cmdline(pid int) string {
 	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte(" "))))
 }
 
-// killProcessesUnder kills what processesUnder finds and waits for it to go.
-func killProcessesUnder(dir string) error {
-	pids := processesUnder(dir)
+// KillProcessesUnder kills what ProcessesUnder finds and waits for it to go.
+func KillProcessesUnder(dir string) error {
+	pids := ProcessesUnder(dir)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(processesUnder(dir)) > 0 {
+	for len(ProcessesUnder(dir)) > 0 {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes under %s survived SIGKILL: %v", dir, processesUnder(dir))
+			return fmt.Errorf("processes under %s survived SIGKILL: %v", dir, ProcessesUnder(dir))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
