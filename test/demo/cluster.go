@@ -53,14 +53,7 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	if err := clusterOperatorView(ctx, o.healerctl, c.Kubeconfig); err != nil {
 		broken = append(broken, err.Error())
 	}
-	if o.hold {
-		fmt.Printf("\nThe node stays up: kubectl --kubeconfig %s get pods,pvc,events -A. Ctrl-C ends the demo.\n", c.Kubeconfig)
-		<-ctx.Done()
-	}
-	if len(broken) > 0 {
-		return fmt.Errorf("%w: %s", errPromise, strings.Join(broken, "; "))
-	}
-	return nil
+	return end(ctx, o.hold, c.Kubeconfig, "pods,pvc,events", broken)
 }
 
 // watchWorkloads prints a line whenever a workload's pod or the outcome of its latest try

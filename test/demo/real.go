@@ -122,14 +122,7 @@ func realDemo(s *harness.Script, dir string, o options) error {
 	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, realDriverName, victim.Node(), victim.vols[lostIndex].Volume, []*harness.Volume{victim.vols[privateIndex].Volume}); err != nil {
 		broken = append(broken, err.Error())
 	}
-	if o.hold {
-		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
-		<-ctx.Done()
-	}
-	if len(broken) > 0 {
-		return fmt.Errorf("%w: %s", errPromise, strings.Join(broken, "; "))
-	}
-	return nil
+	return end(ctx, o.hold, cluster.Kubeconfig, "pvc,events", broken)
 }
 
 // setUpReal starts the nodes, provisions their volumes through CSI, has each staged and

@@ -297,3 +297,16 @@ func (e *eventPrinter) print(ctx context.Context) {
 		}
 	}
 }
+
+// end keeps the cluster up until Ctrl-C when hold is set, saying what to look at with kubectl,
+// and returns the promises that did not hold as the demo's error.
+func end(ctx context.Context, hold bool, kubeconfig, look string, broken []string) error {
+	if hold {
+		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get %s -A. Ctrl-C ends the demo.\n", kubeconfig, look)
+		<-ctx.Done()
+	}
+	if len(broken) > 0 {
+		return fmt.Errorf("%w: %s", errPromise, strings.Join(broken, "; "))
+	}
+	return nil
+}

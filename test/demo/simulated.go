@@ -121,11 +121,7 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, driverName, victim.Node(), lost[0], nil); err != nil {
 		return err
 	}
-	if o.hold {
-		fmt.Printf("\nThe cluster stays up: kubectl --kubeconfig %s get pvc,events -A. Ctrl-C ends the demo.\n", cluster.Kubeconfig)
-		<-ctx.Done()
-	}
-	return nil
+	return end(ctx, o.hold, cluster.Kubeconfig, "pvc,events", nil)
 }
 
 // setUp creates the cluster objects and starts the node plugins: on each node, every fourth volume
