@@ -1,9 +1,7 @@
 package realcluster
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -44,30 +42,18 @@ func RunsPods(t harness.TB, c *cluster.Cluster, assets cluster.Assets) {
 		return p.Status.Phase == corev1.PodRunning, fmt.Sprintf("phase %s, %s", p.Status.Phase, containerStates(p))
 	})
 	harness.Eventually(t, time.Minute, "the writer's successful writes in its log", func() (bool, string) {
-		ok, last, err := writes(ctx, c, "writer")
+		tries, err := podTries(ctx, c.Clientset, "default", "writer", "writer")
 		if err != nil {
 			return false, err.Error()
 		}
-		return ok >= 5, fmt.Sprintf("%d successful writes, last line %q", ok, last)
-	})
-}
-
-// writes counts the successful iterations in the workload's log, read through the API server.
-func writes(ctx context.Context, c *cluster.Cluster, pod string) (int, string, error) {
-	raw, err := c.Clientset.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
-	if err != nil {
-		return 0, "", err
-	}
-	ok, last := 0, ""
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	for sc.Scan() {
-		var r struct{ OK bool }
-		last = sc.Text()
-		if json.Unmarshal(sc.Bytes(), &r) == nil && r.OK {
-			ok++
+		ok := 0
+		for _, r := range tries {
+			if r.OK {
+				ok++
+			}
 		}
-	}
-	return ok, last, nil
+		return ok >= 5, fmt.Sprintf("%d successful writes, last: %s", ok, lastTry(tries))
+	})
 }
 
 func containerStates(p *corev1.Pod) string {

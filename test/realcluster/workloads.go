@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -135,7 +136,12 @@ type try struct {
 
 // tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).
 func (w *Workload) tries(ctx context.Context, pod string) ([]try, error) {
-	raw, err := w.e.c.Clientset.CoreV1().Pods(appsNS).GetLogs(pod, &corev1.PodLogOptions{Container: "writer"}).DoRaw(ctx)
+	return podTries(ctx, w.e.c.Clientset, appsNS, pod, "writer")
+}
+
+// podTries reads the tries a workload container printed, through the API server and kubelet.
+func podTries(ctx context.Context, cs kubernetes.Interface, namespace, pod, container string) ([]try, error) {
+	raw, err := cs.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
