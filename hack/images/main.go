@@ -109,24 +109,31 @@ var Images = []Image{
 
 // ClusterImages are the images a real node needs besides Images, for the real-cluster suite and
 // the demo (`--cluster-images`): the pod sandbox's pause program and the test workload, built from
-// this module, and the CSI sidecars of the reference driver's controller plugin, which
-// hack/node.sh builds into nodeBin (each binary next to a <binary>.version stamp). They are built
+// this module, the CSI sidecars of the reference driver's controller plugin, which hack/node.sh
+// builds into nodeBin, and, when csiAddons names it, the csi-addons sidecar that
+// hack/csi-addons-sidecar.sh builds (each binary next to a <binary>.version stamp). They are built
 // for the machine's own platform only.
-func ClusterImages(nodeBin string) ([]Image, error) {
+func ClusterImages(nodeBin, csiAddons string) ([]Image, error) {
 	images := []Image{
 		{Name: "healer-test-pause", Package: "./test/cluster/pause", Binary: "pause",
 			Description: "pod sandbox for the volume-healer real-cluster tests"},
 		{Name: "healer-test-workload", Package: "./test/workload", Binary: "workload",
 			Description: "writes and reads a file on its volume, one JSON line per try"},
 	}
-	for _, name := range []string{"csi-provisioner", "csi-attacher"} {
-		bin := filepath.Join(nodeBin, name)
-		v, err := os.ReadFile(bin + ".version")
+	prebuilt := []struct{ name, bin, script string }{
+		{"csi-provisioner", filepath.Join(nodeBin, "csi-provisioner"), "hack/node.sh"},
+		{"csi-attacher", filepath.Join(nodeBin, "csi-attacher"), "hack/node.sh"},
+	}
+	if csiAddons != "" {
+		prebuilt = append(prebuilt, struct{ name, bin, script string }{"csi-addons-sidecar", csiAddons, "hack/csi-addons-sidecar.sh"})
+	}
+	for _, p := range prebuilt {
+		v, err := os.ReadFile(p.bin + ".version")
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w (hack/node.sh builds it)", name, err)
+			return nil, fmt.Errorf("%s: %w (%s builds it)", p.name, err, p.script)
 		}
-		images = append(images, Image{Name: name, Binary: name, Prebuilt: bin, Tag: strings.TrimSpace(string(v)),
-			Description: name + " built from the Go module proxy by hack/node.sh"})
+		images = append(images, Image{Name: p.name, Binary: p.name, Prebuilt: p.bin, Tag: strings.TrimSpace(string(v)),
+			Description: p.name + " built from the Go module proxy by " + p.script})
 	}
 	return images, nil
 }
@@ -627,26 +634,30 @@ func main() {
 	out := flag.String("out", ".cache/images", "folder for the image layouts, tarballs, images.json and binaries")
 	platforms := flag.String("platforms", "linux/amd64,linux/arm64", "platforms to build each image for, comma separated")
 	cluster := flag.String("cluster-images", "", "also build the images a real node needs (pause, test workload, and the CSI sidecars found in this `folder`, which hack/node.sh prints), for this machine's platform only")
+	csiAddons := flag.String("csi-addons-sidecar", "", "with --cluster-images, also an image of the csi-addons sidecar `binary` that hack/csi-addons-sidecar.sh prints")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *out, *platforms, *cluster); err != nil {
+	if err := run(ctx, *out, *platforms, *cluster, *csiAddons); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out, platforms, nodeBin string) error {
+func run(ctx context.Context, out, platforms, nodeBin, csiAddons string) error {
 	ps, err := ParsePlatforms(platforms)
 	if err != nil {
 		return err
 	}
 	images := Images
+	if csiAddons != "" && nodeBin == "" {
+		return fmt.Errorf("--csi-addons-sidecar goes with --cluster-images")
+	}
 	if nodeBin != "" {
 		if len(ps) != 1 || ps[0] != (Platform{"linux", runtime.GOARCH}) {
 			return fmt.Errorf("--cluster-images builds for this machine only: give --platforms linux/%s", runtime.GOARCH)
 		}
-		extra, err := ClusterImages(nodeBin)
+		extra, err := ClusterImages(nodeBin, csiAddons)
 		if err != nil {
 			return err
 		}

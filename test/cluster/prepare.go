@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // Assets are the built pieces a node runs: the binaries' folders and the images.
@@ -19,8 +20,8 @@ type Assets struct {
 	// ControlPlaneBin and NodeBin are the folders of hack/control-plane.sh and hack/node.sh.
 	ControlPlaneBin, NodeBin string
 	// Images maps each image's name (volume-healer, healer-sidecar, healer-refdriver,
-	// healer-test-pause, healer-test-workload, csi-provisioner, csi-attacher) to its archive and
-	// reference.
+	// healer-test-pause, healer-test-workload, csi-provisioner, csi-attacher, csi-addons-sidecar)
+	// to its archive and reference.
 	Images map[string]Image
 }
 
@@ -39,9 +40,9 @@ func (a Assets) Options(dir string) Options {
 }
 
 // Prepare builds (or finds in .cache/) everything a node needs: the control plane
-// (hack/control-plane.sh), the node's binaries (hack/node.sh) and the images, the project's and
-// the node's own (hack/images --cluster-images), for this machine's platform, in
-// .cache/cluster-images.
+// (hack/control-plane.sh), the node's binaries (hack/node.sh), the csi-addons sidecar
+// (hack/csi-addons-sidecar.sh) and the images, the project's and the node's own (hack/images
+// --cluster-images), for this machine's platform, in .cache/cluster-images.
 func Prepare(ctx context.Context, logf func(string, ...any)) (Assets, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -57,8 +58,15 @@ func Prepare(ctx context.Context, logf func(string, ...any)) (Assets, error) {
 	}
 	logf("cluster: node binaries ready in %s (%s)", time.Since(start).Round(time.Second), a.NodeBin)
 	start = time.Now()
+	csiAddons, err := harness.BuildCSIAddonsSidecar()
+	if err != nil {
+		return a, err
+	}
+	logf("cluster: csi-addons sidecar ready in %s (%s)", time.Since(start).Round(time.Second), csiAddons)
+	start = time.Now()
 	out := filepath.Join(root, ".cache", "cluster-images")
-	cmd := exec.CommandContext(ctx, "go", "run", "./hack/images", "--platforms", "linux/"+goarch(), "--out", out, "--cluster-images", a.NodeBin)
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/images", "--platforms", "linux/"+goarch(), "--out", out,
+		"--cluster-images", a.NodeBin, "--csi-addons-sidecar", csiAddons)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return a, fmt.Errorf("hack/images --cluster-images: %w\n%s", err, b)

@@ -220,6 +220,9 @@ func TestRefdriverChartDefaults(t *testing.T) {
 			t.Error("the csi-addons sidecar is rendered although csiAddons.enabled is false")
 		}
 	}
+	if slices.ContainsFunc(side.Args, func(a string) bool { return strings.HasPrefix(a, "--csiaddonsnode-name") }) {
+		t.Errorf("healer sidecar args %q name a csi-addons sidecar's object, but none runs", side.Args)
+	}
 }
 
 // TestRefdriverChartValues checks that the values reach the objects: images, leader election,
@@ -287,6 +290,9 @@ func TestRefdriverChartValues(t *testing.T) {
 		if v.Name == "healer-sidecar-tls" {
 			t.Error("the TLS Secret is mounted although healerSidecar.tls.enabled is false")
 		}
+	}
+	if want := "--csiaddonsnode-name=$(NODE_NAME)-storage-daemonset-rd-healer-refdriver-node"; !slices.Contains(side.Args, want) {
+		t.Errorf("healer sidecar args %q: want %s, the csi-addons sidecar's object", side.Args, want)
 	}
 	addons := container(t, node, "csi-addons")
 	if !slices.Contains(addons.Args, "--csi-addons-address=/csi/csi-addons.sock") || !slices.Contains(addons.Args, "--stagingpath=/data/kubelet/plugins/kubernetes.io/csi/") {

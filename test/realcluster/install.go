@@ -242,10 +242,13 @@ func (e *Env) installCharts() {
 		"--set", "images.healerSidecar.repository=" + img["healer-sidecar"].Repository, "--set", "images.healerSidecar.tag=" + img["healer-sidecar"].Tag,
 		"--set", "images.csiProvisioner.repository=" + img["csi-provisioner"].Repository, "--set", "images.csiProvisioner.tag=" + img["csi-provisioner"].Tag,
 		"--set", "images.csiAttacher.repository=" + img["csi-attacher"].Repository, "--set", "images.csiAttacher.tag=" + img["csi-attacher"].Tag,
+		// The csi-addons sidecar beside the healer sidecar, as a driver that has one runs it.
+		"--set", "csiAddons.enabled=true",
+		"--set", "images.csiAddons.repository=" + img["csi-addons-sidecar"].Repository, "--set", "images.csiAddons.tag=" + img["csi-addons-sidecar"].Tag,
 		// Periodic sweeps of the class every 10s: they find a mounter that died alone.
 		"--set-string", "storageClass.annotations.healer\\.csiaddons\\.openshift\\.io/schedule=@every 10s",
 		"--wait", "--timeout", "5m"}
-	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher"} {
+	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher", "csiAddons"} {
 		args = append(args, "--set", "images."+name+".pullPolicy=Never")
 	}
 	e.must(t, "helm", args...)

@@ -10,7 +10,8 @@ import (
 )
 
 // TestRealNode starts a real node (kubelet, containerd, runc; test/cluster), checks that it runs
-// pods, installs volume-healer and the reference driver with their Helm charts, runs two
+// pods, installs volume-healer and the reference driver with their Helm charts (the node plugin
+// with both the healer sidecar and the real csi-addons sidecar), runs two
 // workloads on the driver's FUSE volumes, and breaks the node plugin three ways: a rollout restart of its DaemonSet (what an
 // upgrade does), a kill -9 of its driver container (kubelet restarts it), and a killed mounter.
 // After each, the workloads' own writes and reads must come back: the StatefulSet's pod mounts
@@ -26,6 +27,9 @@ func TestRealNode(t *testing.T) {
 		t.FailNow()
 	}
 	e := Install(t, c, assets)
+	// The csi-addons sidecar runs beside the healer sidecar: both keep one CSIAddonsNode, and the
+	// controller sweeps the node plugin's start from it.
+	e.WaitOneCSIAddonsNode(t, 2*time.Minute)
 	e.OptInToPodRestarts()
 	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer)
 	private := e.Deployment("private", corev1.MountPropagationNone)
@@ -36,6 +40,9 @@ func TestRealNode(t *testing.T) {
 
 	t.Run("rollout restart of the node plugin", func(t *testing.T) {
 		e.Disrupt(t, shared, private, "rollout restart", func() { e.RolloutRestart(t) })
+		// The new pod's csi-addons sidecar took the object over and the healer sidecar's
+		// registration followed it: still one object, and its new restart swept.
+		e.WaitOneCSIAddonsNode(t, 2*time.Minute)
 	})
 	t.Run("driver container killed", func(t *testing.T) {
 		e.Disrupt(t, shared, private, "kill -9 of the driver container", func() {
