@@ -17,6 +17,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/driverkit"
 )
 
@@ -155,6 +156,11 @@ func TestFaults(t *testing.T) {
 		}
 		vs := p.status(v.id)
 		if err := syscall.Kill(vs.MounterPID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		// The signal stops the mounter's threads one by one; until the last has stopped, it may
+		// still answer the probe's stat.
+		if err := plugin.WaitStopped(vs.MounterPID, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		// Nothing in this process touches the frozen mount: it would hang until the heal.

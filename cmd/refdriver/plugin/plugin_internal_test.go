@@ -186,3 +186,7 @@ func TestCountersCountVolumeCalls(t *testing.T) {
 		t.Errorf("call log = %+v, want 2 ended calls", log)
 	}
 }
+
+// WaitStopped lets the package's external tests wait, as a freeze does, until every thread of
+// a mounter they stopped themselves has stopped.
+var WaitStopped = waitStopped
