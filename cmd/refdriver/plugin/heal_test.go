@@ -131,7 +131,9 @@ func TestFaults(t *testing.T) {
 		}
 		expectCondition(t, p, v, driver.Gone)
 		expectProbe(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected, true)
+		expectCSIHealth(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected)
 		expectHealed(t, p, v)
+		expectCSIHealth(t, p, v, 0, "")
 	})
 
 	t.Run("read-only", func(t *testing.T) {
@@ -145,7 +147,9 @@ func TestFaults(t *testing.T) {
 		}
 		expectCondition(t, p, v, driver.ReadOnly)
 		expectProbe(t, p, v, csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount, true)
+		expectCSIHealth(t, p, v, csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount)
 		expectHealed(t, p, v)
+		expectCSIHealth(t, p, v, 0, "")
 	})
 
 	t.Run("hung", func(t *testing.T) {
@@ -213,6 +217,31 @@ func expectProbe(t *testing.T, p *proc, v *volume, s csi.VolumeHealthErrorType, 
 	}
 	if !hasHealth(resp.GetHealthStatuses(), s, reason) || resp.GetHealable() != healable {
 		t.Fatalf("ProbeVolume = %v healable=%t, want %s/%s healable=%t", resp.GetHealthStatuses(), resp.GetHealable(), s, reason, healable)
+	}
+}
+
+// expectCSIHealth checks what kubelet and a health monitor learn through the CSI Node service
+// about the volume at its publish target: NodeGetVolumeHealth reports the entry s/reason (none
+// when s is 0), and NodeGetVolumeStats answers INTERNAL for an inaccessible mount and the file
+// system's usage otherwise.
+func expectCSIHealth(t *testing.T, p *proc, v *volume, s csi.VolumeHealthErrorType, reason string) {
+	t.Helper()
+	health, err := p.node.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{
+		VolumeId: v.id, StagingTargetPath: v.staging, VolumePublishPath: v.target,
+	})
+	if err != nil {
+		t.Fatalf("NodeGetVolumeHealth: %v", err)
+	}
+	entries := health.GetVolumeHealth().GetHealthStatuses()
+	if s == 0 && len(entries) > 0 || s != 0 && !hasHealth(entries, s, reason) {
+		t.Errorf("NodeGetVolumeHealth = %v, want %s/%s", entries, s, reason)
+	}
+	stats, err := p.node.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: v.id, VolumePath: v.target})
+	switch {
+	case s == csi.VolumeHealthErrorType_INACCESSIBLE && status.Code(err) != codes.Internal:
+		t.Errorf("NodeGetVolumeStats of an inaccessible mount = %v, %v; want INTERNAL", stats.GetUsage(), err)
+	case s != csi.VolumeHealthErrorType_INACCESSIBLE && (err != nil || len(stats.GetUsage()) != 2 || stats.GetUsage()[0].GetTotal() <= 0):
+		t.Errorf("NodeGetVolumeStats = %v, %v; want the bytes and inodes of the file system", stats.GetUsage(), err)
 	}
 }
 
