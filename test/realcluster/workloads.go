@@ -228,7 +228,7 @@ func (w *Workload) WaitAllWriting(t harness.TB, timeout time.Duration) {
 		}
 		writing := 0
 		for _, p := range pods {
-			if ok, _ := w.PodState(t.Context(), p.Name); ok {
+			if ok, _, _ := w.PodState(t.Context(), p.Name); ok {
 				writing++
 			}
 		}
@@ -237,17 +237,20 @@ func (w *Workload) WaitAllWriting(t harness.TB, timeout time.Duration) {
 }
 
 // PodState says whether the latest try of pod succeeded, and how it failed when it did not
-// ("starting" when the pod has not tried yet or its output cannot be read).
-func (w *Workload) PodState(ctx context.Context, pod string) (writing bool, failure string) {
+// ("starting" when the pod has not tried yet); an error when its output cannot be read.
+func (w *Workload) PodState(ctx context.Context, pod string) (writing bool, failure string, err error) {
 	tries, err := w.tries(ctx, pod)
-	if err != nil || len(tries) == 0 {
-		return false, "starting"
+	if err != nil {
+		return false, "", err
+	}
+	if len(tries) == 0 {
+		return false, "starting", nil
 	}
 	r := tries[len(tries)-1]
 	if r.OK {
-		return true, ""
+		return true, "", nil
 	}
-	return false, r.Op + ": " + r.Err
+	return false, r.Op + ": " + r.Err, nil
 }
 
 // FirstWrite returns the time of pod's first successful try after since, zero while there is none.
