@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -41,12 +42,22 @@ const sweepSample = 250 * time.Millisecond
 // sees.
 func clusterDemo(s *harness.Script, dir string, o options) error {
 	ctx := s.Context()
+	// The node's start, the images' build and helm's timings go to a file of their own.
+	progress := filepath.Join(dir, "cluster.log")
+	f, err := os.Create(progress)
+	if err != nil {
+		return err
+	}
+	// Registered first, it runs last: the node's cleanups log to it.
+	s.Cleanup(func() { s.SetLog(nil); _ = f.Close() })
+	s.SetLog(f)
 	step("Starting a real node: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, containerd, kubelet")
-	fmt.Println("  (the first run builds kubelet, containerd and the CSI sidecars from the Go module proxy: hack/node.sh)")
+	fmt.Printf("  (the first run builds kubelet, containerd and the CSI sidecars from the Go module proxy: hack/node.sh; progress in %s)\n", progress)
 	begin := time.Now()
 	c, assets := cluster.StartFor(s, filepath.Join(dir, "node"))
 	fmt.Printf("  node %s Ready at %s, %s after the start of the demo\n", c.NodeName(), c.NodeIP, time.Since(begin).Round(100*time.Millisecond))
 	fmt.Printf("  logs: %s (the node's components), %s (this program's clients)\n", filepath.Join(dir, "node", "logs"), filepath.Join(dir, inProcessLog))
+	fmt.Println("  (the pods' logs, volume-healer's and the driver's included, stay with the node: kubectl logs while it runs, make demo-hold)")
 
 	step("helm install volume-healer and the reference driver (deploy/helm/volume-healer, deploy/helm/healer-refdriver)")
 	e := realcluster.Install(s, c, assets)
@@ -82,7 +93,9 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	fmt.Printf("  rm -rf %s (volume %s)\n", folder, id)
 
 	step("kubectl rollout restart daemonset/%s: the driver's container restarts, its FUSE mounters die with it", nodePluginDS)
+	// volume-healer's Events, not kubelet's and the ReplicaSet's, cut to a line's length.
 	events := newEventPrinter(c.Clientset, ns)
+	events.component, events.width = "volume-healer", 200
 	events.skipExisting(ctx)
 	at := time.Now()
 	sweep := watchSweep(ctx, e, at)
@@ -192,9 +205,9 @@ func (r *clusterRestart) summary(ctx context.Context, cs kubernetes.Interface, l
 	fmt.Printf("  the %d pods of shared (HostToContainer), each on its own volume, kept their containers; p50 / p99 / max:\n", len(r.sharedPods))
 	fmt.Printf("    outage, first failed write -> first good write:  %s\n", spread(outages))
 	fmt.Printf("    plugin restart -> first good write:              %s\n", spread(resumed))
-	fmt.Printf("  plugin restart -> first probe that found a dead mount: %s, -> last heal: %s (the controller's metrics, read every %s)\n",
-		since(r.at, r.sweep.firstDead), since(r.at, r.sweep.lastHeal), sweepSample)
-	fmt.Printf("  probes that found a dead mount: %d, heals: %d\n", r.sweep.dead, r.sweep.heals)
+	fmt.Printf("  plugin restart -> first probe that found a dead mount: %s, -> last heal: %s (the controller's metrics as read, each up to %s earlier)\n",
+		since(r.at, r.sweep.firstDead), since(r.at, r.sweep.lastHeal), r.sweep.late.Round(10*time.Millisecond))
+	fmt.Printf("  probes that found a dead mount: %d (the lost volume's again at each periodic sweep), heal calls: %d\n", r.sweep.dead, r.sweep.heals)
 	if r.sweep.firstDead.IsZero() || r.sweep.lastHeal.IsZero() {
 		broken = append(broken, "the controller's metrics show no probe that found a dead mount, or no heal")
 	}
@@ -227,7 +240,7 @@ func (r *clusterRestart) summary(ctx context.Context, cs kubernetes.Interface, l
 	default:
 		still := "its pod's I/O fails"
 		if pods, err := lost.Pods(ctx); err == nil && len(pods) == 1 {
-			if ok, failure := lost.PodState(ctx, pods[0].Name); !ok {
+			if ok, failure, err := lost.PodState(ctx, pods[0].Name); err == nil && !ok {
 				still = fmt.Sprintf("pod %s still fails (%s)", pods[0].Name, failure)
 			}
 		}
@@ -263,6 +276,9 @@ type sweepTimes struct {
 	firstDead, lastHeal time.Time
 	// dead and heals count the probes that found a dead mount, and the heal calls.
 	dead, heals int
+	// late is the longest time between the read that saw firstDead or lastHeal and the read
+	// before it: how much earlier the probe or heal may have been.
+	late time.Duration
 }
 
 // watchSweep reads the controller's probe and heal counters every sweepSample from now on, and
@@ -271,6 +287,8 @@ type sweepTimes struct {
 func watchSweep(ctx context.Context, e *realcluster.Env, at time.Time) (stop func() sweepTimes) {
 	ctx, cancel := context.WithCancel(ctx)
 	read := func() (dead, heals float64, ok bool) {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
 		fams, err := e.ControllerMetrics(ctx)
 		if err != nil {
 			return 0, 0, false
@@ -280,22 +298,29 @@ func watchSweep(ctx context.Context, e *realcluster.Env, at time.Time) (stop fun
 	}
 	baseDead, baseHeals, _ := read()
 	var st sweepTimes
+	// healLate is st.late's part for the last heal seen so far.
+	var healLate time.Duration
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		previous := time.Now()
 		for ctx.Err() == nil {
 			dead, heals, ok := read()
 			now := time.Now()
 			if ok && (int(dead-baseDead) != st.dead || int(heals-baseHeals) != st.heals) {
 				if int(dead-baseDead) > st.dead && st.firstDead.IsZero() {
 					st.firstDead = now
+					st.late = max(st.late, now.Sub(previous))
 				}
 				if int(heals-baseHeals) > st.heals {
-					st.lastHeal = now
+					st.lastHeal, healLate = now, now.Sub(previous)
 				}
 				st.dead, st.heals = int(dead-baseDead), int(heals-baseHeals)
-				fmt.Printf("  %7s  %-8s probes found %d dead mounts, %d heal calls ended\n", "+"+now.Sub(at).Round(100*time.Millisecond).String(), "healer", st.dead, st.heals)
+				fmt.Printf("  %7s  %-8s %d probes found a dead mount, %d heal calls ended\n", "+"+now.Sub(at).Round(100*time.Millisecond).String(), "healer", st.dead, st.heals)
+			}
+			if ok {
+				previous = now
 			}
 			select {
 			case <-ctx.Done():
@@ -303,34 +328,43 @@ func watchSweep(ctx context.Context, e *realcluster.Env, at time.Time) (stop fun
 			}
 		}
 	}()
-	return func() sweepTimes { cancel(); wg.Wait(); return st }
+	return func() sweepTimes {
+		cancel()
+		wg.Wait()
+		st.late = max(st.late, healLate)
+		return st
+	}
 }
 
 // watchWorkloads prints a line whenever what a workload's pods do changes, and the new Events of
 // the workloads' namespace, until the returned function is called.
 func watchWorkloads(ctx context.Context, at time.Time, events *eventPrinter, ws ...*realcluster.Workload) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
+	last := map[string]string{}
+	pass := func(ctx context.Context) {
+		for _, w := range ws {
+			state := podsState(ctx, w)
+			if state != "" && state != last[w.Name()] {
+				last[w.Name()] = state
+				fmt.Printf("  %7s  %-8s %s\n", "+"+time.Since(at).Round(100*time.Millisecond).String(), w.Name(), state)
+			}
+		}
+		events.print(ctx)
+	}
+	watching, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		last := map[string]string{}
-		for ctx.Err() == nil {
-			for _, w := range ws {
-				state := podsState(ctx, w)
-				if state != "" && state != last[w.Name()] {
-					last[w.Name()] = state
-					fmt.Printf("  %7s  %-8s %s\n", "+"+time.Since(at).Round(100*time.Millisecond).String(), w.Name(), state)
-				}
-			}
-			events.print(ctx)
+		for watching.Err() == nil {
+			pass(watching)
 			select {
-			case <-ctx.Done():
+			case <-watching.Done():
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
 	}()
-	return func() { cancel(); wg.Wait() }
+	// A last look once the story is over shows where each workload ended.
+	return func() { cancel(); wg.Wait(); pass(ctx) }
 }
 
 // podsState says in a few words what the workload's running pods do now: for one pod its
@@ -347,8 +381,11 @@ func podsState(ctx context.Context, w *realcluster.Workload) string {
 	var writing, starting int
 	var failures []string
 	for _, p := range pods {
-		ok, failure := w.PodState(ctx, p.Name)
+		ok, failure, err := w.PodState(ctx, p.Name)
 		switch {
+		case err != nil:
+			// Its output cannot be read now (kubelet busy): say nothing rather than guess.
+			return ""
 		case ok:
 			writing++
 		case failure == "starting":
