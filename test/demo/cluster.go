@@ -53,9 +53,10 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	s.SetLog(f)
 	step("Starting a real node: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, containerd, kubelet")
 	fmt.Printf("  (the first run builds kubelet, containerd and the CSI sidecars from the Go module proxy: hack/node.sh; progress in %s)\n", progress)
-	begin := time.Now()
+	start := time.Now()
 	c, assets := cluster.StartFor(s, filepath.Join(dir, "node"))
-	fmt.Printf("  node %s Ready at %s, %s after the start of the demo\n", c.NodeName(), c.NodeIP, time.Since(begin).Round(100*time.Millisecond))
+	nodeUp := time.Since(start)
+	fmt.Printf("  node %s Ready at %s, %s after the start of the demo\n", c.NodeName(), c.NodeIP, nodeUp.Round(100*time.Millisecond))
 	fmt.Printf("  logs: %s (the node's components), %s (this program's clients)\n", filepath.Join(dir, "node", "logs"), filepath.Join(dir, inProcessLog))
 	fmt.Println("  (the pods' logs, volume-healer's and the driver's included, stay with the node: kubectl logs while it runs, make demo-hold)")
 
@@ -65,7 +66,7 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	fmt.Println("  the controller, the driver's controller plugin and node plugin (driver + healer sidecar) run; the driver registered with kubelet")
 
 	step("Three workloads write, sync and read their FUSE volumes every 100ms")
-	begin = time.Now()
+	begin := time.Now()
 	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer, sharedReplicas)
 	private := e.Deployment("private", corev1.MountPropagationNone)
 	lost := e.Deployment("lost", corev1.MountPropagationHostToContainer)
@@ -122,6 +123,8 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	for _, b := range broken {
 		fmt.Printf("  BROKEN PROMISE: %s\n", b)
 	}
+	fmt.Printf("\n%s since the start of the demo, %s of it the node's start (the images' build included)\n",
+		time.Since(start).Round(time.Second), nodeUp.Round(time.Second))
 	return end(ctx, o.hold, c.Kubeconfig, "pods,pvc,events", broken)
 }
 
