@@ -164,7 +164,7 @@ func setDefaults(o *options, mode string) {
 
 func (o options) validate(mode string) error {
 	if mode == modeCluster {
-		// Its size is the charts' and the two workloads'.
+		// Its size is the charts' and its workloads'.
 		return nil
 	}
 	if mode == modeReal {
