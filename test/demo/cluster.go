@@ -2,119 +2,417 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/test/cluster"
 	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/realcluster"
 )
 
+// The reference driver's name in its chart, and the node plugin's DaemonSet.
+const (
+	clusterDriverName = "healer.example.com"
+	nodePluginDS      = "healer-refdriver-node"
+)
+
+// sharedReplicas is the number of pods of the StatefulSet whose volumes heal in place: each has
+// its own volume, and their outages make the percentiles of the summary.
+const sharedReplicas = 6
+
+// sweepSample is how often the demo reads the controller's metrics to time the restart sweep.
+const sweepSample = 250 * time.Millisecond
+
 // clusterDemo is the story on a real node: kubelet, containerd and the control plane on this
 // machine (test/cluster), volume-healer and the reference driver installed with their Helm charts
-// (test/realcluster), two workloads on the driver's FUSE volumes, and the node plugin's DaemonSet
-// restarted as an upgrade does. It shows the workloads' own writes failing and coming back.
+// (test/realcluster), three workloads on the driver's FUSE volumes, one volume's data removed,
+// and the node plugin's DaemonSet restarted as an upgrade does. It shows the workloads' own
+// writes failing and coming back, the lost volume reported and left alone, and what an operator
+// sees.
 func clusterDemo(s *harness.Script, dir string, o options) error {
 	ctx := s.Context()
+	// The node's start, the images' build and helm's timings go to a file of their own.
+	progress := filepath.Join(dir, "cluster.log")
+	f, err := os.Create(progress)
+	if err != nil {
+		return err
+	}
+	// Registered first, it runs last: the node's cleanups log to it.
+	s.Cleanup(func() { s.SetLog(nil); _ = f.Close() })
+	s.SetLog(f)
 	step("Starting a real node: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, containerd, kubelet")
-	fmt.Println("  (the first run builds kubelet, containerd and the CSI sidecars from the Go module proxy: hack/node.sh)")
-	begin := time.Now()
+	fmt.Printf("  (the first run builds kubelet, containerd and the CSI sidecars from the Go module proxy: hack/node.sh; progress in %s)\n", progress)
+	start := time.Now()
 	c, assets := cluster.StartFor(s, filepath.Join(dir, "node"))
-	fmt.Printf("  node %s Ready at %s, %s after the start of the demo\n", c.NodeName(), c.NodeIP, time.Since(begin).Round(100*time.Millisecond))
+	nodeUp := time.Since(start)
+	fmt.Printf("  node %s Ready at %s, %s after the start of the demo\n", c.NodeName(), c.NodeIP, nodeUp.Round(100*time.Millisecond))
+	fmt.Printf("  logs: %s (the node's components), %s (this program's clients)\n", filepath.Join(dir, "node", "logs"), filepath.Join(dir, inProcessLog))
+	fmt.Println("  (the pods' logs, volume-healer's and the driver's included, stay with the node: kubectl logs while it runs, make demo-hold)")
 
 	step("helm install volume-healer and the reference driver (deploy/helm/volume-healer, deploy/helm/healer-refdriver)")
 	e := realcluster.Install(s, c, assets)
 	e.OptInToPodRestarts()
 	fmt.Println("  the controller, the driver's controller plugin and node plugin (driver + healer sidecar) run; the driver registered with kubelet")
 
-	step("Two workloads write and read their FUSE volumes every 100ms")
-	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer)
+	step("Three workloads write, sync and read their FUSE volumes every 100ms")
+	begin := time.Now()
+	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer, sharedReplicas)
 	private := e.Deployment("private", corev1.MountPropagationNone)
-	shared.WaitWriting(s, time.Time{}, 3*time.Minute, nil)
+	lost := e.Deployment("lost", corev1.MountPropagationHostToContainer)
+	shared.WaitAllWriting(s, 3*time.Minute)
 	private.WaitWriting(s, time.Time{}, 3*time.Minute, nil)
-	fmt.Println("  shared:  a StatefulSet, its volume mounted with propagation HostToContainer")
+	lost.WaitWriting(s, time.Time{}, 3*time.Minute, nil)
+	ns := shared.Namespace()
+	fmt.Printf("  shared:  a StatefulSet of %d pods, each with its own volume, mounted with propagation HostToContainer\n", sharedReplicas)
 	fmt.Println("  private: a Deployment, propagation None, in a namespace that lets the policy restart its pods")
+	fmt.Println("  lost:    a Deployment, propagation HostToContainer, whose volume is about to lose its data")
+	fmt.Printf("  %d pods write, %s after they were created\n", sharedReplicas+2, time.Since(begin).Round(100*time.Millisecond))
 
-	step("kubectl rollout restart daemonset/healer-refdriver-node: the driver's container restarts, its FUSE mounters die with it")
-	view := watchWorkloads(ctx, shared, private)
-	e.Disrupt(s, shared, private, "rollout restart", func() { e.RolloutRestart(s) })
-	view()
-
-	var broken []string
-	if s.Failed() {
-		broken = append(broken, "a workload did not get its I/O back (see above)")
+	sharedPods, err := shared.Pods(ctx)
+	if err != nil {
+		return err
 	}
-	if err := clusterOperatorView(ctx, o.healerctl, c.Kubeconfig); err != nil {
+	privatePods, err := private.Pods(ctx)
+	if err != nil || len(privatePods) != 1 {
+		return fmt.Errorf("the private workload's pod: %d running, %v", len(privatePods), err)
+	}
+	lostClaim := lost.Claims()[0]
+
+	step("The data of PVC %s is removed from the driver's state on the node: that volume is lost for good", lostClaim)
+	id, folder := e.RemoveData(s, lostClaim)
+	fmt.Printf("  rm -rf %s (volume %s)\n", folder, id)
+
+	step("kubectl rollout restart daemonset/%s: the driver's container restarts, its FUSE mounters die with it", nodePluginDS)
+	// volume-healer's Events, not kubelet's and the ReplicaSet's, cut to a line's length.
+	events := newEventPrinter(c.Clientset, ns)
+	events.component, events.width = "volume-healer", 200
+	events.skipExisting(ctx)
+	at := time.Now()
+	sweep := watchSweep(ctx, e, at)
+	view := watchWorkloads(ctx, at, events, shared, private, lost)
+	e.RolloutRestart(s)
+	res := clusterRestart{at: at, sharedPods: sharedPods, privatePod: privatePods[0], privateClaim: private.Claims()[0]}
+	waitErr := harness.WaitFor(ctx, 3*time.Minute, "the workloads to get their I/O back and the lost volume reported", func() (bool, string) {
+		return res.observe(ctx, c.Clientset, shared, private, lostClaim)
+	})
+	view()
+	res.sweep = sweep()
+	events.print(ctx)
+
+	broken := res.summary(ctx, c.Clientset, lost, lostClaim)
+	if waitErr != nil {
+		broken = append(broken, waitErr.Error())
+	}
+	// The evicted pod's volume stops needing a human with the next probe that finds it healthy
+	// (the class's periodic sweep, every 10s); the lost volume needs one for good.
+	want := statusWant{driver: clusterDriverName, node: c.NodeName(), volumes: map[string]bool{ns + "/" + lostClaim: true}}
+	if err := operatorView(ctx, o.healerctl, c.Kubeconfig, want, 45*time.Second); err != nil {
 		broken = append(broken, err.Error())
 	}
+	for _, b := range broken {
+		fmt.Printf("  BROKEN PROMISE: %s\n", b)
+	}
+	fmt.Printf("\n%s since the start of the demo, %s of it the node's start (the images' build included)\n",
+		time.Since(start).Round(time.Second), nodeUp.Round(time.Second))
 	return end(ctx, o.hold, c.Kubeconfig, "pods,pvc,events", broken)
 }
 
-// watchWorkloads prints a line whenever a workload's pod or the outcome of its latest try
-// changes, until the returned function is called.
-func watchWorkloads(ctx context.Context, ws ...*realcluster.Workload) (stop func()) {
+// clusterRestart is what the rollout restart of the node plugin showed.
+type clusterRestart struct {
+	at time.Time
+	// sharedPods and privatePod are the workloads' pods when the node plugin restarted.
+	sharedPods   []corev1.Pod
+	privatePod   corev1.Pod
+	privateClaim string
+	// outages are the shared pods' own, by pod name.
+	outages map[string]realcluster.Outage
+	// replacement is the private workload's new pod and writing the time of its first good try.
+	replacement string
+	writing     time.Time
+	// dataLoss tells whether the lost volume's PVC has its Event.
+	dataLoss bool
+	sweep    sweepTimes
+}
+
+// observe reads what the workloads saw since the restart, and says whether the story is over:
+// every shared pod's writes failed and came back, the private pod was replaced by one that
+// writes, the lost volume was reported.
+func (r *clusterRestart) observe(ctx context.Context, cs kubernetes.Interface, shared, private *realcluster.Workload, lostClaim string) (bool, string) {
+	var waiting []string
+	r.outages = map[string]realcluster.Outage{}
+	for _, p := range r.sharedPods {
+		o, err := shared.Outage(ctx, p.Name, r.at)
+		if err != nil {
+			waiting = append(waiting, err.Error())
+			continue
+		}
+		r.outages[p.Name] = o
+		if o.Resumed.IsZero() {
+			waiting = append(waiting, p.Name+" not writing again")
+		}
+	}
+	if r.writing.IsZero() {
+		pods, err := private.Pods(ctx)
+		if err == nil {
+			for _, p := range pods {
+				if p.UID == r.privatePod.UID {
+					continue
+				}
+				if t, err := private.FirstWrite(ctx, p.Name, r.at); err == nil && !t.IsZero() {
+					r.replacement, r.writing = p.Name, t
+				}
+			}
+		}
+		if r.writing.IsZero() {
+			waiting = append(waiting, "no replacement of "+r.privatePod.Name+" writing")
+		}
+	}
+	if !r.dataLoss {
+		r.dataLoss = pvcEvent(ctx, cs, shared.Namespace(), "PersistentVolumeClaim", lostClaim, healer.ReasonVolumeDataLoss, r.at)
+		if !r.dataLoss {
+			waiting = append(waiting, "no "+healer.ReasonVolumeDataLoss+" Event on "+lostClaim)
+		}
+	}
+	return len(waiting) == 0, strings.Join(waiting, ", ")
+}
+
+// summary prints what the restart showed and returns the promises that did not hold.
+func (r *clusterRestart) summary(ctx context.Context, cs kubernetes.Interface, lost *realcluster.Workload, lostClaim string) []string {
+	step("Summary")
+	var broken []string
+	ns := lost.Namespace()
+	var outages, resumed []time.Duration
+	for _, p := range r.sharedPods {
+		o := r.outages[p.Name]
+		switch {
+		case o.FirstFailure.IsZero():
+			broken = append(broken, fmt.Sprintf("the writes of %s did not fail: the restart did not reach its volume", p.Name))
+		case o.Resumed.IsZero():
+			broken = append(broken, fmt.Sprintf("the writes of %s did not come back (%s)", p.Name, o.Failure))
+		default:
+			outages = append(outages, o.Resumed.Sub(o.FirstFailure))
+			resumed = append(resumed, o.Resumed.Sub(r.at))
+		}
+	}
+	fmt.Printf("  the %d pods of shared (HostToContainer), each on its own volume, kept their containers; p50 / p99 / max:\n", len(r.sharedPods))
+	fmt.Printf("    outage, first failed write -> first good write:  %s\n", spread(outages))
+	fmt.Printf("    plugin restart -> first good write:              %s\n", spread(resumed))
+	fmt.Printf("  plugin restart -> first probe that found a dead mount: %s, -> last heal: %s (the controller's metrics as read, each up to %s earlier)\n",
+		since(r.at, r.sweep.firstDead), since(r.at, r.sweep.lastHeal), r.sweep.late.Round(10*time.Millisecond))
+	fmt.Printf("  probes that found a dead mount: %d (the lost volume's again at each periodic sweep), heal calls: %d\n", r.sweep.dead, r.sweep.heals)
+	if r.sweep.firstDead.IsZero() || r.sweep.lastHeal.IsZero() {
+		broken = append(broken, "the controller's metrics show no probe that found a dead mount, or no heal")
+	}
+	for _, p := range r.sharedPods {
+		if !pvcEvent(ctx, cs, ns, "PersistentVolumeClaim", "data-"+p.Name, healer.ReasonVolumeHealed, r.at) {
+			broken = append(broken, fmt.Sprintf("no %s Event on the PVC of %s", healer.ReasonVolumeHealed, p.Name))
+		}
+	}
+
+	private := r.privatePod
+	if r.writing.IsZero() {
+		broken = append(broken, fmt.Sprintf("the private workload's pod %s was not replaced by one that writes", private.Name))
+	} else {
+		fmt.Printf("  private (propagation None): pod %s evicted, its replacement %s writes %s after the plugin restart\n",
+			private.Name, r.replacement, r.writing.Sub(r.at).Round(100*time.Millisecond))
+	}
+	if !pvcEvent(ctx, cs, ns, "PersistentVolumeClaim", r.privateClaim, healer.ReasonVolumePodsMustRestart, r.at) {
+		broken = append(broken, fmt.Sprintf("no %s Event on the private workload's PVC", healer.ReasonVolumePodsMustRestart))
+	}
+	if !pvcEvent(ctx, cs, ns, "Pod", private.Name, evict.ReasonEvictedForStaleMount, r.at) {
+		broken = append(broken, fmt.Sprintf("no %s Event on pod %s", evict.ReasonEvictedForStaleMount, private.Name))
+	}
+
+	healedLost := pvcEvent(ctx, cs, ns, "PersistentVolumeClaim", lostClaim, healer.ReasonVolumeHealed, r.at)
+	switch {
+	case !r.dataLoss:
+		broken = append(broken, fmt.Sprintf("the lost volume of %s was not reported (no %s Event)", lostClaim, healer.ReasonVolumeDataLoss))
+	case healedLost:
+		broken = append(broken, fmt.Sprintf("the lost volume of %s was healed: its data is gone, a heal hides that", lostClaim))
+	default:
+		still := "its pod's I/O fails"
+		if pods, err := lost.Pods(ctx); err == nil && len(pods) == 1 {
+			if ok, failure, err := lost.PodState(ctx, pods[0].Name); err == nil && !ok {
+				still = fmt.Sprintf("pod %s still fails (%s)", pods[0].Name, failure)
+			}
+		}
+		fmt.Printf("  lost: data lost, left alone (not healed), %s; Event %s on PVC %s for a human\n", still, healer.ReasonVolumeDataLoss, lostClaim)
+	}
+	return broken
+}
+
+// pvcEvent tells whether the object kind/name in namespace has an Event of reason at or after since.
+func pvcEvent(ctx context.Context, cs kubernetes.Interface, namespace, kind, name, reason string, since time.Time) bool {
+	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.AsSelector().String()
+	list, err := cs.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return false
+	}
+	for _, ev := range list.Items {
+		last := ev.LastTimestamp.Time
+		if ev.EventTime.After(last) {
+			last = ev.EventTime.Time
+		}
+		// Event times are whole seconds.
+		if !last.Before(since.Truncate(time.Second)) {
+			return true
+		}
+	}
+	return false
+}
+
+// sweepTimes is what the controller's metrics showed of the restart sweep.
+type sweepTimes struct {
+	// firstDead is when a probe first found a dead mount, lastHeal when the last heal call ended,
+	// each as seen by a read of the metrics; zero when none.
+	firstDead, lastHeal time.Time
+	// dead and heals count the probes that found a dead mount, and the heal calls.
+	dead, heals int
+	// late is the longest time between the read that saw firstDead or lastHeal and the read
+	// before it: how much earlier the probe or heal may have been.
+	late time.Duration
+}
+
+// watchSweep reads the controller's probe and heal counters every sweepSample from now on, and
+// prints when probes find dead mounts and heals end; the returned function stops it and says
+// what it saw.
+func watchSweep(ctx context.Context, e *realcluster.Env, at time.Time) (stop func() sweepTimes) {
 	ctx, cancel := context.WithCancel(ctx)
+	read := func() (dead, heals float64, ok bool) {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		fams, err := e.ControllerMetrics(ctx)
+		if err != nil {
+			return 0, 0, false
+		}
+		return harness.MetricSum(fams, "volume_healer_probes_total", map[string]string{"result": "unhealthy"}),
+			harness.MetricSum(fams, "volume_healer_heals_total", nil), true
+	}
+	baseDead, baseHeals, _ := read()
+	var st sweepTimes
+	// healLate is st.late's part for the last heal seen so far.
+	var healLate time.Duration
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		last := map[string]string{}
-		start := time.Now()
+		previous := time.Now()
 		for ctx.Err() == nil {
-			for _, w := range ws {
-				state := w.State(ctx)
-				if state != "" && state != last[w.Name()] {
-					last[w.Name()] = state
-					fmt.Printf("  %7s  %-8s %s\n", "+"+time.Since(start).Round(100*time.Millisecond).String(), w.Name(), state)
+			dead, heals, ok := read()
+			now := time.Now()
+			if ok && (int(dead-baseDead) != st.dead || int(heals-baseHeals) != st.heals) {
+				if int(dead-baseDead) > st.dead && st.firstDead.IsZero() {
+					st.firstDead = now
+					st.late = max(st.late, now.Sub(previous))
 				}
+				if int(heals-baseHeals) > st.heals {
+					st.lastHeal, healLate = now, now.Sub(previous)
+				}
+				st.dead, st.heals = int(dead-baseDead), int(heals-baseHeals)
+				fmt.Printf("  %7s  %-8s %d probes found a dead mount, %d heal calls ended\n", "+"+now.Sub(at).Round(100*time.Millisecond).String(), "healer", st.dead, st.heals)
+			}
+			if ok {
+				previous = now
 			}
 			select {
 			case <-ctx.Done():
+			case <-time.After(sweepSample):
+			}
+		}
+	}()
+	return func() sweepTimes {
+		cancel()
+		wg.Wait()
+		st.late = max(st.late, healLate)
+		return st
+	}
+}
+
+// watchWorkloads prints a line whenever what a workload's pods do changes, and the new Events of
+// the workloads' namespace, until the returned function is called.
+func watchWorkloads(ctx context.Context, at time.Time, events *eventPrinter, ws ...*realcluster.Workload) (stop func()) {
+	last := map[string]string{}
+	pass := func(ctx context.Context) {
+		for _, w := range ws {
+			state := podsState(ctx, w)
+			if state != "" && state != last[w.Name()] {
+				last[w.Name()] = state
+				fmt.Printf("  %7s  %-8s %s\n", "+"+time.Since(at).Round(100*time.Millisecond).String(), w.Name(), state)
+			}
+		}
+		events.print(ctx)
+	}
+	watching, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for watching.Err() == nil {
+			pass(watching)
+			select {
+			case <-watching.Done():
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
 	}()
-	return func() { cancel(); wg.Wait() }
+	// A last look once the story is over shows where each workload ended.
+	return func() { cancel(); wg.Wait(); pass(ctx) }
 }
 
-// clusterOperatorView shows healerctl status against the real node's API server, once nothing
-// in it needs a human: the restart handled, the evicted pod's volume found healthy again by the
-// next probe (the class's periodic sweep, every 10s).
-func clusterOperatorView(ctx context.Context, healerctl, kubeconfig string) error {
-	step("What an operator sees: healerctl status (or kubectl healer status)")
-	var table string
-	var code int
-	deadline := time.Now().Add(45 * time.Second)
-	for {
-		var err error
-		table, code, err = runHealerctl(ctx, healerctl, "status", "--kubeconfig", kubeconfig)
-		if err != nil {
-			return err
-		}
-		if code == 0 || time.Now().After(deadline) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Second):
+// podsState says in a few words what the workload's running pods do now: for one pod its
+// name and the outcome of its latest try, for several how many write and how many fail; "" when
+// it cannot be read.
+func podsState(ctx context.Context, w *realcluster.Workload) string {
+	pods, err := w.Pods(ctx)
+	if err != nil {
+		return ""
+	}
+	if len(pods) == 0 {
+		return "no running pod"
+	}
+	var writing, starting int
+	var failures []string
+	for _, p := range pods {
+		ok, failure, err := w.PodState(ctx, p.Name)
+		switch {
+		case err != nil:
+			// Its output cannot be read now (kubelet busy): say nothing rather than guess.
+			return ""
+		case ok:
+			writing++
+		case failure == "starting":
+			starting++
+		default:
+			failures = append(failures, failure)
 		}
 	}
-	for _, line := range strings.Split(strings.TrimRight(table, "\n"), "\n") {
-		fmt.Printf("  %s\n", line)
+	if len(pods) == 1 {
+		p := pods[0].Name
+		switch {
+		case writing == 1:
+			return "pod " + p + ": writes and reads"
+		case starting == 1:
+			return "pod " + p + ": starting"
+		}
+		return "pod " + p + ": " + failures[0]
 	}
-	fmt.Printf("  exit code %d: %s\n", code, map[bool]string{true: "something needs a human", false: "nothing needs a human"}[code != 0])
-	switch {
-	case !strings.Contains(table, "handled"):
-		return errors.New("healerctl status does not list the node plugin's restart as handled")
-	case code != 0:
-		return fmt.Errorf("healerctl status still says something needs a human (exit code %d)", code)
+	out := fmt.Sprintf("%d pods: %d write and read", len(pods), writing)
+	if len(failures) > 0 {
+		out += fmt.Sprintf(", %d fail (%s)", len(failures), failures[0])
 	}
-	return nil
+	if starting > 0 {
+		out += fmt.Sprintf(", %d starting", starting)
+	}
+	return out
 }

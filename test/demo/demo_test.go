@@ -15,7 +15,13 @@ import (
 // periodic sweep's heal. run fails unless every promise of the story held: in the real mode every
 // healable mount healed and its workload writing again, the workload that cannot see a heal and
 // the lost volume reported, healerctl status showing an operator exactly that, and nothing
-// mounted or running left behind.
+// mounted or running left behind. On a real node: every pod of the StatefulSet saw its writes
+// fail and come back in the same container, with a VolumeHealed Event on its PVC; the controller's
+// metrics show probes that found dead mounts and heals after the rollout restart; the pod with
+// propagation None evicted (VolumePodsMustRestart, EvictedForStaleMount) and its replacement
+// writing; the volume whose data was removed reported (VolumeDataLoss) and not healed; and
+// healerctl status listing the node's restart as handled and exactly that volume as needing a
+// human, with exit code 2.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the controller and runs a control plane")

@@ -12,9 +12,11 @@
 //
 //   - cluster (auto's choice where the machine allows: root, /dev/fuse, cgroups): a real node on
 //     this machine (test/cluster: kubelet, containerd, runc, the control plane), volume-healer and
-//     the reference driver installed with their Helm charts, two workloads on the driver's FUSE
-//     volumes, and a rollout restart of the node plugin's DaemonSet. The first run builds the node
-//     (hack/node.sh, cached under .cache/node). --nodes and --volumes do not apply.
+//     the reference driver installed with their Helm charts, three workloads on the driver's FUSE
+//     volumes (a StatefulSet of 6 pods with propagation HostToContainer, a Deployment with None,
+//     and one whose volume's data is removed), and a rollout restart of the node plugin's
+//     DaemonSet. The first run builds the node (hack/node.sh, cached under .cache/node). --nodes
+//     and --volumes do not apply.
 //   - real (auto's choice where a node cannot run but real mounts can): every node is a kubelet
 //     stand-in, the reference driver as a real CSI node plugin whose volumes are FUSE mounts
 //     served by mounter processes in its process group, and the sidecar. Volumes are provisioned

@@ -119,7 +119,11 @@ func realDemo(s *harness.Script, dir string, o options) error {
 	}
 	broken := realSummary(ctx, nodes, victim, r, p)
 	// The volume whose workload cannot see the repaired mount is not healed: its pod must restart.
-	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, realDriverName, victim.Node(), victim.vols[lostIndex].Volume, []*harness.Volume{victim.vols[privateIndex].Volume}); err != nil {
+	want := statusWant{driver: realDriverName, node: victim.Node(), volumes: map[string]bool{
+		appNamespace + "/" + victim.vols[lostIndex].PVC:    true,
+		appNamespace + "/" + victim.vols[privateIndex].PVC: false,
+	}}
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, want, 0); err != nil {
 		broken = append(broken, err.Error())
 	}
 	return end(ctx, o.hold, cluster.Kubeconfig, "pvc,events", broken)

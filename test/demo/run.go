@@ -164,7 +164,7 @@ func setDefaults(o *options, mode string) {
 
 func (o options) validate(mode string) error {
 	if mode == modeCluster {
-		// Its size is the charts' and the two workloads'.
+		// Its size is the charts' and its workloads'.
 		return nil
 	}
 	if mode == modeReal {
@@ -252,6 +252,10 @@ type eventPrinter struct {
 	cs         kubernetes.Interface
 	namespaces []string
 	seen       map[string]bool
+	// component, when set, keeps only the Events of that source (volume-healer's).
+	component string
+	// width, when set, cuts messages longer than that many bytes.
+	width int
 }
 
 func newEventPrinter(cs kubernetes.Interface, namespaces ...string) *eventPrinter {
@@ -285,11 +289,18 @@ func (e *eventPrinter) print(ctx context.Context) {
 			continue
 		}
 		e.seen[string(ev.UID)] = true
+		if e.component != "" && ev.Source.Component != e.component {
+			continue
+		}
 		shown[ev.Reason]++
 		if shown[ev.Reason] > 3 {
 			continue
 		}
-		fmt.Printf("  event %-8s %-22s %s/%s: %s\n", ev.Type, ev.Reason, strings.ToLower(ev.InvolvedObject.Kind), ev.InvolvedObject.Name, ev.Message)
+		msg := ev.Message
+		if e.width > 0 && len(msg) > e.width {
+			msg = msg[:e.width] + " ..."
+		}
+		fmt.Printf("  event %-8s %-22s %s/%s: %s\n", ev.Type, ev.Reason, strings.ToLower(ev.InvolvedObject.Kind), ev.InvolvedObject.Name, msg)
 	}
 	for reason, n := range shown {
 		if n > 3 {

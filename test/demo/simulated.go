@@ -118,7 +118,8 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 	}
 
 	summary(ctx, plugins, vols, broken, lost, degraded, healTime)
-	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, driverName, victim.Node(), lost[0], nil); err != nil {
+	want := statusWant{driver: driverName, node: victim.Node(), volumes: map[string]bool{appNamespace + "/" + lost[0].PVC: true}}
+	if err := operatorView(ctx, o.healerctl, cluster.Kubeconfig, want, 0); err != nil {
 		return err
 	}
 	return end(ctx, o.hold, cluster.Kubeconfig, "pvc,events", nil)

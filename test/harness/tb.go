@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -24,7 +25,7 @@ type TB interface {
 
 // Script is a TB for a program, such as the demo, that uses the harness's test helpers: Fatalf
 // ends the function RunScript runs, Errorf marks it failed and goes on, Logf writes to standard
-// error, and the cleanups run when the function returns, last registered first. As with
+// error (or where SetLog says), and the cleanups run when the function returns, last registered first. As with
 // testing.T, Fatalf may only be called from the goroutine that RunScript runs the function in.
 type Script struct {
 	name string
@@ -33,6 +34,8 @@ type Script struct {
 	mu       sync.Mutex
 	errs     []string
 	cleanups []func()
+	// log receives Logf's lines; nil for standard error.
+	log io.Writer
 }
 
 // scriptFatal carries a Fatalf's message from Fatalf to RunScript.
@@ -94,9 +97,23 @@ func (s *Script) Name() string { return s.name }
 // Context returns the context given to RunScript.
 func (s *Script) Context() context.Context { return s.ctx }
 
-// Logf writes a line to standard error.
+// SetLog sends Logf's lines to w instead of standard error, so that a program's own output
+// stays readable; the messages of Errorf reach standard error too.
+func (s *Script) SetLog(w io.Writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.log = w
+}
+
+// Logf writes a line to standard error, or where SetLog says.
 func (s *Script) Logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s: %s\n", s.name, fmt.Sprintf(format, args...))
+	s.mu.Lock()
+	w := s.log
+	s.mu.Unlock()
+	if w == nil {
+		w = os.Stderr
+	}
+	fmt.Fprintf(w, "%s: %s\n", s.name, fmt.Sprintf(format, args...))
 }
 
 // Errorf logs the message and marks the script failed.
@@ -105,7 +122,11 @@ func (s *Script) Errorf(format string, args ...any) {
 	s.Logf("%s", msg)
 	s.mu.Lock()
 	s.errs = append(s.errs, msg)
+	logged := s.log != nil
 	s.mu.Unlock()
+	if logged {
+		fmt.Fprintf(os.Stderr, "%s: %s\n", s.name, msg)
+	}
 }
 
 // Fatalf marks the script failed and ends the function RunScript runs.

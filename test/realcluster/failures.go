@@ -25,11 +25,27 @@ func (e *Env) RolloutRestart(t harness.TB) {
 	e.must(t, "kubectl", "rollout", "restart", "daemonset/"+nodePluginDS, "--namespace", driverNS)
 }
 
-// KillMounter kills the FUSE daemon of w's volume with SIGKILL.
-func (e *Env) KillMounter(t harness.TB, w *Workload) {
+// RemoveData removes the backing folder of the volume of claim (a claim of a workload) from the
+// reference driver's state on the node, as a disk lost for good would: the driver then reports
+// the volume DATA_LOSS and cannot heal it. It returns the volume's ID and the folder removed.
+func (e *Env) RemoveData(t harness.TB, claim string) (volumeID, folder string) {
+	t.Helper()
+	handle := e.volumeHandle(t, claim)
+	folder = filepath.Join(driverStateDir, "volumes", handle)
+	if _, err := os.Stat(folder); err != nil {
+		t.Fatalf("the backing folder of volume %s: %v", handle, err)
+	}
+	if err := os.RemoveAll(folder); err != nil {
+		t.Fatalf("remove the data of volume %s: %v", handle, err)
+	}
+	return handle, folder
+}
+
+// volumeHandle returns the CSI volume ID of the PV bound to claim.
+func (e *Env) volumeHandle(t harness.TB, claim string) string {
 	t.Helper()
 	ctx := t.Context()
-	pvc, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Get(ctx, w.claim(), metav1.GetOptions{})
+	pvc, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -37,7 +53,16 @@ func (e *Env) KillMounter(t harness.TB, w *Workload) {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	handle := pv.Spec.CSI.VolumeHandle
+	if pv.Spec.CSI == nil {
+		t.Fatalf("PV %s of claim %s is not a CSI volume", pv.Name, claim)
+	}
+	return pv.Spec.CSI.VolumeHandle
+}
+
+// KillMounter kills the FUSE daemon of w's volume with SIGKILL.
+func (e *Env) KillMounter(t harness.TB, w *Workload) {
+	t.Helper()
+	handle := e.volumeHandle(t, w.claim())
 	entries, _ := os.ReadDir("/proc")
 	for _, ent := range entries {
 		pid, err := strconv.Atoi(ent.Name())
@@ -115,13 +140,8 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
 }
 
-// claim is the name of the workload's PVC.
-func (w *Workload) claim() string {
-	if w.name == "shared" {
-		return "data-shared-0"
-	}
-	return w.name
-}
+// claim is the name of the workload's (first) PVC.
+func (w *Workload) claim() string { return w.claims[0] }
 
 // expectEvent waits for an Event of reason on the object kind/name in the workloads' namespace,
 // at or after since.

@@ -31,7 +31,7 @@ func TestRealNode(t *testing.T) {
 	// controller sweeps the node plugin's start from it.
 	e.WaitOneCSIAddonsNode(t, 2*time.Minute)
 	e.OptInToPodRestarts()
-	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer)
+	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer, 1)
 	private := e.Deployment("private", corev1.MountPropagationNone)
 	begin := time.Now()
 	shared.WaitWriting(t, time.Time{}, 3*time.Minute, nil)

@@ -33,6 +33,8 @@ type Workload struct {
 	propagation corev1.MountPropagationMode
 	// selector finds its pods.
 	selector labels.Selector
+	// claims are its PVCs, one per pod of a StatefulSet.
+	claims []string
 }
 
 func (e *Env) container(w *Workload) corev1.Container {
@@ -52,15 +54,20 @@ func pvcSpec() corev1.PersistentVolumeClaimSpec {
 	}
 }
 
-// statefulSet creates a one-replica StatefulSet whose volume comes from a claim template.
-func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode) *Workload {
+// StatefulSet creates a StatefulSet of replicas pods, each with its own volume from the claim
+// template (data-<name>-<ordinal>). Its pods start in parallel.
+func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode, replicas int) *Workload {
 	e.t.Helper()
 	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	for i := range replicas {
+		w.claims = append(w.claims, fmt.Sprintf("data-%s-%d", name, i))
+	}
 	ss := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
 		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Replicas:            ptr.To(int32(replicas)),
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			Selector:            &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{e.container(w)}, TerminationGracePeriodSeconds: ptr.To[int64](1)},
@@ -78,7 +85,7 @@ func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode) 
 func (e *Env) Deployment(name string, propagation corev1.MountPropagationMode) *Workload {
 	e.t.Helper()
 	ctx := e.t.Context()
-	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name}), claims: []string{name}}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS}, Spec: pvcSpec()}
 	if _, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("%v", err)
@@ -108,6 +115,19 @@ func (e *Env) Deployment(name string, propagation corev1.MountPropagationMode) *
 
 // pod returns the workload's running pod (the newest, if a replacement is starting).
 func (w *Workload) pod(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := w.Pods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("no running pod of %s", w.name)
+	}
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return b.CreationTimestamp.Compare(a.CreationTimestamp.Time) })
+	return &pods[0], nil
+}
+
+// Pods returns the workload's running pods that are not being deleted, by name.
+func (w *Workload) Pods(ctx context.Context) ([]corev1.Pod, error) {
 	list, err := w.e.c.Clientset.CoreV1().Pods(appsNS).List(ctx, metav1.ListOptions{LabelSelector: w.selector.String()})
 	if err != nil {
 		return nil, err
@@ -118,11 +138,8 @@ func (w *Workload) pod(ctx context.Context) (*corev1.Pod, error) {
 			pods = append(pods, p)
 		}
 	}
-	if len(pods) == 0 {
-		return nil, fmt.Errorf("no running pod of %s", w.name)
-	}
-	slices.SortFunc(pods, func(a, b corev1.Pod) int { return b.CreationTimestamp.Compare(a.CreationTimestamp.Time) })
-	return &pods[0], nil
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	return pods, nil
 }
 
 // try is one line of the workload's output.
@@ -200,6 +217,81 @@ func lastTry(tries []try) string {
 	return fmt.Sprintf("#%d %s failed at %s: %s", r.Seq, r.Op, r.Time.Format(time.TimeOnly), r.Err)
 }
 
+// WaitAllWriting waits until every pod of the workload (one per claim) runs and has written and
+// read its volume successfully.
+func (w *Workload) WaitAllWriting(t harness.TB, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, fmt.Sprintf("the %d pods of %s to write and read their volumes", len(w.claims), w.name), func() (bool, string) {
+		pods, err := w.Pods(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		writing := 0
+		for _, p := range pods {
+			if ok, _, _ := w.PodState(t.Context(), p.Name); ok {
+				writing++
+			}
+		}
+		return writing >= len(w.claims), fmt.Sprintf("%d pods running, %d writing", len(pods), writing)
+	})
+}
+
+// PodState says whether the latest try of pod succeeded, and how it failed when it did not
+// ("starting" when the pod has not tried yet); an error when its output cannot be read.
+func (w *Workload) PodState(ctx context.Context, pod string) (writing bool, failure string, err error) {
+	tries, err := w.tries(ctx, pod)
+	if err != nil {
+		return false, "", err
+	}
+	if len(tries) == 0 {
+		return false, "starting", nil
+	}
+	r := tries[len(tries)-1]
+	if r.OK {
+		return true, "", nil
+	}
+	return false, r.Op + ": " + r.Err, nil
+}
+
+// FirstWrite returns the time of pod's first successful try after since, zero while there is none.
+func (w *Workload) FirstWrite(ctx context.Context, pod string, since time.Time) (time.Time, error) {
+	tries, err := w.tries(ctx, pod)
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, r := range tries {
+		if r.OK && r.Time.After(since) {
+			return r.Time, nil
+		}
+	}
+	return time.Time{}, nil
+}
+
+// Outage is what one pod saw of a disruption.
+type Outage struct {
+	// FirstFailure is the time of its first failed try after the disruption began, Resumed that
+	// of its first successful try after that; each zero while there is none.
+	FirstFailure, Resumed time.Time
+	// Failure says how the first failed try failed.
+	Failure string
+}
+
+// Outage reads what pod saw since the disruption began at since.
+func (w *Workload) Outage(ctx context.Context, pod string, since time.Time) (Outage, error) {
+	o, err := w.outageOf(ctx, pod, since)
+	if err != nil {
+		return Outage{}, err
+	}
+	var out Outage
+	if o.firstFailure != nil {
+		out.FirstFailure, out.Failure = o.firstFailure.Time, o.firstFailure.Op+": "+o.firstFailure.Err
+	}
+	if o.resumed != nil {
+		out.Resumed = o.resumed.Time
+	}
+	return out, nil
+}
+
 // outage is what one pod saw of a disruption: its first failed try after it began, and its
 // first successful try after that.
 type outage struct {
@@ -240,6 +332,12 @@ func (e *Env) OptInToPodRestarts() {
 
 // Name is the workload's name.
 func (w *Workload) Name() string { return w.name }
+
+// Claims are the names of the workload's PVCs in its namespace, one per pod of a StatefulSet.
+func (w *Workload) Claims() []string { return slices.Clone(w.claims) }
+
+// Namespace is the namespace of the workloads and their claims.
+func (w *Workload) Namespace() string { return appsNS }
 
 // State says in a few words what the workload's running pod does now: its name and the outcome
 // of its latest try, or "" when it cannot be read.
