@@ -6,8 +6,8 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"syscall"
 
+	"github.com/volume-healer/volume-healer/hack/filelock"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 )
 
@@ -83,7 +83,7 @@ func Build(o BuildOptions) (Binaries, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Binaries{}, err
 	}
-	unlock, err := lockFile(filepath.Join(dir, ".lock"))
+	unlock, err := filelock.Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -130,7 +130,7 @@ func buildTestProgram(pkg string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	unlock, err := lockFile(filepath.Join(dir, ".lock"))
+	unlock, err := filelock.Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return "", err
 	}
@@ -194,17 +194,4 @@ func writeIfChanged(file string, data []byte) error {
 		return nil
 	}
 	return os.WriteFile(file, data, 0o644)
-}
-
-// lockFile takes an exclusive lock on file, waiting for it, and returns its release.
-func lockFile(file string) (func(), error) {
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("lock %s: %w", file, err)
-	}
-	return func() { _ = f.Close() }, nil
 }
