@@ -111,17 +111,22 @@ func Build(o BuildOptions) (Binaries, error) {
 	return b, nil
 }
 
+// BuildDriver builds cmd/refdriver alone, in flavor (Plain, or Race for tests that run with the
+// race detector and want it in the driver too), into BinDir as Build builds the other programs,
+// once per run, and returns its path.
+func BuildDriver(flavor Flavor) (string, error) { return buildProgram("./cmd/refdriver", flavor) }
+
 // BuildWorkload builds test/workload, the workload stand-in that test/kubelet's StartWorkload
 // runs in a mount namespace of its own, into BinDir as Build builds the other programs, once per
 // run, and returns its path.
-func BuildWorkload() (string, error) { return buildTestProgram("./test/workload") }
+func BuildWorkload() (string, error) { return buildProgram("./test/workload", Plain) }
 
 // BuildContainer builds test/container, which StartContainer runs a program through as a pod's
 // container, into BinDir as Build builds the other programs, once per run, and returns its path.
-func BuildContainer() (string, error) { return buildTestProgram("./test/container") }
+func BuildContainer() (string, error) { return buildProgram("./test/container", Plain) }
 
-// buildTestProgram builds the main package pkg of test/ into BinDir/plain and returns its path.
-func buildTestProgram(pkg string) (string, error) {
+// buildProgram builds the main package pkg in flavor into BinDir/<flavor> and returns its path.
+func buildProgram(pkg string, flavor Flavor) (string, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return "", err
@@ -135,7 +140,7 @@ func buildTestProgram(pkg string) (string, error) {
 		return "", err
 	}
 	defer unlock()
-	return build(root, dir, Plain, pkg)
+	return build(root, dir, flavor, pkg)
 }
 
 // build builds the main packages pkgs in flavor into dir/flavor and returns the path of the
