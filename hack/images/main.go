@@ -27,6 +27,12 @@
 //	bin/<os>_<arch>/ the binaries in the images
 //
 // It builds only from the repository it runs in, and needs git and the go command.
+//
+// It owns what goes into each image and the reproducibility of the bytes; the programs in them
+// (cmd/, and for --cluster-images test/cluster/pause and test/workload) it builds with the go
+// command rather than imports. Of the module it imports only hack/filelock, the build lock it
+// shares with test/harness; it must not import test/ (nothing outside test/ does) nor the
+// product's packages, whose code reaches the images only as built binaries.
 package main
 
 import (

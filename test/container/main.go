@@ -18,6 +18,11 @@
 //
 // Set-up failures go to standard error, and the command exits with status 1. Nothing it mounts
 // outlives the program: the mounts belong to its namespace, which ends with it.
+//
+// It owns the container's view (the ServiceAccount files, /dev, the termination log) and nothing
+// of the program it runs. It imports nothing of volume-healer and must not: the programs it runs
+// (the healer sidecar among them) must find what a real container gives them, not a shortcut in
+// the project's code. test/harness builds it (BuildContainer); only its test imports the harness.
 package main
 
 import (

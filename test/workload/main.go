@@ -15,6 +15,10 @@
 // program exits with status 1.
 //
 // Nothing it mounts outlives it: its mounts belong to its namespace, which ends with it.
+//
+// It owns the workload's I/O loop and its report; it imports nothing of volume-healer and must
+// not: it stands in for a user's container, which knows nothing of the healer. test/harness builds
+// it (BuildWorkload), and hack/images --cluster-images builds it into the node's workload image.
 package main
 
 import (
