@@ -38,16 +38,8 @@ func TestPolicyExplainPod(t *testing.T) {
 	c.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{annotations.EvictPodsLabel: "true"}}})
 	c.create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, Provisioner: statusDriver})
 	for _, name := range []string{"data", "spare"} {
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-				StorageClassName:              "fast",
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: statusDriver, VolumeHandle: name}},
-			},
-		}
+		pv := persistentVolume(name)
+		pv.Spec.StorageClassName = "fast"
 		if name == "data" {
 			pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "shop", Name: name}
 		}
