@@ -6,8 +6,10 @@
 // once in a table (keys.go) that drives flag registration, environment binding, file checking,
 // printing and the reference in docs/configuration.md, so they cannot disagree.
 //
-// It is a leaf: of volume-healer it imports only api/annotations (the policy label), so that every
-// binary can use it.
+// It is a leaf: of volume-healer it imports only api/annotations (the policy label) and
+// api/healer/v1alpha1 (the default audience of the sidecar token), themselves leaves, so that
+// every binary can use it. It must not import the pipeline's stages (scheduler, policy, probe,
+// healer) nor cmd/ or test/.
 package config
 
 import (

@@ -27,6 +27,12 @@
 //	bin/<os>_<arch>/ the binaries in the images
 //
 // It builds only from the repository it runs in, and needs git and the go command.
+//
+// It owns what goes into each image and the reproducibility of the bytes; the programs in them
+// (cmd/, and for --cluster-images test/cluster/pause and test/workload) it builds with the go
+// command rather than imports. Of the module it imports only hack/filelock, the build lock it
+// shares with test/harness; it must not import test/ (nothing outside test/ does) nor the
+// product's packages, whose code reaches the images only as built binaries.
 package main
 
 import (
@@ -56,6 +62,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/volume-healer/volume-healer/hack/filelock"
 )
 
 // module is the Go module path, for the -X flags of package version.
@@ -528,7 +536,7 @@ func Run(ctx context.Context, o Options) ([]Built, error) {
 	if err := os.MkdirAll(bins, 0o755); err != nil {
 		return nil, err
 	}
-	unlock, err := lock(filepath.Join(bins, ".lock"))
+	unlock, err := filelock.Lock(filepath.Join(bins, ".lock"))
 	if err != nil {
 		return nil, err
 	}
@@ -615,19 +623,6 @@ func pack(o Options, bins string, img Image) (Built, error) {
 		return b, err
 	}
 	return b, WriteTarball(b.Layout, b.Tarball, o.Source.Time)
-}
-
-// lock takes an exclusive lock on file, waiting for it, and returns its release.
-func lock(file string) (func(), error) {
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("lock %s: %w", file, err)
-	}
-	return func() { _ = f.Close() }, nil
 }
 
 func main() {

@@ -10,6 +10,12 @@
 //
 // Every component authenticates with a certificate of its own from the cluster's CA (kubelet as
 // system:node:<name>, the Node authorizer and RBAC enabled), as a kubeadm cluster does.
+//
+// It owns the node: its processes, files, certificates, network and their clean-up. Of
+// volume-healer it imports only test/controlplane (kube-apiserver and etcd) and test/harness
+// (certificates, processes, builds); it must not import the product's packages, since what runs
+// on the node is the project's images and charts, installed as a user installs them. Only suites
+// (test/realcluster, test/demo) import it.
 package cluster
 
 import (

@@ -18,6 +18,12 @@
 //
 // Set-up failures go to standard error, and the command exits with status 1. Nothing it mounts
 // outlives the program: the mounts belong to its namespace, which ends with it.
+//
+// It owns the container's view (the ServiceAccount files, /dev, the termination log) and nothing
+// of the program it runs. Of volume-healer it imports only test/mountns (the check that it runs in
+// a mount namespace of its own, shared with test/workload) and must import nothing else: the
+// programs it runs (the healer sidecar among them) must find what a real container gives them,
+// not a shortcut in the project's code. test/harness builds it (BuildContainer); only its test imports the harness.
 package main
 
 import (
@@ -28,6 +34,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	"github.com/volume-healer/volume-healer/test/mountns"
 )
 
 // serviceAccountDir is where rest.InClusterConfig reads the token and the CA certificate.
@@ -57,7 +65,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := requireOwnNamespace(); err != nil {
+	if err := mountns.RequireOwn("test/harness's StartContainer"); err != nil {
 		return err
 	}
 	// Read before /run is replaced: the folder may be anywhere.
@@ -154,23 +162,6 @@ func setUpDev(termLog string) error {
 	src := fmt.Sprintf("/proc/self/fd/%d", logFile.Fd())
 	if err := syscall.Mount(src, "/dev/termination-log", "", syscall.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s at /dev/termination-log: %w", termLog, err)
-	}
-	return nil
-}
-
-// requireOwnNamespace refuses to change mounts in the namespace of the process that started this
-// one: run by hand, without CLONE_NEWNS, the set-up would replace the host's /run and /dev.
-func requireOwnNamespace() error {
-	self, err := os.Readlink("/proc/self/ns/mnt")
-	if err != nil {
-		return err
-	}
-	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
-	if err != nil {
-		return err
-	}
-	if self == parent {
-		return errors.New("not in a mount namespace of its own: start it with CLONE_NEWNS, as test/harness's StartContainer does")
 	}
 	return nil
 }

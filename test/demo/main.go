@@ -27,6 +27,13 @@
 //     that many nodes and volumes fit one machine.
 //
 // Like every suite, it reaches the product through test/harness and the binaries it builds.
+//
+// It owns the story and its report: what breaks when, what the tables show, and the promises it
+// checks. It imports the cluster and the nodes from test/harness, test/cluster, test/kubelet and
+// test/realcluster, and of the product only the names an operator reads (api/annotations, the
+// Event reasons of package healer, the reference driver's faults); it must not import the
+// controller's stages (scheduler, policy, probe) or cmd/volume-healer: the controller runs as its
+// own process, as in a cluster. Nothing imports it.
 package main
 
 import (

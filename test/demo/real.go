@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -471,27 +469,10 @@ func remountReadOnly(ctx context.Context, v *realVolume) error {
 
 // mounters lists the mounter processes (`refdriver mounter`) of volumes under dir.
 func mounters(dir string) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		// A process that has ended, a zombie included, has an empty command line.
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) > 1 && args[1] == "mounter" && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, dir+"/") }) {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return harness.ProcessesWhere(func(pid int) bool {
+		args := harness.CommandLine(pid)
+		return len(args) > 1 && args[1] == "mounter" && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, dir+"/") })
+	})
 }
 
 // waitEvent waits until the volume's PVC has an Event with reason.

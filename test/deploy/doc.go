@@ -3,6 +3,9 @@
 // server-side dry runs, the rules through promtool, and a heal that fails in a running controller
 // must fire the alert that names its claim. The tools come from hack/tools.sh.
 //
-// It reads deploy/ and the product's exported names (metrics, configuration); it starts no product
-// process but through test/harness.
+// It owns the checks of what deploy/ ships, and nothing else: it has no code outside its tests.
+// It reads deploy/ and the product's exported names (metrics, configuration, Event reasons, to
+// check that the manifests and rules use them); it starts no product process but through
+// test/harness, and it must not import cmd/volume-healer/controller: the controller it alerts on
+// runs as its own process. Nothing imports it.
 package deploy

@@ -6,8 +6,8 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"syscall"
 
+	"github.com/volume-healer/volume-healer/hack/filelock"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 )
 
@@ -83,7 +83,7 @@ func Build(o BuildOptions) (Binaries, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Binaries{}, err
 	}
-	unlock, err := lockFile(filepath.Join(dir, ".lock"))
+	unlock, err := filelock.Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -111,17 +111,22 @@ func Build(o BuildOptions) (Binaries, error) {
 	return b, nil
 }
 
+// BuildDriver builds cmd/refdriver alone, in flavor (Plain, or Race for tests that run with the
+// race detector and want it in the driver too), into BinDir as Build builds the other programs,
+// once per run, and returns its path.
+func BuildDriver(flavor Flavor) (string, error) { return buildProgram("./cmd/refdriver", flavor) }
+
 // BuildWorkload builds test/workload, the workload stand-in that test/kubelet's StartWorkload
 // runs in a mount namespace of its own, into BinDir as Build builds the other programs, once per
 // run, and returns its path.
-func BuildWorkload() (string, error) { return buildTestProgram("./test/workload") }
+func BuildWorkload() (string, error) { return buildProgram("./test/workload", Plain) }
 
 // BuildContainer builds test/container, which StartContainer runs a program through as a pod's
 // container, into BinDir as Build builds the other programs, once per run, and returns its path.
-func BuildContainer() (string, error) { return buildTestProgram("./test/container") }
+func BuildContainer() (string, error) { return buildProgram("./test/container", Plain) }
 
-// buildTestProgram builds the main package pkg of test/ into BinDir/plain and returns its path.
-func buildTestProgram(pkg string) (string, error) {
+// buildProgram builds the main package pkg in flavor into BinDir/<flavor> and returns its path.
+func buildProgram(pkg string, flavor Flavor) (string, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return "", err
@@ -130,12 +135,12 @@ func buildTestProgram(pkg string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	unlock, err := lockFile(filepath.Join(dir, ".lock"))
+	unlock, err := filelock.Lock(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	return build(root, dir, Plain, pkg)
+	return build(root, dir, flavor, pkg)
 }
 
 // build builds the main packages pkgs in flavor into dir/flavor and returns the path of the
@@ -194,17 +199,4 @@ func writeIfChanged(file string, data []byte) error {
 		return nil
 	}
 	return os.WriteFile(file, data, 0o644)
-}
-
-// lockFile takes an exclusive lock on file, waiting for it, and returns its release.
-func lockFile(file string) (func(), error) {
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("lock %s: %w", file, err)
-	}
-	return func() { _ = f.Close() }, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +112,28 @@ func TestProcesses(t *testing.T) {
 		t.Errorf("LogTail(1) = %q, want the last line", got)
 	}
 	ps.KillAll() // nothing left: returns at once
+}
+
+// ProcessesWhere finds a running child by its command line, and no longer once it has ended.
+func TestProcessesWhere(t *testing.T) {
+	ps := NewProcesses()
+	defer ps.KillAll()
+	marker := "processes-where-" + filepath.Base(t.TempDir())
+	p, err := ps.Start("child", "/bin/sh", []string{"-c", `echo started; while :; do sleep 1; done`, marker}, nil, filepath.Join(t.TempDir(), "child.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := func(pid int) bool { return slices.Contains(CommandLine(pid), marker) }
+	if got := ProcessesWhere(named); !slices.Equal(got, []int{p.Pid()}) {
+		t.Errorf("ProcessesWhere(named %s) = %v, want the child %d", marker, got, p.Pid())
+	}
+	if args := CommandLine(p.Pid()); len(args) != 4 || args[0] != "/bin/sh" || args[3] != marker {
+		t.Errorf("CommandLine(%d) = %q, want /bin/sh -c SCRIPT %s", p.Pid(), args, marker)
+	}
+	_ = p.Stop(time.Second) // how it ends is TestProcesses' concern
+	if got := ProcessesWhere(named); len(got) != 0 {
+		t.Errorf("ProcessesWhere(named %s) = %v after the child ended, want none", marker, got)
+	}
 }
 
 // A Proxy relays until it is cut; a cut resets the connections in relay and refuses new ones

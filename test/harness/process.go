@@ -214,6 +214,29 @@ func (p *Process) KillGroup() error {
 // groupMembers lists the processes of the process group pgid that have not ended (zombies, which
 // only wait to be reaped, have).
 func groupMembers(pgid int) []int {
+	return ProcessesWhere(func(pid int) bool {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return false
+		}
+		// The command name (field 2) may hold spaces and parentheses: fields after it start
+		// after the last ')'. Then: state, ppid, pgrp.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			return false
+		}
+		fields := strings.Fields(string(stat[i+1:]))
+		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
+			return false
+		}
+		g, err := strconv.Atoi(fields[2])
+		return err == nil && g == pgid
+	})
+}
+
+// ProcessesWhere lists the processes of this machine (its /proc) for which keep returns true. A
+// process may end while keep looks at it: keep then finds its /proc files gone.
+func ProcessesWhere(keep func(pid int) bool) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -224,25 +247,21 @@ func groupMembers(pgid int) []int {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The command name (field 2) may hold spaces and parentheses: fields after it start
-		// after the last ')'. Then: state, ppid, pgrp.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(fields[2]); err == nil && g == pgid {
+		if keep(pid) {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// CommandLine returns the arguments of process pid, its program first; none when the process has
+// ended, a zombie included (its command line is empty).
+func CommandLine(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
 
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but

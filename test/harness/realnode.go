@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -366,15 +365,9 @@ func underDir(path, dir string) bool {
 // ProcessesUnder lists the processes (other than this one) whose command line names a path under
 // dir: the driver, its mounters and the workloads of a node; every component of a test/cluster node.
 func ProcessesUnder(dir string) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
+	return ProcessesWhere(func(pid int) bool {
+		if pid == os.Getpid() {
+			return false
 		}
 		for _, arg := range bytes.Split([]byte(cmdline(pid)), []byte(" ")) {
 			a := string(arg)
@@ -382,12 +375,11 @@ func ProcessesUnder(dir string) []int {
 				a = a[i+1:]
 			}
 			if underDir(a, dir) {
-				out = append(out, pid)
-				break
+				return true
 			}
 		}
-	}
-	return out
+		return false
+	})
 }
 
 func cmdline(pid int) string {

@@ -8,4 +8,10 @@
 // It needs root, cgroups and /dev/fuse; elsewhere it skips, except in CI (CI=true), where it
 // fails. Its first run builds kubelet, containerd and the CSI sidecars (hack/node.sh, cached
 // under .cache/node) and the images (hack/images --cluster-images).
+//
+// It owns the workloads on the node, the ways it breaks the node plugin and the checks of what
+// the workloads saw. It reaches the node through test/cluster and test/harness, and of the
+// product imports only the names a user reads (api/annotations, the Event reasons of package
+// healer and healer/evict); it must not import the controller's stages or cmd/: the
+// product runs from its images, installed by Helm. test/demo imports it for its cluster mode.
 package realcluster

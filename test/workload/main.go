@@ -15,6 +15,11 @@
 // program exits with status 1.
 //
 // Nothing it mounts outlives it: its mounts belong to its namespace, which ends with it.
+//
+// It owns the workload's I/O loop and its report. Of volume-healer it imports only test/mountns
+// (the check that it runs in a mount namespace of its own, shared with test/container) and must
+// import nothing else: it stands in for a user's container, which knows nothing of the healer. test/harness builds
+// it (BuildWorkload), and hack/images --cluster-images builds it into the node's workload image.
 package main
 
 import (
@@ -28,6 +33,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/volume-healer/volume-healer/test/mountns"
 )
 
 func main() {
@@ -103,7 +110,7 @@ func propagationFlags(mode string) (uintptr, error) {
 // here. Dir still receives what the host mounts on target, which is what Bidirectional is used
 // for in these tests.
 func setUpNamespace(target, dir string, flags uintptr) error {
-	if err := requireOwnNamespace(); err != nil {
+	if err := mountns.RequireOwn("test/kubelet's StartWorkload"); err != nil {
 		return err
 	}
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
@@ -117,23 +124,6 @@ func setUpNamespace(target, dir string, flags uintptr) error {
 	}
 	if err := syscall.Mount("", dir, "", flags, ""); err != nil {
 		return fmt.Errorf("set the propagation of %s: %w", dir, err)
-	}
-	return nil
-}
-
-// requireOwnNamespace refuses to change mounts in the namespace of the process that started this
-// one: run by hand, without CLONE_NEWNS, the set-up would change the host's mounts.
-func requireOwnNamespace() error {
-	self, err := os.Readlink("/proc/self/ns/mnt")
-	if err != nil {
-		return err
-	}
-	parent, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
-	if err != nil {
-		return err
-	}
-	if self == parent {
-		return errors.New("not in a mount namespace of its own: start it with CLONE_NEWNS, as test/kubelet's StartWorkload does")
 	}
 	return nil
 }

@@ -1,6 +1,10 @@
 // Package versionmetrics exposes a binary's build (package version) as the metric
 // volume_healer_build_info. It lives apart from package version so that binaries without metrics
 // (the reference driver, healerctl) do not link the Prometheus client for it.
+//
+// It owns that one gauge and its labels; the binaries that serve metrics register it on their
+// own registry. Of volume-healer it imports only package version, and it must not import a
+// pipeline stage, cmd/ or test/: every binary with metrics links it.
 package versionmetrics
 
 import (

@@ -28,9 +28,11 @@ import (
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
-// refdriverBin is the refdriver program, built once by TestMain when this machine can mount.
+// refdriverBin is the refdriver program, built once by TestMain through the test harness when
+// this machine can mount; with the race detector when the tests have it.
 var refdriverBin string
 
 func TestMain(m *testing.M) {
@@ -38,20 +40,13 @@ func TestMain(m *testing.M) {
 		if mountsMissing() != "" {
 			return m.Run() // the tests that need mounts skip (or fail, under CI)
 		}
-		dir, err := os.MkdirTemp("", "refdriver-bin")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer func() { _ = os.RemoveAll(dir) }()
-		refdriverBin = filepath.Join(dir, "refdriver")
-		args := []string{"build", "-o", refdriverBin}
+		flavor := harness.Plain
 		if raceEnabled {
-			args = append(args, "-race")
+			flavor = harness.Race
 		}
-		out, err := exec.Command("go", append(args, "github.com/volume-healer/volume-healer/cmd/refdriver")...).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build refdriver: %v\n%s", err, out)
+		var err error
+		if refdriverBin, err = harness.BuildDriver(flavor); err != nil {
+			fmt.Fprintf(os.Stderr, "build refdriver: %v\n", err)
 			return 1
 		}
 		return m.Run()
@@ -431,26 +426,15 @@ func detachAll(t *testing.T, dir string) {
 
 // mountersOf lists the live mounter processes serving volumes of the state folder.
 func mountersOf(stateDir string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
+	return harness.ProcessesWhere(func(pid int) bool {
+		args := harness.CommandLine(pid)
 		for i := 0; i+1 < len(args); i++ {
 			if args[i] == "--source" && strings.HasPrefix(args[i+1], stateDir+"/") && slices.Contains(args, "mounter") {
-				pids = append(pids, pid)
-				break
+				return true
 			}
 		}
-	}
-	return pids
+		return false
+	})
 }
 
 // expectNothingLeft checks that no mount is left under the node's folders and that no mounter

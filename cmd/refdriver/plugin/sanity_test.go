@@ -2,11 +2,9 @@ package plugin_test
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"path/filepath"
 	"testing"
-	"time"
 
 	csisanity "github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 
@@ -34,22 +32,6 @@ func TestCSISanity(t *testing.T) {
 	e.expectNothingLeft()
 }
 
-// refdriverControl breaks volumes through the plugin's control socket, as `healerctl sanity
-// --control` does.
-type refdriverControl struct {
-	c *driver.ControlClient
-}
-
-func (r refdriverControl) SetFault(ctx context.Context, volumeID string, f sanity.Fault, hang time.Duration) error {
-	_, err := r.c.SetCondition(ctx, volumeID, driver.Condition(f), hang)
-	return err
-}
-
-func (r refdriverControl) SetStaged(ctx context.Context, volumeID string, staged bool) error {
-	_, err := r.c.SetStaged(ctx, volumeID, staged)
-	return err
-}
-
 // TestHealerSanity runs the Healer protocol's conformance checks (healerctl sanity) against the
 // plugin's CSI-Addons socket, breaking a staged and published volume for real through the
 // control socket.
@@ -63,7 +45,7 @@ func TestHealerSanity(t *testing.T) {
 	report, err := sanity.Run(ctx(t), sanity.Options{
 		Endpoint: p.addonsEndpoint,
 		VolumeID: v.id,
-		Control:  refdriverControl{p.control},
+		Control:  driver.SanityControl{Client: p.control},
 		Out:      &out,
 	})
 	t.Logf("healerctl sanity:\n%s", out.String())

@@ -2,10 +2,11 @@
 // (cmd/volume-healer hands it a config.Config) and wires the pipeline together, from the
 // informers to the heal:
 //
-//   - run.go: the manager (leader election, health checks), the one shared informer factory,
-//     the policy engine and its ConfigMap source, the policy admission webhook, the planner, the
-//     dispatcher, the sweeper and the triggers, and which of them run on every replica or on the
-//     leader only;
+//   - run.go: Run, in named steps: the clients and the manager (leader election, health
+//     checks), the policy engine with its ConfigMap source and admission webhook, the one shared
+//     informer factory with the planner's caches, the act stage (dispatcher, sidecar client,
+//     evictor, sweeper), the triggers, which parts run on every replica or on the leader only, and
+//     the run with the Lease's end;
 //   - events.go: informer events routed to the sidecar targets and the triggers;
 //   - sweeps.go: the runner that starts each sweep a trigger fires, once caches and policy are
 //     ready;

@@ -21,6 +21,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -36,6 +37,8 @@ import (
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
+	"github.com/volume-healer/volume-healer/probe"
+	"github.com/volume-healer/volume-healer/scheduler"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -46,50 +49,124 @@ import (
 // shutdownTimeout bounds how long the controller's parts get to stop after a signal.
 const shutdownTimeout = 30 * time.Second
 
-// Run starts the controller and blocks until ctx ends or a part fails.
+// Run starts the controller and blocks until ctx ends or a part fails. It reads as the pipeline:
+// the clients and the manager, the policy that decides, the caches the planner reads, the act
+// stage (dispatcher, sidecars, sweeper) and the triggers that feed it, then the run itself.
 func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
+	setMemoryLimit(logger)
+
+	k, err := newKube(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer k.broadcaster.Shutdown()
+	mgr, lease, err := newManager(ctx, cfg, k)
+	if err != nil {
+		return err
+	}
+	pol, err := newPolicy(ctx, cfg, k, mgr)
+	if err != nil {
+		return err
+	}
+	caches, err := newCaches(k, pol.source)
+	if err != nil {
+		return err
+	}
+	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(everyReplica{leadership(mgr, act.metrics, pol)}); err != nil {
+		return err
+	}
+	sweeps := newSweepRunner(act.sweeper, caches.factory, pol.source)
+	trig, err := newTriggers(cfg, k, sweeps.submit)
+	if err != nil {
+		return err
+	}
+	if err := watchTriggers(ctx, caches.factory, caches.nodes, act.targets, act.sweeper, act.sidecars, trig); err != nil {
+		return err
+	}
+	if err := addRunnables(mgr, caches.factory, pol.source, act, sweeps, trig); err != nil {
+		return err
+	}
+	return start(ctx, cfg, mgr, lease)
+}
+
+// setMemoryLimit sets the Go memory limit from the container's cgroup, and logs it.
+func setMemoryLimit(logger klog.Logger) {
 	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
 		logger.Error(err, "Running without a Go memory limit")
 	} else {
 		logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
 	}
+}
 
+// kube is what every step talks to the API and reports through: the clients, the scheme, the
+// controller's own metrics registry and the Event recorder.
+type kube struct {
+	restCfg   *rest.Config
+	scheme    *runtime.Scheme
+	reg       *prometheus.Registry
+	clientset kubernetes.Interface
+	// apiClient only writes (patches, and the CSIAddonsNode informer's list and watch); the
+	// controller reads the API through the one shared informer factory of newCaches.
+	apiClient   client.WithWatch
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+}
+
+// newKube builds the clients, the scheme, the metrics registry and the Event broadcaster; the
+// caller shuts the broadcaster down after the manager stopped.
+func newKube(ctx context.Context, cfg *config.Config) (*kube, error) {
 	restCfg, err := restConfig(cfg.Kubeconfig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versionmetrics.NewBuildInfo(version.Get()))
-	schedMetrics := trigger.NewMetrics(reg)
-
 	clientset, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	apiClient, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
 	}
 	// The policy source, the sweeper and the periodic trigger record core/v1 Events through a
 	// record.EventRecorder. The manager's GetEventRecorderFor is deprecated, so the controller runs
 	// the broadcaster behind it itself, and stops it after the manager, as the manager did.
 	broadcaster := record.NewBroadcaster(record.WithContext(context.WithoutCancel(ctx)))
-	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events("")})
 	broadcaster.StartStructuredLogging(1)
-	recorder := broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"})
+	return &kube{
+		restCfg:     restCfg,
+		scheme:      scheme,
+		reg:         reg,
+		clientset:   clientset,
+		apiClient:   apiClient,
+		broadcaster: broadcaster,
+		recorder:    broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"}),
+	}, nil
+}
 
+// newManager builds the manager that runs every part: leader election on the Lease (nil when
+// leader election is off), the health and readiness server, and the /metrics server.
+func newManager(ctx context.Context, cfg *config.Config, k *kube) (manager.Manager, *leader.Lease, error) {
 	grace := shutdownTimeout
 	mgrOpts := manager.Options{
-		Scheme: scheme,
-		Logger: logger,
+		Scheme: k.scheme,
+		Logger: klog.FromContext(ctx),
 		// Metrics are served from the controller's own registry (metricsServer below).
 		Metrics:                       metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:        cfg.Health.BindAddress,
@@ -107,89 +184,128 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// (docs/operations.md, "Leader election and calls in flight").
 	var lease *leader.Lease
 	if cfg.LeaderElection.Enabled {
-		if lease, err = newLease(restCfg, cfg.LeaderElection, broadcaster, scheme); err != nil {
-			return err
+		var err error
+		if lease, err = newLease(k.restCfg, cfg.LeaderElection, k.broadcaster, k.scheme); err != nil {
+			return nil, nil, err
 		}
 		mgrOpts.LeaderElectionResourceLockInterface = lease
 	}
-	mgr, err := ctrl.NewManager(restCfg, mgrOpts)
+	mgr, err := ctrl.NewManager(k.restCfg, mgrOpts)
 	if err != nil {
-		return fmt.Errorf("create manager: %w", err)
+		return nil, nil, fmt.Errorf("create manager: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if cfg.Metrics.BindAddress != "0" {
-		if err := mgr.Add(&metricsServer{addr: cfg.Metrics.BindAddress, registry: reg}); err != nil {
-			return err
+		if err := mgr.Add(&metricsServer{addr: cfg.Metrics.BindAddress, registry: k.reg}); err != nil {
+			return nil, nil, err
 		}
 	}
+	return mgr, lease, nil
+}
 
-	// The controller reads the API through the one shared informer factory below; this client
-	// only writes (patches, and the CSIAddonsNode informer's list and watch), it has no cache.
-	apiClient, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
+// policyStage is the decide stage: the engine, the ConfigMaps that feed it, and whether this
+// replica leads (the leader alone reports rejected policies).
+type policyStage struct {
+	engine  *policy.Engine
+	source  *policy.ConfigMapSource
+	leading *atomic.Bool
+}
 
-	// Policy: the built-in default until the ConfigMaps are read, then whatever they say.
-	policyMetrics, err := policy.NewMetrics(reg)
+// newPolicy builds the policy engine, on the built-in default until the ConfigMaps are read and
+// then on whatever they say, its ConfigMap source, and the admission webhook when it is enabled.
+func newPolicy(ctx context.Context, cfg *config.Config, k *kube, mgr manager.Manager) (*policyStage, error) {
+	policyMetrics, err := policy.NewMetrics(k.reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	engine, err := policy.NewEngine(ctx, policy.Options{
 		Compile: policy.CompileOptions{EvalTimeout: cfg.Policy.EvaluationTimeout},
 		Metrics: policyMetrics,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Every replica loads the policy; the leader alone reports rejections.
-	var leading atomic.Bool
-	policySource, err := policy.NewConfigMapSource(clientset, engine, policy.ConfigMapOptions{
-		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: recorder, Leading: leading.Load,
+	leading := new(atomic.Bool)
+	source, err := policy.NewConfigMapSource(k.clientset, engine, policy.ConfigMapOptions{
+		Namespace: cfg.Policy.Namespace, LabelSelector: cfg.Policy.LabelSelector, Recorder: k.recorder, Leading: leading.Load,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	// The admission webhook judges policy changes with the source's ConfigMaps, on every replica.
 	if cfg.Webhook.Enabled {
-		webhookMetrics, err := webhook.NewMetrics(reg)
-		if err != nil {
-			return err
-		}
-		server, err := webhook.NewServer(webhook.Options{
-			Addr:     cfg.Webhook.BindAddress,
-			CertFile: cfg.Webhook.CertFile,
-			KeyFile:  cfg.Webhook.KeyFile,
-			Checker:  policySource,
-			Metrics:  webhookMetrics,
-		})
-		if err != nil {
-			return fmt.Errorf("webhook.certFile and webhook.keyFile: %w", err)
-		}
-		if err := mgr.Add(server); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("webhook", server.Ready); err != nil {
-			return err
+		if err := addWebhook(cfg, k.reg, mgr, source); err != nil {
+			return nil, err
 		}
 	}
+	return &policyStage{engine: engine, source: source, leading: leading}, nil
+}
 
-	// Every object the controller reads comes from one shared informer factory: the storage
-	// objects with the planner's indexes, held as compact records of PVs, PVCs and
-	// VolumeAttachments (see planner.CacheTransform); the CSIAddonsNodes; the policy ConfigMaps.
-	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(planner.CacheTransform))
-	caches, err := planner.InformerCaches(factory)
+// addWebhook adds the admission webhook, which judges policy changes with the source's
+// ConfigMaps, on every replica, and its readiness check.
+func addWebhook(cfg *config.Config, reg prometheus.Registerer, mgr manager.Manager, source *policy.ConfigMapSource) error {
+	webhookMetrics, err := webhook.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	nodes := factory.InformerFor(&csiaddonsv1alpha1.CSIAddonsNode{}, csiAddonsNodeInformer(apiClient))
-	if err := policySource.Watch(factory); err != nil {
+	server, err := webhook.NewServer(webhook.Options{
+		Addr:     cfg.Webhook.BindAddress,
+		CertFile: cfg.Webhook.CertFile,
+		KeyFile:  cfg.Webhook.KeyFile,
+		Checker:  source,
+		Metrics:  webhookMetrics,
+	})
+	if err != nil {
+		return fmt.Errorf("webhook.certFile and webhook.keyFile: %w", err)
+	}
+	if err := mgr.Add(server); err != nil {
 		return err
 	}
+	return mgr.AddReadyzCheck("webhook", server.Ready)
+}
 
+// caches is what the controller reads the API through: one shared informer factory, the planner's
+// indexed caches in it, and the CSIAddonsNode informer.
+type caches struct {
+	factory informers.SharedInformerFactory
+	planner planner.Caches
+	nodes   toolscache.SharedIndexInformer
+}
+
+// newCaches builds the one shared informer factory every object the controller reads comes from:
+// the storage objects with the planner's indexes, held as compact records of PVs, PVCs and
+// VolumeAttachments (see planner.CacheTransform); the CSIAddonsNodes; the policy ConfigMaps.
+func newCaches(k *kube, source *policy.ConfigMapSource) (*caches, error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(k.clientset, 0, informers.WithTransform(planner.CacheTransform))
+	plannerCaches, err := planner.InformerCaches(factory)
+	if err != nil {
+		return nil, err
+	}
+	nodes := factory.InformerFor(&csiaddonsv1alpha1.CSIAddonsNode{}, csiAddonsNodeInformer(k.apiClient))
+	if err := source.Watch(factory); err != nil {
+		return nil, err
+	}
+	return &caches{factory: factory, planner: plannerCaches, nodes: nodes}, nil
+}
+
+// actStage is the dispatch and act stages: the dispatcher and its budgets, the client of the
+// sidecars and the targets it calls, the sweeper that plans, submits and finishes each sweep, and
+// the evictor when remediation is on.
+type actStage struct {
+	dispatcher *dispatch.Dispatcher
+	sidecars   *probe.Client
+	targets    *healer.TargetMap
+	metrics    *healer.Metrics
+	evictor    *evict.Evictor
+	sweeper    *healer.Sweeper
+}
+
+// newActStage builds the dispatcher, the client of the sidecars, the evictor and the sweeper that
+// drives them. With leader election, both the dispatcher and the sidecar calls are bounded by the
+// Lease.
+func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *policy.Engine, plannerCaches planner.Caches) (*actStage, error) {
 	dispatchOpts := dispatch.Options{
 		Global:      cfg.Budgets.Global,
 		PerDriver:   cfg.Budgets.PerDriver,
@@ -198,120 +314,138 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		BackoffMax:  cfg.Backoff.Max,
 		// A task is a probe, a heal and a confirming probe.
 		DefaultTimeout: 2*cfg.Timeouts.Probe + cfg.Timeouts.Heal,
-		Metrics:        dispatch.NewMetrics(reg),
+		Metrics:        dispatch.NewMetrics(k.reg),
 	}
 	var guard func(context.Context) (context.Context, func(), error)
 	if lease != nil {
 		dispatchOpts.Lease = lease
 		guard = lease.Guard
 	}
-	sidecars, err := sidecarClient(cfg, clientset.CoreV1(), guard)
+	sidecars, err := sidecarClient(cfg, k.clientset.CoreV1(), guard)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dispatcher, err := dispatch.New(dispatchOpts)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	targets := healer.NewTargetMap()
-	healerMetrics := healer.NewMetrics(reg)
-	if err := mgr.Add(everyReplica{manager.RunnableFunc(func(ctx context.Context) error {
-		healerMetrics.SetLeader(false)
-		select {
-		case <-mgr.Elected():
-			healerMetrics.SetLeader(true)
-			leading.Store(true)
-			policySource.Resync()
-		case <-ctx.Done():
-		}
-		return nil
-	})}); err != nil {
-		return err
+	a := &actStage{dispatcher: dispatcher, sidecars: sidecars, targets: healer.NewTargetMap(), metrics: healer.NewMetrics(k.reg)}
+	if a.evictor, err = newEvictor(cfg, k, engine); err != nil {
+		return nil, err
 	}
-	// The eviction metrics are exposed with remediation off too, at zero, so that the dashboard
-	// and the alerts read the same series whatever the setting.
-	evictMetrics := evict.NewMetrics(reg)
-	var evictor *evict.Evictor
-	if cfg.Remediation.Enabled {
-		evictor, err = evict.New(evict.Options{
-			Client:                clientset,
-			Policy:                engine,
-			Recorder:              recorder,
-			Metrics:               evictMetrics,
-			DryRun:                cfg.Remediation.DryRun || cfg.DryRun,
-			PerMinute:             cfg.Remediation.EvictionsPerMinute,
-			PerNamespacePerMinute: cfg.Remediation.EvictionsPerNamespacePerMinute,
-			// A blocked eviction is tried again on the same backoff as a failing volume.
-			BackoffBase: cfg.Backoff.Base,
-			BackoffMax:  cfg.Backoff.Max,
-		})
-		if err != nil {
-			return err
-		}
-	}
-	sweeper, err := healer.New(healer.Options{
-		Planner:    planner.NewPlanner(caches),
+	a.sweeper, err = healer.New(healer.Options{
+		Planner:    planner.NewPlanner(plannerCaches),
 		Policy:     engine,
 		Sidecars:   sidecars,
 		Dispatcher: dispatcher,
-		Targets:    targets,
-		Client:     apiClient,
-		Recorder:   recorder,
-		Metrics:    healerMetrics,
+		Targets:    a.targets,
+		Client:     k.apiClient,
+		Recorder:   k.recorder,
+		Metrics:    a.metrics,
 		DryRun:     cfg.DryRun,
 		// An incomplete restart sweep is tried again on the same backoff as a failing volume.
 		RetryBase: cfg.Backoff.Base,
 		RetryMax:  cfg.Backoff.Max,
-		Restarter: restarter(evictor),
+		Restarter: restarter(a.evictor),
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	reg.MustRegister(sweeper)
-	sweeps := &sweepRunner{sweeper: sweeper, ready: func(ctx context.Context) error {
+	k.reg.MustRegister(a.sweeper)
+	return a, nil
+}
+
+// newEvictor builds the evictor of the pods on a healed volume, or returns nil when remediation is
+// off. Its metrics are exposed with remediation off too, at zero, so that the dashboard and the
+// alerts read the same series whatever the setting.
+func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine) (*evict.Evictor, error) {
+	evictMetrics := evict.NewMetrics(k.reg)
+	if !cfg.Remediation.Enabled {
+		return nil, nil
+	}
+	return evict.New(evict.Options{
+		Client:                k.clientset,
+		Policy:                engine,
+		Recorder:              k.recorder,
+		Metrics:               evictMetrics,
+		DryRun:                cfg.Remediation.DryRun || cfg.DryRun,
+		PerMinute:             cfg.Remediation.EvictionsPerMinute,
+		PerNamespacePerMinute: cfg.Remediation.EvictionsPerNamespacePerMinute,
+		// A blocked eviction is tried again on the same backoff as a failing volume.
+		BackoffBase: cfg.Backoff.Base,
+		BackoffMax:  cfg.Backoff.Max,
+	})
+}
+
+// leadership is the runnable, on every replica, that tells the healer metrics and the policy
+// source when this replica becomes the leader; the source then reports its rejections again.
+func leadership(mgr manager.Manager, metrics *healer.Metrics, pol *policyStage) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
+		metrics.SetLeader(false)
+		select {
+		case <-mgr.Elected():
+			metrics.SetLeader(true)
+			pol.leading.Store(true)
+			pol.source.Resync()
+		case <-ctx.Done():
+		}
+		return nil
+	})
+}
+
+// newSweepRunner builds the runner of the sweeps the triggers fire, which starts them once the
+// caches are full and the policy is read.
+func newSweepRunner(sweeper *healer.Sweeper, factory informers.SharedInformerFactory, source *policy.ConfigMapSource) *sweepRunner {
+	return &sweepRunner{sweeper: sweeper, ready: func(ctx context.Context) error {
 		// A sweep planned from caches still filling would find no volumes and, for a restart,
 		// record the marker as handled: the restart would be lost. The policy ConfigMaps must be
 		// read too, or the first sweeps would run on the built-in policy.
 		return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return informersSynced(factory) == nil && policySource.HasSynced(), nil
+			return informersSynced(factory) == nil && source.HasSynced(), nil
 		})
 	}}
+}
 
+// newTriggers builds the restart, periodic and manual triggers, which hand their sweeps to submit.
+func newTriggers(cfg *config.Config, k *kube, submit func(scheduler.Sweep)) (triggers, error) {
+	schedMetrics := trigger.NewMetrics(k.reg)
 	restarts, err := trigger.NewRestarts(trigger.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
 
 		SweepCSIAddonsSidecarRestarts: cfg.Restart.SweepCSIAddonsSidecarRestarts,
 		Metrics:                       schedMetrics,
-		Sweeps:                        sweeps.submit,
+		Sweeps:                        submit,
 	})
 	if err != nil {
-		return err
+		return triggers{}, err
 	}
 	periodic, err := trigger.NewPeriodic(trigger.PeriodicOptions{
 		Default:        cfg.Schedule.Default,
 		StorageClasses: cfg.Schedule.StorageClasses,
 		Stagger:        cfg.Schedule.Stagger,
-		Recorder:       recorder,
+		Recorder:       k.recorder,
 		Metrics:        schedMetrics,
-		Sweeps:         sweeps.submit,
+		Sweeps:         submit,
 	})
 	if err != nil {
-		return err
+		return triggers{}, err
 	}
-	manual, err := trigger.NewManual(trigger.ManualOptions{Metrics: schedMetrics, Sweeps: sweeps.submit})
+	manual, err := trigger.NewManual(trigger.ManualOptions{Metrics: schedMetrics, Sweeps: submit})
 	if err != nil {
-		return err
+		return triggers{}, err
 	}
-	if err := watchTriggers(ctx, factory, nodes, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
-		return err
-	}
+	return triggers{restarts, periodic, manual}, nil
+}
+
+// addRunnables adds the long-running parts to the manager. The informers and the policy source run
+// on every replica, so a new leader starts warm; the dispatcher, the triggers, the sweeps and the
+// evictor run on the leader only.
+func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, source *policy.ConfigMapSource, act *actStage, sweeps *sweepRunner, t triggers) error {
 	if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
 		return informersSynced(factory)
 	}); err != nil {
 		return err
 	}
-	// The informers and the policy source run on every replica, so a new leader starts warm; the
-	// dispatcher, the triggers and the sweeps run on the leader only.
 	for _, r := range []manager.Runnable{
 		manager.RunnableFunc(func(ctx context.Context) error {
 			factory.Start(ctx.Done())
@@ -328,26 +462,30 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			factory.Shutdown()
 			return nil
 		}),
-		manager.RunnableFunc(policySource.Start),
+		manager.RunnableFunc(source.Start),
 	} {
 		if err := mgr.Add(everyReplica{r}); err != nil {
 			return err
 		}
 	}
-	for _, r := range []manager.Runnable{dispatcher, sweeps, restarts, periodic} {
+	for _, r := range []manager.Runnable{act.dispatcher, sweeps, t.restarts, t.periodic} {
 		if err := mgr.Add(r); err != nil {
 			return err
 		}
 	}
-	if evictor != nil {
-		if err := mgr.Add(evictor); err != nil {
-			return err
-		}
+	if act.evictor != nil {
+		return mgr.Add(act.evictor)
 	}
+	return nil
+}
 
+// start runs the manager until ctx ends or a part fails. With leader election it then ends the
+// leadership: the process returns only once the calls to sidecars in flight have.
+func start(ctx context.Context, cfg *config.Config, mgr manager.Manager, lease *leader.Lease) error {
+	logger := klog.FromContext(ctx)
 	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled,
 		"remediation", cfg.Remediation.Enabled, "remediationDryRun", cfg.Remediation.DryRun)
-	err = mgr.Start(ctx)
+	err := mgr.Start(ctx)
 	if lease != nil {
 		// Leadership is over, whether the process stops or the Lease was lost. When it was lost,
 		// the manager returns without waiting for the leader's parts: their calls to sidecars are

@@ -1,6 +1,10 @@
 // Command pause is the process of a pod's sandbox on the real-cluster test node: it holds the
 // pod's namespaces and does nothing else until it is told to stop. As PID 1 of the pod's PID
 // namespace (when the pod shares one) it also reaps the orphans it inherits.
+//
+// It owns the sandbox's life and nothing else: hack/images --cluster-images builds it into the
+// node's pause image. It imports nothing of volume-healer and must not: a pause image holds only
+// the pause process.
 package main
 
 import (

@@ -1,7 +1,6 @@
-package main
+package cli
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -34,7 +33,7 @@ and the summary lists them.`,
 				if err != nil {
 					return fmt.Errorf("--control: %w", err)
 				}
-				opts.Control = refdriverControl{c}
+				opts.Control = driver.SanityControl{Client: c}
 			}
 			report, err := sanity.Run(cmd.Context(), opts)
 			if err != nil {
@@ -55,19 +54,4 @@ and the summary lists them.`,
 	f.DurationVar(&opts.HangFor, "hang-for", 2*time.Second, "how long the hung volume holds a call in flight in the ABORTED check (with --control)")
 	_ = cmd.MarkFlagRequired("endpoint")
 	return cmd
-}
-
-// refdriverControl breaks volumes through the reference driver's control socket.
-type refdriverControl struct {
-	c *driver.ControlClient
-}
-
-func (r refdriverControl) SetFault(ctx context.Context, volumeID string, f sanity.Fault, hang time.Duration) error {
-	_, err := r.c.SetCondition(ctx, volumeID, driver.Condition(f), hang)
-	return err
-}
-
-func (r refdriverControl) SetStaged(ctx context.Context, volumeID string, staged bool) error {
-	_, err := r.c.SetStaged(ctx, volumeID, staged)
-	return err
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -121,13 +121,13 @@ func TestRunRejectsFlags(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			err := run(context.Background(), tt.args)
+			err := Run(context.Background(), tt.args)
 			if err == nil {
-				t.Fatalf("run(%q) = nil, want an error", tt.args)
+				t.Fatalf("Run(%q) = nil, want an error", tt.args)
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(err.Error(), w) {
-					t.Errorf("run(%q) = %q, want it to mention %q", tt.args, err, w)
+					t.Errorf("Run(%q) = %q, want it to mention %q", tt.args, err, w)
 				}
 			}
 		})
@@ -135,8 +135,8 @@ func TestRunRejectsFlags(t *testing.T) {
 }
 
 func TestRunVersionNeedsNoOtherFlag(t *testing.T) {
-	if err := run(context.Background(), []string{"--version"}); err != nil {
-		t.Errorf("run(--version) = %v, want nil", err)
+	if err := Run(context.Background(), []string{"--version"}); err != nil {
+		t.Errorf("Run(--version) = %v, want nil", err)
 	}
 }
 
@@ -172,7 +172,7 @@ func TestRunRegistersWithKubelet(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
-			go func() { done <- run(ctx, args) }()
+			go func() { done <- Run(ctx, args) }()
 
 			regSock := filepath.Join(regDir, "healer.example.com-reg.sock")
 			conn, err := grpc.NewClient("unix://"+regSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -224,10 +224,10 @@ func TestRunRegistersWithKubelet(t *testing.T) {
 			select {
 			case err := <-done:
 				if err != nil {
-					t.Errorf("run after its context ended: %v", err)
+					t.Errorf("Run after its context ended: %v", err)
 				}
 			case <-time.After(20 * time.Second):
-				t.Fatal("run did not return within 20s of its context ending")
+				t.Fatal("Run did not return within 20s of its context ending")
 			}
 			if _, err := os.Lstat(regSock); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the registration socket stays after the driver stopped: %v", err)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -77,15 +77,7 @@ func (c statusCluster) restart(node string, at time.Time, handled bool) {
 // volume creates a bound PV and PVC whose status annotation is st, as the healer writes it.
 func (c statusCluster) volume(name string, st *healer.VolumeStatus) {
 	c.t.Helper()
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: statusDriver, VolumeHandle: name}},
-		},
-	}
+	pv := persistentVolume(name)
 	c.create(pv)
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
@@ -103,6 +95,19 @@ func (c statusCluster) volume(name string, st *healer.VolumeStatus) {
 		pvc.Annotations = map[string]string{annotations.VolumeStatus: string(raw)}
 	}
 	c.create(pvc)
+}
+
+// persistentVolume is the 1Gi PV pv-<name> of statusDriver, with the volume handle name.
+func persistentVolume(name string) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: statusDriver, VolumeHandle: name}},
+		},
+	}
 }
 
 // policyConfigMap creates a policy ConfigMap whose status, as the controller writes it, is st.

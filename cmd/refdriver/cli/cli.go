@@ -1,0 +1,296 @@
+// Package cli is the command line of refdriver, the volume-healer reference driver: it turns
+// flags into the options of package plugin (real mode), package driver (simulated mode) or package
+// mounter (`refdriver mounter`), starts what they describe and serves until the context ends.
+// cmd/refdriver only hands it the arguments and signals.
+//
+// It owns the flags, their defaults and which of them mean something in which mode; the driver
+// itself lives in plugin, mounter and driver. It must not import the controller's or the
+// sidecar's packages, nor test/.
+package cli
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/version"
+)
+
+// Run runs refdriver with args, the command line without the binary's name, until ctx ends: the
+// `mounter` subcommand, or the driver in the mode --mode says. It returns flag.ErrHelp after
+// printing the help that -h asked for.
+func Run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "mounter" {
+		return runMounter(ctx, args[1:])
+	}
+	fs := flag.NewFlagSet("refdriver", flag.ContinueOnError)
+	f := &driverFlags{
+		mode:        fs.String("mode", "real", "real: a CSI node plugin with real FUSE mounts; simulated: volumes are records and nothing is mounted"),
+		endpoint:    fs.String("endpoint", "", "CSI-Addons socket to serve Identity and Healer on, unix:///path (required)"),
+		csiEndpoint: fs.String("csi-endpoint", "", "real mode: CSI socket to serve Identity, Controller and Node on, unix:///path (default: the --endpoint socket)"),
+		control:     fs.String("control", "", "socket for the HTTP control interface, unix:///path (default: none)"),
+		stateDir:    fs.String("state-dir", "", "folder that keeps the volumes and their state across restarts (required)"),
+		driverName:  fs.String("driver-name", "healer.example.com", "driver name reported by GetIdentity (and GetPluginInfo)"),
+		nodeID:      fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest (and NodeGetInfo)"),
+		statTimeout: fs.Duration("stat-timeout", 5*time.Second, "real mode: how long a stat of a mount may take before the mount counts as hung"),
+		caps:        fs.String("capabilities", "probe,heal,list", "Healer RPCs to advertise and serve: any of probe, heal, list"),
+
+		registrationDir:    fs.String("kubelet-registration-dir", "", "real mode: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
+		kubeletCSIEndpoint: fs.String("kubelet-csi-endpoint", "", "real mode: path of the CSI socket as kubelet sees it, reported to kubelet at registration, such as /var/lib/kubelet/plugins/healer.example.com/csi.sock (default: the --csi-endpoint path)"),
+
+		stagingRoot:  fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with"),
+		volumes:      fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)"),
+		healMounters: fs.String("heal-mounters", "rbd-nbd,fuse", "simulated mode: mounters whose volumes this driver can heal; advertised as the attribute healMounters"),
+		defaultHang:  fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given"),
+	}
+	showVersion := fs.Bool("version", false, "print the version, the git commit and the Go version of this binary, and exit")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (the only subcommand is \"mounter\")", fs.Args())
+	}
+	if *showVersion {
+		fmt.Println(version.Line("refdriver"))
+		return nil
+	}
+	if *f.endpoint == "" || *f.stateDir == "" {
+		return errors.New("--endpoint and --state-dir are required")
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	capabilities, err := parseCapabilities(*f.caps)
+	if err != nil {
+		return err
+	}
+	log := klog.Background()
+
+	switch *f.mode {
+	case "real":
+		err = runReal(ctx, f, capabilities, log)
+	case "simulated":
+		err = runSimulated(ctx, f, capabilities, log)
+	default:
+		return fmt.Errorf("--mode %q: want real or simulated", *f.mode)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("Stopped")
+	return nil
+}
+
+// driverFlags are the driver's flags as parsed, and which of them were given.
+type driverFlags struct {
+	mode, endpoint, csiEndpoint, control, stateDir, driverName, nodeID, caps *string
+	statTimeout                                                              *time.Duration
+	registrationDir, kubeletCSIEndpoint                                      *string
+	stagingRoot, volumes, healMounters                                       *string
+	defaultHang                                                              *time.Duration
+	// set holds the names of the flags given on the command line.
+	set map[string]bool
+}
+
+// runReal serves the real mode (package plugin) until ctx ends: a CSI node plugin with real FUSE
+// mounts, registered with kubelet when --kubelet-registration-dir is given.
+func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
+	if err := rejectFlags(f.set, "real", "staging-root", "volumes", "heal-mounters", "default-hang"); err != nil {
+		return err
+	}
+	if *f.registrationDir == "" && *f.kubeletCSIEndpoint != "" {
+		return errors.New("--kubelet-csi-endpoint is reported to kubelet at registration: give --kubelet-registration-dir too, or drop it")
+	}
+	var registration *driverkit.KubeletRegistration
+	if *f.registrationDir != "" {
+		endpoint, err := driver.ParseEndpoint(cmp.Or(*f.kubeletCSIEndpoint, *f.csiEndpoint, *f.endpoint))
+		if err != nil {
+			return fmt.Errorf("--kubelet-csi-endpoint: %w", err)
+		}
+		registration = &driverkit.KubeletRegistration{
+			Dir:        *f.registrationDir,
+			DriverName: *f.driverName,
+			Endpoint:   endpoint,
+			Logger:     log,
+		}
+	}
+	p, err := plugin.New(plugin.Options{
+		StateDir:     *f.stateDir,
+		DriverName:   *f.driverName,
+		NodeID:       *f.nodeID,
+		StatTimeout:  *f.statTimeout,
+		Capabilities: capabilities,
+		Logger:       log,
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := plugin.NewServer(p, plugin.ServerOptions{Endpoint: *f.endpoint, CSIEndpoint: *f.csiEndpoint, ControlEndpoint: *f.control, Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("Serving", "mode", "real", "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
+		"driver", *f.driverName, "node", *f.nodeID, "statTimeout", *f.statTimeout)
+	return serveReal(ctx, srv, registration)
+}
+
+// runSimulated serves the simulated mode (package driver) until ctx ends: volumes are records in
+// the state folder and nothing is mounted.
+func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
+	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint"); err != nil {
+		return err
+	}
+	seeds, err := parseVolumes(*f.volumes)
+	if err != nil {
+		return err
+	}
+	d, err := driver.New(driver.Options{
+		StateDir:     *f.stateDir,
+		DriverName:   *f.driverName,
+		NodeID:       *f.nodeID,
+		StagingRoot:  *f.stagingRoot,
+		HealMounters: splitList(*f.healMounters),
+		Capabilities: capabilities,
+		SeedVolumes:  seeds,
+		DefaultHang:  *f.defaultHang,
+		Logger:       log,
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: *f.endpoint, ControlEndpoint: *f.control, Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("Serving a SIMULATED driver: volumes are records in the state folder and nothing is mounted",
+		"mode", "simulated", "endpoint", *f.endpoint, "control", *f.control, "driver", *f.driverName, "node", *f.nodeID, "volumes", len(d.Volumes()))
+	return srv.Start(ctx)
+}
+
+// serveReal serves the real mode's sockets until ctx is done and, with a registration, keeps
+// the driver registered with kubelet meanwhile. The registration socket appears once the CSI
+// socket listens (NewServer listened already), since kubelet dials the CSI socket as soon as it
+// registers the driver.
+func serveReal(ctx context.Context, srv *plugin.Server, registration *driverkit.KubeletRegistration) error {
+	if registration == nil {
+		return srv.Start(ctx)
+	}
+	r, err := driverkit.NewKubeletRegistrar(*registration)
+	if err != nil {
+		return fmt.Errorf("--kubelet-registration-dir: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Start(gctx) })
+	g.Go(func() error { return r.Start(gctx) })
+	return g.Wait()
+}
+
+// rejectFlags fails when a flag that means nothing in mode was given.
+func rejectFlags(set map[string]bool, mode string, names ...string) error {
+	var bad []string
+	for _, name := range names {
+		if set[name] {
+			bad = append(bad, "--"+name)
+		}
+	}
+	switch len(bad) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%s means nothing in %s mode; drop it, or pick the other --mode", bad[0], mode)
+	default:
+		return fmt.Errorf("%s mean nothing in %s mode; drop them, or pick the other --mode", strings.Join(bad, ", "), mode)
+	}
+}
+
+// runMounter is the `refdriver mounter` subcommand: the process the real mode's plugin starts
+// for each staged volume.
+func runMounter(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("refdriver mounter", flag.ContinueOnError)
+	var (
+		source  = fs.String("source", "", "folder to serve (required)")
+		target  = fs.String("target", "", "mount point (required)")
+		fsName  = fs.String("fsname", "", "source of the mount in the mount table (default: --source)")
+		readyFD = fs.Int("ready-fd", 1, "file descriptor to write \"ready\" to once mounted; it is closed then")
+	)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *source == "" || *target == "" {
+		return errors.New("mounter: --source and --target are required")
+	}
+	if *readyFD < 1 {
+		return fmt.Errorf("mounter: --ready-fd %d: want a descriptor the parent opened, such as 1 or 3", *readyFD)
+	}
+	return mounter.Run(ctx, mounter.Options{
+		Source: *source,
+		Target: *target,
+		FsName: *fsName,
+		Ready:  os.NewFile(uintptr(*readyFD), "ready"),
+		Logger: klog.Background().WithValues("fsName", *fsName),
+	})
+}
+
+// parseVolumes reads --volumes: empty means the driver's default set.
+func parseVolumes(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return nil, fmt.Errorf("--volumes %d: a count must not be negative", n)
+		}
+		ids := make([]string, 0, n)
+		for i := 1; i <= n; i++ {
+			ids = append(ids, fmt.Sprintf("vol-%d", i))
+		}
+		return ids, nil
+	}
+	return splitList(s), nil
+}
+
+func parseCapabilities(s string) ([]healerv1alpha1.HealerCapability_RPC_Type, error) {
+	names := map[string]healerv1alpha1.HealerCapability_RPC_Type{
+		"probe": healerv1alpha1.HealerCapability_RPC_PROBE,
+		"heal":  healerv1alpha1.HealerCapability_RPC_HEAL,
+		"list":  healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES,
+	}
+	caps := []healerv1alpha1.HealerCapability_RPC_Type{}
+	for _, name := range splitList(s) {
+		t, ok := names[name]
+		if !ok {
+			return nil, fmt.Errorf("--capabilities: unknown %q (want probe, heal or list)", name)
+		}
+		caps = append(caps, t)
+	}
+	return caps, nil
+}
+
+func splitList(s string) []string {
+	out := []string{}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
