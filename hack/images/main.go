@@ -669,11 +669,97 @@ func run(ctx context.Context, out, platforms, nodeBin, csiAddons string) error {
 	if !filepath.IsAbs(out) {
 		out = filepath.Join(root, out)
 	}
+	// The images a real node runs are asked for by every start of one: they are built again only
+	// when what they are made from changed. `make images` always builds.
+	var stamp string
+	if nodeBin != "" {
+		if stamp, err = inputsOf(src, ps, images); err != nil {
+			return err
+		}
+	}
+	if upToDate(out, stamp) {
+		fmt.Printf("the %s images at commit %s in %s are up to date\n", src.Version, src.Commit, out)
+		return nil
+	}
 	fmt.Printf("building %s images at commit %s, dated %s\n", src.Version, src.Commit, src.Time.Format(time.RFC3339))
+	// A build that fails halfway leaves no stamp that would let the next run skip it.
+	_ = os.Remove(filepath.Join(out, inputsFile))
 	built, err := Run(ctx, Options{Root: root, Out: out, Source: src, Platforms: ps, Images: images, Log: os.Stdout})
 	if err != nil {
 		return err
 	}
+	if stamp != "" {
+		if err := os.WriteFile(filepath.Join(out, inputsFile), []byte(stamp), 0o644); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("wrote %d images (OCI layout folder and .tar each), images.json and digests.env to %s\n", len(built), out)
 	return nil
+}
+
+// inputsFile, in the output folder, describes what its images were built from.
+const inputsFile = "inputs.json"
+
+// inputsOf describes what a build makes its images from: the source, the platforms, and each
+// image with the size and time of its prebuilt binary. It is "" for a source with uncommitted
+// changes, which the commit does not describe: such a build is never skipped.
+func inputsOf(src Source, ps []Platform, images []Image) (string, error) {
+	if strings.HasSuffix(src.Commit, "-dirty") {
+		return "", nil
+	}
+	type prebuilt struct {
+		Path    string
+		Size    int64
+		ModTime time.Time
+	}
+	type input struct {
+		Image
+		Prebuilt *prebuilt `json:",omitempty"`
+	}
+	in := struct {
+		Source    Source
+		Platforms []Platform
+		Images    []input
+	}{Source: src, Platforms: ps}
+	for _, img := range images {
+		i := input{Image: img}
+		if img.Prebuilt != "" {
+			st, err := os.Stat(img.Prebuilt)
+			if err != nil {
+				return "", fmt.Errorf("image %s: %w", img.Name, err)
+			}
+			i.Prebuilt = &prebuilt{Path: img.Prebuilt, Size: st.Size(), ModTime: st.ModTime().UTC()}
+		}
+		in.Images = append(in.Images, i)
+	}
+	data, err := json.MarshalIndent(in, "", "  ")
+	return string(data) + "\n", err
+}
+
+// upToDate reports whether out holds the images of a build from the inputs stamp: the same
+// stamp, and every image's tarball and layout still there.
+func upToDate(out, stamp string) bool {
+	if stamp == "" {
+		return false
+	}
+	prev, err := os.ReadFile(filepath.Join(out, inputsFile))
+	if err != nil || string(prev) != stamp {
+		return false
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "images.json"))
+	if err != nil {
+		return false
+	}
+	var built []Built
+	if err := json.Unmarshal(raw, &built); err != nil || len(built) == 0 {
+		return false
+	}
+	for _, b := range built {
+		for _, path := range []string{b.Tarball, filepath.Join(b.Layout, "index.json")} {
+			if _, err := os.Stat(path); err != nil {
+				return false
+			}
+		}
+	}
+	return true
 }
