@@ -12,7 +12,10 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -52,6 +55,8 @@ type Targets interface {
 	Target(driver, node string) (probe.Target, *csiaddonsv1alpha1.CSIAddonsNode, error)
 	// Nodes lists the nodes where driver has a sidecar.
 	Nodes(driver string) []string
+	// Object returns the CSIAddonsNode recorded under key, usable endpoint or not.
+	Object(key types.NamespacedName) (*csiaddonsv1alpha1.CSIAddonsNode, bool)
 }
 
 var (
@@ -233,6 +238,10 @@ const (
 	// ReasonRestartSweepPending: a restart sweep did not reach every volume of its node; it is
 	// tried again, and the restart stays unhandled until a try is complete.
 	ReasonRestartSweepPending = "RestartSweepPending"
+	// ReasonRestartSweepStopped: a pending restart sweep stops unfinished, because the node
+	// plugin restarted again (the new restart's sweep takes over), its CSIAddonsNode was deleted
+	// or its Node is gone. The restart is not recorded as handled.
+	ReasonRestartSweepStopped = "RestartSweepStopped"
 	// ReasonVolumePodsMustRestart: the volume works on its node again, but running pods still
 	// see its dead mount (the driver reports healerv1alpha1.ReasonStaleMountInPods): only
 	// restarting them gives them the volume back.
@@ -291,8 +300,7 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 // untilComplete tries an incomplete restart sweep again, with a doubling wait, until a try
 // reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
 // (a controller restart or a new leader sweeps it again, since its marker was never recorded),
-// or when the node plugin restarted again or its CSIAddonsNode went away (the new restart's own
-// sweep takes over).
+// or when the sweep is superseded (see superseded).
 func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary) Summary {
 	if summary.Incomplete == "" || summary.Cancelled {
 		return summary
@@ -303,6 +311,15 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 	defer m.restartPending(sw.Driver, -1)
 	wait := s.opts.RetryBase
 	for try := 2; ; try++ {
+		if why := s.superseded(ctx, sw); why != "" {
+			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
+			if source != nil {
+				s.event(source, corev1.EventTypeWarning, ReasonRestartSweepStopped,
+					"Restart sweep of %s on node %s stops unfinished (%s): %s", sw.Driver, sw.Node, summary.Incomplete, why)
+			}
+			summary.Incomplete += "; " + why
+			return summary
+		}
 		logger.Info("Restart sweep incomplete; trying again", "why", summary.Incomplete, "retryIn", wait)
 		if source != nil {
 			s.event(source, corev1.EventTypeWarning, ReasonRestartSweepPending,
@@ -314,11 +331,6 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 			return summary
 		case <-s.opts.Clock.After(wait):
 		}
-		if why := s.superseded(sw); why != "" {
-			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
-			summary.Incomplete += "; " + why
-			return summary
-		}
 		m.restartRetried(sw.Driver)
 		summary = s.attempt(ctx, sw)
 		if summary.Incomplete == "" || summary.Cancelled {
@@ -329,14 +341,28 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 	}
 }
 
-// superseded says why the restart that sw sweeps no longer needs its sweep, or "".
-func (s *Sweeper) superseded(sw scheduler.Sweep) string {
-	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
-	if err != nil {
-		return "the node plugin's CSIAddonsNode is gone"
+// superseded says why the restart that sw sweeps no longer needs its sweep, or "": its Node is
+// gone, its CSIAddonsNode was deleted (the API server says NotFound), or the node plugin restarted
+// again (the marker moved on; the new restart has a sweep of its own). A CSIAddonsNode that names
+// no usable endpoint (a csi-addons sidecar recreated it without the healer sidecar's annotations)
+// supersedes nothing: the sweep stays pending until the healer sidecar puts them back.
+func (s *Sweeper) superseded(ctx context.Context, sw scheduler.Sweep) string {
+	if _, _, err := s.opts.Targets.Target(sw.Driver, sw.Node); errors.Is(err, ErrNodeGone) {
+		return fmt.Sprintf("Node %s is gone", sw.Node)
 	}
-	if n.Namespace != sw.Source.Namespace || n.Name != sw.Source.Name {
-		return ""
+	n, ok := s.opts.Targets.Object(sw.Source)
+	if !ok {
+		// The cache may not have seen the object yet, or lost it to a missed watch event: only
+		// the API server says that it is gone.
+		n = &csiaddonsv1alpha1.CSIAddonsNode{}
+		err := s.opts.Client.Get(ctx, sw.Source, n)
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Sprintf("its CSIAddonsNode %s was deleted", sw.Source)
+		case err != nil:
+			klog.FromContext(ctx).Error(err, "Cannot read the restart sweep's CSIAddonsNode; the sweep stays pending", "csiAddonsNode", sw.Source)
+			return ""
+		}
 	}
 	if marker := trigger.RestartMarker(n); marker != sw.Marker {
 		return fmt.Sprintf("the node plugin restarted again (marker %q)", marker)
@@ -345,8 +371,8 @@ func (s *Sweeper) superseded(sw scheduler.Sweep) string {
 }
 
 // begin counts the sweep as started and, for a restart sweep, forgets what the restarted node
-// plugin advertised before. It returns the restart sweep's CSIAddonsNode, nil for other sweeps or
-// when the node has no sidecar target.
+// plugin advertised before. It returns the restart sweep's CSIAddonsNode for its Events (the
+// node's chosen registration, usable or not, else the sweep's own object), nil for other sweeps.
 func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
 	if m := s.opts.Metrics; m != nil {
 		m.sweepsStarted.WithLabelValues(string(sw.Trigger)).Inc()
@@ -357,9 +383,13 @@ func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
 	// The node plugin restarted: what it advertised may have changed.
 	s.opts.Sidecars.Refresh(sw.Driver, sw.Node)
 	s.mem.capabilitiesChanged(sw.Driver, sw.Node)
-	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
-	if err != nil {
-		return nil
+	_, n, _ := s.opts.Targets.Target(sw.Driver, sw.Node)
+	if n == nil {
+		n, _ = s.opts.Targets.Object(sw.Source)
+	}
+	if n == nil {
+		// Not in the cache (its Node is gone, or the cache lags): the Events name the object.
+		n = &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: sw.Source.Namespace, Name: sw.Source.Name}}
 	}
 	s.event(n, corev1.EventTypeNormal, ReasonRestartSweepStarted, "Node plugin of %s on node %s restarted: sweeping its volumes", sw.Driver, sw.Node)
 	return n
@@ -455,6 +485,9 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 			t.note(fmt.Sprintf("preparing volume %s panicked: %v", vols[next].PVName, r))
 		}
 	}()
+	if _, _, err := s.opts.Targets.Target(vols[0].Driver, vols[0].NodeName); err != nil {
+		t.note(fmt.Sprintf("no usable sidecar of %s on node %s: %v", vols[0].Driver, vols[0].NodeName, err))
+	}
 	for ; next < len(vols); next++ {
 		v := vols[next]
 		if ctx.Err() != nil {
