@@ -102,7 +102,13 @@ type Restarts struct {
 	opts    RestartOptions
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingRestart
-	wake    chan struct{}
+	// swept is the marker of each CSIAddonsNode whose sweep was handed to Sweeps and is not yet
+	// recorded as handled: further changes of the object with that marker (a status update, the
+	// healer sidecar writing its annotations back) do not start another sweep beside it. The
+	// sweep keeps trying until it is complete; one cut short by the controller's end is repeated by
+	// the next leader, whose Restarts starts empty.
+	swept map[types.NamespacedName]string
+	wake  chan struct{}
 }
 
 // pendingRestart is a restart seen but not yet swept.
@@ -119,12 +125,12 @@ func NewRestarts(opts RestartOptions) (*Restarts, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, wake: make(chan struct{}, 1)}, nil
+	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, swept: map[types.NamespacedName]string{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Observe takes a created or changed CSIAddonsNode into account. A marker that differs from the
-// handled one becomes a pending sweep; a newer marker within the debounce window replaces it and
-// restarts the wait.
+// handled one becomes a pending sweep, unless its sweep already started; a newer marker within the
+// debounce window replaces it and restarts the wait.
 func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNode) {
 	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
 	marker, unswept := Unswept(n, r.opts.SweepCSIAddonsSidecarRestarts)
@@ -132,10 +138,14 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 	defer r.mu.Unlock()
 	if !unswept {
 		delete(r.pending, key)
+		delete(r.swept, key)
 		return
 	}
 	if p, ok := r.pending[key]; ok && p.sweep.Marker == marker {
 		return
+	}
+	if r.swept[key] == marker {
+		return // one marker, one sweep
 	}
 	now := r.opts.Clock.Now()
 	r.pending[key] = &pendingRestart{
@@ -160,6 +170,7 @@ func (r *Restarts) Forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.pending, key)
+	delete(r.swept, key)
 }
 
 // Pending returns the number of restarts waiting for their debounce window to pass.
@@ -217,6 +228,7 @@ func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
 		s.Fired = now
 		ready = append(ready, s)
 		delete(r.pending, key)
+		r.swept[key] = s.Marker
 	}
 	sort.Slice(ready, func(i, j int) bool { return ready[i].Source.String() < ready[j].Source.String() })
 	return ready, next
