@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -454,4 +455,76 @@ func TestPendingRestartSweepStopsWhenItsObjectOrNodeIsGone(t *testing.T) {
 			t.Errorf("handled marker %q recorded by a sweep that never completed", m)
 		}
 	})
+}
+
+// slowStaged answers ListStaged only once every expected call is in flight, or after its timeout
+// (an unreachable sidecar's call timing out), and remembers how many calls were in flight at once.
+type slowStaged struct {
+	*fakeSidecars
+	want    int
+	timeout time.Duration
+	mu      sync.Mutex
+	calls   int // in flight
+	most    int
+	all     chan struct{}
+}
+
+func (s *slowStaged) ListStaged(ctx context.Context, t probe.Target) ([]probe.StagedVolume, error) {
+	s.mu.Lock()
+	s.calls++
+	s.most = max(s.most, s.calls)
+	if s.calls == s.want {
+		close(s.all)
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.calls--
+		s.mu.Unlock()
+	}()
+	select {
+	case <-s.all:
+	case <-time.After(s.timeout):
+		return nil, fmt.Errorf("%w: ListStagedVolumes timed out", probe.ErrTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if t.Node == "node-a" {
+		return []probe.StagedVolume{{PV: "v1"}}, nil
+	}
+	return nil, nil
+}
+
+// A sweep of a driver without VolumeAttachments asks its node plugins for their staged volumes
+// concurrently: N sidecars that each take a timeout to answer cost about one timeout, not N.
+func TestStagedVolumesOfManyNodesAreListedConcurrently(t *testing.T) {
+	f := newFixture(t, 1, false)
+	driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "rbd"}, Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)}}
+	if err := f.caches.Add(driver); err != nil {
+		t.Fatal(err)
+	}
+	const nodes = 8
+	for i := 1; i < nodes; i++ {
+		n := f.node.DeepCopy()
+		n.Name = fmt.Sprintf("node-%c-rbd", 'a'+i)
+		n.Spec.Driver.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		n.Annotations[annotations.Endpoint] = fmt.Sprintf("127.0.0.%d:9070", i+1)
+		f.targets.Set(n)
+	}
+	const timeout = 2 * time.Second
+	slow := &slowStaged{fakeSidecars: f.sidecars, want: nodes, timeout: timeout, all: make(chan struct{})}
+	f.sweeper.opts.Sidecars = slow
+
+	start := time.Now()
+	sum := f.sweeper.Run(context.Background(), scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1", Marker: "now"})
+	elapsed := time.Since(start)
+	if slow.most != nodes {
+		t.Errorf("at most %d ListStagedVolumes calls in flight at once, want all %d", slow.most, nodes)
+	}
+	if elapsed >= timeout {
+		t.Errorf("the sweep took %s: it waited for the sidecars one after another (each timing out after %s)", elapsed, timeout)
+	}
+	if sum.Volumes != 1 || sum.Probed != 1 || sum.Incomplete != "" {
+		t.Errorf("summary %+v, want v1 found on node-a and probed", sum)
+	}
 }

@@ -90,7 +90,8 @@ type Options struct {
 	// RetryMax caps the wait between tries of an incomplete restart sweep. Default: 5m.
 	RetryMax time.Duration
 	// PrepareConcurrency bounds how many nodes of one sweep have their volumes decided at once
-	// (each asks its sidecar for the driver's capabilities first). Default: 16.
+	// (each asks its sidecar for the driver's capabilities first), and how many sidecars of a
+	// driver without VolumeAttachments are asked at once for their staged volumes. Default: 16.
 	PrepareConcurrency int
 	// Clock tells time and waits between tries. Default real.
 	Clock clock.Clock
@@ -675,16 +676,38 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volum
 	}
 }
 
-// stagedOnNodes asks every sidecar of driver which volumes it has staged (see staged).
+// stagedOnNodes asks every sidecar of driver which volumes it has staged (see staged), at most
+// Options.PrepareConcurrency nodes at once, as the nodes of a sweep are prepared: a sidecar that
+// does not answer holds up its own node only, not every node after it. The volumes come back in
+// the order of the nodes.
 func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped, error) {
+	nodes := s.opts.Targets.Nodes(driver)
+	type answer struct {
+		vols    []planner.Volume
+		skipped []planner.Skipped
+		err     error
+	}
+	answers := make([]answer, len(nodes))
+	slots := make(chan struct{}, s.opts.PrepareConcurrency)
+	var wg sync.WaitGroup
+	for i, node := range nodes {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			a := &answers[i]
+			a.vols, a.skipped, a.err = s.staged(ctx, driver, node, keep)
+		}()
+	}
+	wg.Wait()
 	var vols []planner.Volume
 	var skipped []planner.Skipped
 	var errs []error
-	for _, node := range s.opts.Targets.Nodes(driver) {
-		v, sk, err := s.staged(ctx, driver, node, keep)
-		vols, skipped = append(vols, v...), append(skipped, sk...)
-		if err != nil {
-			errs = append(errs, err)
+	for _, a := range answers {
+		vols, skipped = append(vols, a.vols...), append(skipped, a.skipped...)
+		if a.err != nil {
+			errs = append(errs, a.err)
 		}
 	}
 	return vols, skipped, errors.Join(errs...)
