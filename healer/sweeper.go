@@ -851,15 +851,17 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if sw.Stagger > 0 {
 		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
 	}
+	restartPods := !sw.AfterEviction
 	run := func(ctx context.Context) (outcome, error) {
-		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action)
+		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action, restartPods)
 	}
 	return t, run, outcomeSkipped
 }
 
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
-// to confirm. Errors are classified for the dispatcher.
-func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
+// to confirm. Pods found on the volume's dead mount are handed to the Restarter when restartPods
+// is set. Errors are classified for the dispatcher.
+func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool) (outcome, error) {
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
@@ -886,7 +888,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res, s.opts.Clock.Now(), in)
+			s.podsMustRestart(v, res, s.opts.Clock.Now(), in, restartPods)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
@@ -933,7 +935,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed, start, in)
+		s.podsMustRestart(v, healed, start, in, restartPods)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
@@ -950,10 +952,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 }
 
 // podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
-// mount and must be restarted, and hands them to the Restarter when there is one. healedAt is
-// when the mount was found repaired: the pods created before then are the ones to restart. in is
-// the volume's policy input, which the restart decision of each pod sees with res as its probe.
-func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input) {
+// mount and must be restarted, and hands them to the Restarter when there is one and restart is
+// set. healedAt is when the mount was found repaired: the pods created before then are the ones to
+// restart. in is the volume's policy input, which the restart decision of each pod sees with res
+// as its probe.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input, restart bool) {
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
@@ -961,7 +964,7 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 	if claim.Name != "" {
 		s.opts.Metrics.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, true, healedAt)
 	}
-	if s.opts.Restarter == nil || claim.Name == "" {
+	if s.opts.Restarter == nil || !restart || claim.Name == "" {
 		return
 	}
 	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}

@@ -36,6 +36,7 @@ import (
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
+	"github.com/volume-healer/volume-healer/scheduler"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -231,6 +232,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// The eviction metrics are exposed with remediation off too, at zero, so that the dashboard
 	// and the alerts read the same series whatever the setting.
 	evictMetrics := evict.NewMetrics(reg)
+	// submit hands a sweep to the sweep runner, made below; the evictor asks for re-probes with it.
+	var submit func(scheduler.Sweep)
 	var evictor *evict.Evictor
 	if cfg.Remediation.Enabled {
 		evictor, err = evict.New(evict.Options{
@@ -244,6 +247,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			// A blocked eviction is tried again on the same backoff as a failing volume.
 			BackoffBase: cfg.Backoff.Base,
 			BackoffMax:  cfg.Backoff.Max,
+			Reprobe:     func(req evict.Request) { submit(reprobeSweep(req)) },
 		})
 		if err != nil {
 			return err
@@ -276,6 +280,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return informersSynced(factory) == nil && policySource.HasSynced(), nil
 		})
 	}}
+	submit = sweeps.submit
 
 	restarts, err := trigger.NewRestarts(trigger.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
@@ -403,6 +408,12 @@ func restConfig(path string) (*rest.Config, error) {
 
 // restarter is the sweeper's Restarter: the evictor, or none when remediation is off (a nil
 // *evict.Evictor in the interface would not be nil).
+// reprobeSweep is the sweep that probes req's volume again once the pods on its dead mount were
+// evicted: a manual sweep of that one PV, dispatched under the budgets like any other.
+func reprobeSweep(req evict.Request) scheduler.Sweep {
+	return scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: req.PV, AfterEviction: true}
+}
+
 func restarter(e *evict.Evictor) healer.Restarter {
 	if e == nil {
 		return nil
