@@ -192,6 +192,8 @@ type Summary struct {
 	// sidecar that could not be reached, volumes that failed); empty when it did. A restart sweep
 	// is recorded as handled only when it is complete.
 	Incomplete string
+	// Recorded is true when the sweep recorded its restart marker as handled on the CSIAddonsNode.
+	Recorded bool
 }
 
 func (s Summary) String() string {
@@ -272,7 +274,7 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary)
 	if sw.Trigger == scheduler.TriggerRestart {
 		summary = s.untilComplete(ctx, sw, source, summary)
 	}
-	s.finish(ctx, sw, source, summary, start)
+	summary.Recorded = s.finish(ctx, sw, source, summary, start)
 	return summary
 }
 
@@ -587,8 +589,9 @@ func byNodeGathered(vols []planner.Volume) [][]planner.Volume {
 }
 
 // finish reports the sweep's end (metrics, log, Events) and records a finished restart marker or
-// manual request as handled, so that it is not swept again.
-func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, start time.Time) {
+// manual request as handled, so that it is not swept again. It says whether a restart marker was
+// recorded.
+func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, start time.Time) (recorded bool) {
 	logger := klog.FromContext(ctx)
 	result := "ok"
 	switch {
@@ -626,8 +629,11 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 		}
 		if err := trigger.RecordHandled(ctx, s.opts.Client, sw); err != nil {
 			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
+			return false
 		}
+		return true
 	}
+	return false
 }
 
 // plan selects the sweep's volumes from the caches, asking the sidecars only for drivers whose

@@ -102,11 +102,9 @@ type Restarts struct {
 	opts    RestartOptions
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingRestart
-	// swept is the marker of each CSIAddonsNode whose sweep was handed to Sweeps and is not yet
-	// recorded as handled: further changes of the object with that marker (a status update, the
-	// healer sidecar writing its annotations back) do not start another sweep beside it. The
-	// sweep keeps trying until it is complete; one cut short by the controller's end is repeated by
-	// the next leader, whose Restarts starts empty.
+	// swept is the marker of each CSIAddonsNode whose sweep was handed to Sweeps and has not
+	// ended (see Ended): further changes of the object with that marker (a status update, the
+	// healer sidecar writing its annotations back) do not start another sweep beside it.
 	swept map[types.NamespacedName]string
 	wake  chan struct{}
 }
@@ -171,6 +169,21 @@ func (r *Restarts) Forget(key types.NamespacedName) {
 	defer r.mu.Unlock()
 	delete(r.pending, key)
 	delete(r.swept, key)
+}
+
+// Ended tells Restarts that the sweep s, handed to Sweeps, has ended, and whether it recorded its
+// marker as handled. A sweep that did not (it stopped unfinished, or recording failed) is swept
+// again on its object's next change; one that did stays counted until the object shows the
+// handled marker, so that a change seen before that does not sweep it twice.
+func (r *Restarts) Ended(s scheduler.Sweep, recorded bool) {
+	if s.Trigger != scheduler.TriggerRestart || recorded {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.swept[s.Source] == s.Marker {
+		delete(r.swept, s.Source)
+	}
 }
 
 // Pending returns the number of restarts waiting for their debounce window to pass.

@@ -201,7 +201,22 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	r.Forget(types.NamespacedName{Namespace: again.Namespace, Name: again.Name})
 	r.Observe(ctx, again)
 	step(t, fc, 2*time.Second)
+	second := expectSweep(t, sweeps)
+	if second.Marker != "r2" {
+		t.Fatalf("sweep marker = %q, want r2 once more for the recreated object", second.Marker)
+	}
+
+	// A sweep that recorded its marker stays counted until the object shows it; one that ended
+	// without recording it (it stopped unfinished, the patch failed) is swept on the next change.
+	r.Ended(second, true)
+	r.Observe(ctx, again)
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d after a sweep that recorded its marker, want 0", r.Pending())
+	}
+	r.Ended(second, false)
+	r.Observe(ctx, again)
+	step(t, fc, 2*time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
-		t.Fatalf("sweep marker = %q, want r2 once more for the recreated object", s.Marker)
+		t.Fatalf("sweep marker = %q, want r2 again after its sweep ended unrecorded", s.Marker)
 	}
 }

@@ -292,6 +292,7 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	sweeps.ended = restarts.Ended
 	periodic, err := trigger.NewPeriodic(trigger.PeriodicOptions{
 		Default:        cfg.Schedule.Default,
 		StorageClasses: cfg.Schedule.StorageClasses,
