@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
 // handledMarker reads the restart marker recorded on the fixture's CSIAddonsNode, "" when none.
@@ -353,5 +355,176 @@ func TestNotStagedVolumeDoesNotKeepTheRestartPending(t *testing.T) {
 	}
 	if m := f.handledMarker(t); m != f.restart().Marker {
 		t.Errorf("handled marker %q, want the restart recorded", m)
+	}
+}
+
+// A CSIAddonsNode that names no usable healer endpoint (the csi-addons sidecar recreated it
+// without the healer sidecar's annotations) is not a deleted one: the restart stays pending, with
+// an Event saying why, until the endpoint is back and a try completes.
+func TestRestartSweepWithoutUsableEndpointStaysPending(t *testing.T) {
+	f := newFixture(t, 1, false)
+	f.sweeper.opts.Metrics = NewMetrics(prometheus.NewRegistry())
+	recreated := f.node.DeepCopy()
+	delete(recreated.Annotations, annotations.Endpoint)
+	recreated.Annotations[annotations.CSIAddonsPod] = "pod-uid-1"
+	recreated.Spec.Driver.EndPoint = "pod://csi-rbdplugin-x:9070"
+	f.targets.Set(recreated)
+	sw := f.restart()
+	sw.Marker = trigger.RestartMarker(recreated)
+
+	done := make(chan Summary, 1)
+	go func() { done <- f.sweeper.Run(context.Background(), sw) }()
+	events := f.waitEvents(t, ReasonRestartSweepPending)
+	if !strings.Contains(events, "no usable sidecar of rbd on node node-a") {
+		t.Errorf("the pending Event does not say that the node has no usable sidecar:\n%s", events)
+	}
+	events = f.waitEvents(t, ReasonRestartSweepPending) // tried again, not given up
+	if strings.Contains(events, ReasonRestartSweepStopped) {
+		t.Fatalf("the sweep stopped although its CSIAddonsNode exists:\n%s", events)
+	}
+	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.restartsPending.WithLabelValues("rbd")); got != 1 {
+		t.Errorf("volume_healer_restart_sweeps_pending{driver=rbd} = %v while pending, want 1", got)
+	}
+
+	back := recreated.DeepCopy()
+	back.Annotations[annotations.Endpoint] = "127.0.0.1:9070"
+	f.targets.Set(back)
+	select {
+	case sum := <-done:
+		if sum.Incomplete != "" || sum.Probed != 1 {
+			t.Fatalf("summary %+v, want complete with v1 probed", sum)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restart sweep did not finish once the endpoint was back")
+	}
+	if m := f.handledMarker(t); m != sw.Marker {
+		t.Errorf("handled marker %q, want %q", m, sw.Marker)
+	}
+}
+
+// A pending restart sweep stops, unrecorded and with an Event saying why, only when its
+// CSIAddonsNode is really gone (the API server says NotFound) or its Node is.
+func TestPendingRestartSweepStopsWhenItsObjectOrNodeIsGone(t *testing.T) {
+	t.Run("CSIAddonsNode deleted", func(t *testing.T) {
+		f := newFixture(t, 1, false)
+		f.sidecars.capsDown = true
+		done := f.runAsync(context.Background())
+		f.waitEvents(t, ReasonRestartSweepPending)
+		f.targets.Delete(client.ObjectKeyFromObject(f.node))
+		if err := f.client.Delete(context.Background(), f.node.DeepCopy()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case sum := <-done:
+			if !strings.Contains(sum.Incomplete, "was deleted") {
+				t.Errorf("summary %+v, want it stopped because its CSIAddonsNode was deleted", sum)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the sweep kept trying after its CSIAddonsNode was deleted")
+		}
+		f.waitEvents(t, ReasonRestartSweepStopped)
+	})
+	t.Run("Node gone", func(t *testing.T) {
+		f := newFixture(t, 1, false)
+		nodeGone := make(chan struct{})
+		f.targets.SetNodeExists(func(node string) bool {
+			select {
+			case <-nodeGone:
+				return node != "node-a"
+			default:
+				return true
+			}
+		})
+		f.sidecars.capsDown = true
+		done := f.runAsync(context.Background())
+		f.waitEvents(t, ReasonRestartSweepPending)
+		close(nodeGone)
+		select {
+		case sum := <-done:
+			if !strings.Contains(sum.Incomplete, "Node node-a is gone") {
+				t.Errorf("summary %+v, want it stopped because its Node is gone", sum)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the sweep kept trying after its Node was gone")
+		}
+		events := f.waitEvents(t, ReasonRestartSweepStopped)
+		if !strings.Contains(events, "Node node-a is gone") {
+			t.Errorf("the stop Event does not say that the Node is gone:\n%s", events)
+		}
+		if m := f.handledMarker(t); m != "" {
+			t.Errorf("handled marker %q recorded by a sweep that never completed", m)
+		}
+	})
+}
+
+// slowStaged answers ListStaged only once every expected call is in flight, or after its timeout
+// (an unreachable sidecar's call timing out), and remembers how many calls were in flight at once.
+type slowStaged struct {
+	*fakeSidecars
+	want    int
+	timeout time.Duration
+	mu      sync.Mutex
+	calls   int // in flight
+	most    int
+	all     chan struct{}
+}
+
+func (s *slowStaged) ListStaged(ctx context.Context, t probe.Target) ([]probe.StagedVolume, error) {
+	s.mu.Lock()
+	s.calls++
+	s.most = max(s.most, s.calls)
+	if s.calls == s.want {
+		close(s.all)
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.calls--
+		s.mu.Unlock()
+	}()
+	select {
+	case <-s.all:
+	case <-time.After(s.timeout):
+		return nil, fmt.Errorf("%w: ListStagedVolumes timed out", probe.ErrTimeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if t.Node == "node-a" {
+		return []probe.StagedVolume{{PV: "v1"}}, nil
+	}
+	return nil, nil
+}
+
+// A sweep of a driver without VolumeAttachments asks its node plugins for their staged volumes
+// concurrently: N sidecars that each take a timeout to answer cost about one timeout, not N.
+func TestStagedVolumesOfManyNodesAreListedConcurrently(t *testing.T) {
+	f := newFixture(t, 1, false)
+	driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "rbd"}, Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)}}
+	if err := f.caches.Add(driver); err != nil {
+		t.Fatal(err)
+	}
+	const nodes = 8
+	for i := 1; i < nodes; i++ {
+		n := f.node.DeepCopy()
+		n.Name = fmt.Sprintf("node-%c-rbd", 'a'+i)
+		n.Spec.Driver.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		n.Annotations[annotations.Endpoint] = fmt.Sprintf("127.0.0.%d:9070", i+1)
+		f.targets.Set(n)
+	}
+	const timeout = 2 * time.Second
+	slow := &slowStaged{fakeSidecars: f.sidecars, want: nodes, timeout: timeout, all: make(chan struct{})}
+	f.sweeper.opts.Sidecars = slow
+
+	start := time.Now()
+	sum := f.sweeper.Run(context.Background(), scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1", Marker: "now"})
+	elapsed := time.Since(start)
+	if slow.most != nodes {
+		t.Errorf("at most %d ListStagedVolumes calls in flight at once, want all %d", slow.most, nodes)
+	}
+	if elapsed >= timeout {
+		t.Errorf("the sweep took %s: it waited for the sidecars one after another (each timing out after %s)", elapsed, timeout)
+	}
+	if sum.Volumes != 1 || sum.Probed != 1 || sum.Incomplete != "" {
+		t.Errorf("summary %+v, want v1 found on node-a and probed", sum)
 	}
 }

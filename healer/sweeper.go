@@ -12,7 +12,10 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -52,6 +55,8 @@ type Targets interface {
 	Target(driver, node string) (probe.Target, *csiaddonsv1alpha1.CSIAddonsNode, error)
 	// Nodes lists the nodes where driver has a sidecar.
 	Nodes(driver string) []string
+	// Object returns the CSIAddonsNode recorded under key, usable endpoint or not.
+	Object(key types.NamespacedName) (*csiaddonsv1alpha1.CSIAddonsNode, bool)
 }
 
 var (
@@ -85,7 +90,8 @@ type Options struct {
 	// RetryMax caps the wait between tries of an incomplete restart sweep. Default: 5m.
 	RetryMax time.Duration
 	// PrepareConcurrency bounds how many nodes of one sweep have their volumes decided at once
-	// (each asks its sidecar for the driver's capabilities first). Default: 16.
+	// (each asks its sidecar for the driver's capabilities first), and how many sidecars of a
+	// driver without VolumeAttachments are asked at once for their staged volumes. Default: 16.
 	PrepareConcurrency int
 	// Clock tells time and waits between tries. Default real.
 	Clock clock.Clock
@@ -186,6 +192,8 @@ type Summary struct {
 	// sidecar that could not be reached, volumes that failed); empty when it did. A restart sweep
 	// is recorded as handled only when it is complete.
 	Incomplete string
+	// Recorded is true when the sweep recorded its restart marker as handled on the CSIAddonsNode.
+	Recorded bool
 }
 
 func (s Summary) String() string {
@@ -233,6 +241,10 @@ const (
 	// ReasonRestartSweepPending: a restart sweep did not reach every volume of its node; it is
 	// tried again, and the restart stays unhandled until a try is complete.
 	ReasonRestartSweepPending = "RestartSweepPending"
+	// ReasonRestartSweepStopped: a pending restart sweep stops unfinished, because the node
+	// plugin restarted again (the new restart's sweep takes over), its CSIAddonsNode was deleted
+	// or its Node is gone. The restart is not recorded as handled.
+	ReasonRestartSweepStopped = "RestartSweepStopped"
 	// ReasonVolumePodsMustRestart: the volume works on its node again, but running pods still
 	// see its dead mount (the driver reports healerv1alpha1.ReasonStaleMountInPods): only
 	// restarting them gives them the volume back.
@@ -262,7 +274,7 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary)
 	if sw.Trigger == scheduler.TriggerRestart {
 		summary = s.untilComplete(ctx, sw, source, summary)
 	}
-	s.finish(ctx, sw, source, summary, start)
+	summary.Recorded = s.finish(ctx, sw, source, summary, start)
 	return summary
 }
 
@@ -291,8 +303,7 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 // untilComplete tries an incomplete restart sweep again, with a doubling wait, until a try
 // reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
 // (a controller restart or a new leader sweeps it again, since its marker was never recorded),
-// or when the node plugin restarted again or its CSIAddonsNode went away (the new restart's own
-// sweep takes over).
+// or when the sweep is superseded (see superseded).
 func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary) Summary {
 	if summary.Incomplete == "" || summary.Cancelled {
 		return summary
@@ -303,6 +314,15 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 	defer m.restartPending(sw.Driver, -1)
 	wait := s.opts.RetryBase
 	for try := 2; ; try++ {
+		if why := s.superseded(ctx, sw); why != "" {
+			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
+			if source != nil {
+				s.event(source, corev1.EventTypeWarning, ReasonRestartSweepStopped,
+					"Restart sweep of %s on node %s stops unfinished (%s): %s", sw.Driver, sw.Node, summary.Incomplete, why)
+			}
+			summary.Incomplete += "; " + why
+			return summary
+		}
 		logger.Info("Restart sweep incomplete; trying again", "why", summary.Incomplete, "retryIn", wait)
 		if source != nil {
 			s.event(source, corev1.EventTypeWarning, ReasonRestartSweepPending,
@@ -314,11 +334,6 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 			return summary
 		case <-s.opts.Clock.After(wait):
 		}
-		if why := s.superseded(sw); why != "" {
-			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
-			summary.Incomplete += "; " + why
-			return summary
-		}
 		m.restartRetried(sw.Driver)
 		summary = s.attempt(ctx, sw)
 		if summary.Incomplete == "" || summary.Cancelled {
@@ -329,14 +344,28 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 	}
 }
 
-// superseded says why the restart that sw sweeps no longer needs its sweep, or "".
-func (s *Sweeper) superseded(sw scheduler.Sweep) string {
-	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
-	if err != nil {
-		return "the node plugin's CSIAddonsNode is gone"
+// superseded says why the restart that sw sweeps no longer needs its sweep, or "": its Node is
+// gone, its CSIAddonsNode was deleted (the API server says NotFound), or the node plugin restarted
+// again (the marker moved on; the new restart has a sweep of its own). A CSIAddonsNode that names
+// no usable endpoint (a csi-addons sidecar recreated it without the healer sidecar's annotations)
+// supersedes nothing: the sweep stays pending until the healer sidecar puts them back.
+func (s *Sweeper) superseded(ctx context.Context, sw scheduler.Sweep) string {
+	if _, _, err := s.opts.Targets.Target(sw.Driver, sw.Node); errors.Is(err, ErrNodeGone) {
+		return fmt.Sprintf("Node %s is gone", sw.Node)
 	}
-	if n.Namespace != sw.Source.Namespace || n.Name != sw.Source.Name {
-		return ""
+	n, ok := s.opts.Targets.Object(sw.Source)
+	if !ok {
+		// The cache may not have seen the object yet, or lost it to a missed watch event: only
+		// the API server says that it is gone.
+		n = &csiaddonsv1alpha1.CSIAddonsNode{}
+		err := s.opts.Client.Get(ctx, sw.Source, n)
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Sprintf("its CSIAddonsNode %s was deleted", sw.Source)
+		case err != nil:
+			klog.FromContext(ctx).Error(err, "Cannot read the restart sweep's CSIAddonsNode; the sweep stays pending", "csiAddonsNode", sw.Source)
+			return ""
+		}
 	}
 	if marker := trigger.RestartMarker(n); marker != sw.Marker {
 		return fmt.Sprintf("the node plugin restarted again (marker %q)", marker)
@@ -345,8 +374,8 @@ func (s *Sweeper) superseded(sw scheduler.Sweep) string {
 }
 
 // begin counts the sweep as started and, for a restart sweep, forgets what the restarted node
-// plugin advertised before. It returns the restart sweep's CSIAddonsNode, nil for other sweeps or
-// when the node has no sidecar target.
+// plugin advertised before. It returns the restart sweep's CSIAddonsNode for its Events (the
+// node's chosen registration, usable or not, else the sweep's own object), nil for other sweeps.
 func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
 	if m := s.opts.Metrics; m != nil {
 		m.sweepsStarted.WithLabelValues(string(sw.Trigger)).Inc()
@@ -357,9 +386,13 @@ func (s *Sweeper) begin(sw scheduler.Sweep) *csiaddonsv1alpha1.CSIAddonsNode {
 	// The node plugin restarted: what it advertised may have changed.
 	s.opts.Sidecars.Refresh(sw.Driver, sw.Node)
 	s.mem.capabilitiesChanged(sw.Driver, sw.Node)
-	_, n, err := s.opts.Targets.Target(sw.Driver, sw.Node)
-	if err != nil {
-		return nil
+	_, n, _ := s.opts.Targets.Target(sw.Driver, sw.Node)
+	if n == nil {
+		n, _ = s.opts.Targets.Object(sw.Source)
+	}
+	if n == nil {
+		// Not in the cache (its Node is gone, or the cache lags): the Events name the object.
+		n = &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: sw.Source.Namespace, Name: sw.Source.Name}}
 	}
 	s.event(n, corev1.EventTypeNormal, ReasonRestartSweepStarted, "Node plugin of %s on node %s restarted: sweeping its volumes", sw.Driver, sw.Node)
 	return n
@@ -455,6 +488,9 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 			t.note(fmt.Sprintf("preparing volume %s panicked: %v", vols[next].PVName, r))
 		}
 	}()
+	if _, _, err := s.opts.Targets.Target(vols[0].Driver, vols[0].NodeName); err != nil {
+		t.note(fmt.Sprintf("no usable sidecar of %s on node %s: %v", vols[0].Driver, vols[0].NodeName, err))
+	}
 	for ; next < len(vols); next++ {
 		v := vols[next]
 		if ctx.Err() != nil {
@@ -553,8 +589,9 @@ func byNodeGathered(vols []planner.Volume) [][]planner.Volume {
 }
 
 // finish reports the sweep's end (metrics, log, Events) and records a finished restart marker or
-// manual request as handled, so that it is not swept again.
-func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, start time.Time) {
+// manual request as handled, so that it is not swept again. It says whether a restart marker was
+// recorded.
+func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, start time.Time) (recorded bool) {
 	logger := klog.FromContext(ctx)
 	result := "ok"
 	switch {
@@ -592,8 +629,11 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 		}
 		if err := trigger.RecordHandled(ctx, s.opts.Client, sw); err != nil {
 			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
+			return false
 		}
+		return true
 	}
+	return false
 }
 
 // plan selects the sweep's volumes from the caches, asking the sidecars only for drivers whose
@@ -642,16 +682,38 @@ func (s *Sweeper) plan(ctx context.Context, sw scheduler.Sweep) ([]planner.Volum
 	}
 }
 
-// stagedOnNodes asks every sidecar of driver which volumes it has staged (see staged).
+// stagedOnNodes asks every sidecar of driver which volumes it has staged (see staged), at most
+// Options.PrepareConcurrency nodes at once, as the nodes of a sweep are prepared: a sidecar that
+// does not answer holds up its own node only, not every node after it. The volumes come back in
+// the order of the nodes.
 func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv string) bool) ([]planner.Volume, []planner.Skipped, error) {
+	nodes := s.opts.Targets.Nodes(driver)
+	type answer struct {
+		vols    []planner.Volume
+		skipped []planner.Skipped
+		err     error
+	}
+	answers := make([]answer, len(nodes))
+	slots := make(chan struct{}, s.opts.PrepareConcurrency)
+	var wg sync.WaitGroup
+	for i, node := range nodes {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			a := &answers[i]
+			a.vols, a.skipped, a.err = s.staged(ctx, driver, node, keep)
+		}()
+	}
+	wg.Wait()
 	var vols []planner.Volume
 	var skipped []planner.Skipped
 	var errs []error
-	for _, node := range s.opts.Targets.Nodes(driver) {
-		v, sk, err := s.staged(ctx, driver, node, keep)
-		vols, skipped = append(vols, v...), append(skipped, sk...)
-		if err != nil {
-			errs = append(errs, err)
+	for _, a := range answers {
+		vols, skipped = append(vols, a.vols...), append(skipped, a.skipped...)
+		if a.err != nil {
+			errs = append(errs, a.err)
 		}
 	}
 	return vols, skipped, errors.Join(errs...)
@@ -795,15 +857,17 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if sw.Stagger > 0 {
 		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
 	}
+	restartPods := !sw.AfterEviction
 	run := func(ctx context.Context) (outcome, error) {
-		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action)
+		return s.act(klog.NewContext(ctx, volumeLogger()), v, target, caps, in, action, restartPods)
 	}
 	return t, run, outcomeSkipped
 }
 
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
-// to confirm. Errors are classified for the dispatcher.
-func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action) (outcome, error) {
+// to confirm. Pods found on the volume's dead mount are handed to the Restarter when restartPods
+// is set. Errors are classified for the dispatcher.
+func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool) (outcome, error) {
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
@@ -830,7 +894,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res, s.opts.Clock.Now(), in)
+			s.podsMustRestart(v, res, s.opts.Clock.Now(), in, restartPods)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv).history
@@ -877,7 +941,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed, start, in)
+		s.podsMustRestart(v, healed, start, in, restartPods)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
@@ -894,10 +958,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 }
 
 // podsMustRestart tells the operator, on the PVC, that running pods still see the volume's dead
-// mount and must be restarted, and hands them to the Restarter when there is one. healedAt is
-// when the mount was found repaired: the pods created before then are the ones to restart. in is
-// the volume's policy input, which the restart decision of each pod sees with res as its probe.
-func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input) {
+// mount and must be restarted, and hands them to the Restarter when there is one and restart is
+// set. healedAt is when the mount was found repaired: the pods created before then are the ones to
+// restart. in is the volume's policy input, which the restart decision of each pod sees with res
+// as its probe.
+func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt time.Time, in policy.Input, restart bool) {
 	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePodsMustRestart,
 		"Volume works again on node %s, but running pods still see its dead mount (%s): restart the pods on node %s that use it; "+
 			"their mount propagation (None) keeps the repaired mount from reaching them", v.NodeName, describe(res.Health), v.NodeName)
@@ -905,7 +970,7 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 	if claim.Name != "" {
 		s.opts.Metrics.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, true, healedAt)
 	}
-	if s.opts.Restarter == nil || claim.Name == "" {
+	if s.opts.Restarter == nil || !restart || claim.Name == "" {
 		return
 	}
 	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}

@@ -449,3 +449,53 @@ func TestRetryReachesTheReplacementSidecar(t *testing.T) {
 		t.Errorf("heals of v1 = %d, want 1", f.sidecars.heals["v1"])
 	}
 }
+
+// The probe that follows the eviction of the pods on a volume's dead mount (a manual sweep of the
+// PV, marked AfterEviction) restarts no pods while the evicted ones still stop, and clears the
+// dead-mount flag once the replacement pods see the repaired mount.
+func TestProbeAfterEvictionClearsTheDeadMountFlag(t *testing.T) {
+	f := newFixture(t, 1, false)
+	f.sweeper.opts.Metrics = NewMetrics(prometheus.NewRegistry())
+	restarter := &recordingRestarter{}
+	f.sweeper.opts.Restarter = restarter
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
+	f.sidecars.afterHeal = map[string][]probe.Health{"v1": {{Status: "INACCESSIBLE", Reason: healerv1alpha1.ReasonStaleMountInPods}}}
+	f.sweeper.Run(context.Background(), f.restart())
+	if len(restarter.reqs) != 1 {
+		t.Fatalf("restart requests = %+v, want one after the heal", restarter.reqs)
+	}
+	reprobe := scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1", AfterEviction: true}
+
+	// The evicted pods still stop: the driver still sees processes on the dead mount.
+	if sum := f.sweeper.Run(context.Background(), reprobe); sum.Probed != 1 {
+		t.Fatalf("summary %+v, want v1 probed", sum)
+	}
+	if len(restarter.reqs) != 1 {
+		t.Errorf("the probe after the eviction asked to restart pods again: %+v", restarter.reqs[1:])
+	}
+	if n := testutil.CollectAndCount(f.sweeper.opts.Metrics.deadMountSince); n != 1 {
+		t.Errorf("%d pods_on_dead_mount series while pods still see the dead mount, want 1", n)
+	}
+
+	// The replacements see the repaired mount. The informer shows the claim's status annotation.
+	var pvc corev1.PersistentVolumeClaim
+	if err := f.client.Get(context.Background(), client.ObjectKey{Namespace: "app", Name: "claim-v1"}, &pvc); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.caches.Add(pvc.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	f.sidecars.set(func(s *fakeSidecars) { s.health["v1"] = nil })
+	if sum := f.sweeper.Run(context.Background(), reprobe); sum.Probed != 1 {
+		t.Fatalf("summary %+v, want v1 probed", sum)
+	}
+	if n := testutil.CollectAndCount(f.sweeper.opts.Metrics.deadMountSince); n != 0 {
+		t.Errorf("%d pods_on_dead_mount series after the probe found the volume healthy, want 0", n)
+	}
+	if err := f.client.Get(context.Background(), client.ObjectKey{Namespace: "app", Name: "claim-v1"}, &pvc); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := pvc.Annotations[annotations.VolumeStatus]; ok {
+		t.Errorf("claim-v1 status = %q after the probe found it healthy, want none", st)
+	}
+}

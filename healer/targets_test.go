@@ -86,14 +86,56 @@ func TestTargetMapPrefersTheFreshestRegistration(t *testing.T) {
 	other := addonsNode("node-b-rbd", "10.0.0.7:9070", "")
 	other.Spec.Driver.NodeID = "node-b"
 	m.Set(other)
-	keys, endpoints := m.DeleteNode("node-a")
-	if len(keys) != 1 || keys[0].Name != "node-a-rbd" || len(endpoints) != 1 || endpoints[0] != "10.0.0.5:9070" {
-		t.Errorf("DeleteNode(node-a) = %v, %v; want node-a-rbd and its endpoint", keys, endpoints)
+	dropped, endpoints := m.DeleteNode("node-a")
+	if len(dropped) != 1 || dropped[0].Name != "node-a-rbd" || len(endpoints) != 1 || endpoints[0] != "10.0.0.5:9070" {
+		t.Errorf("DeleteNode(node-a) = %v, %v; want node-a-rbd and its endpoint", dropped, endpoints)
 	}
 	if _, _, err := m.Target("rbd", "node-a"); !errors.Is(err, probe.ErrNoEndpoint) {
 		t.Errorf("a deleted Node still has a target: %v", err)
 	}
 	if _, _, err := m.Target("rbd", "node-b"); err != nil {
 		t.Errorf("another node lost its target: %v", err)
+	}
+}
+
+// A CSIAddonsNode whose Node is gone is no target, whether it was recorded before the Node cache
+// knew (dropped by DropGoneNodes) or after (never kept); until the Node cache knows, nothing is
+// dropped.
+func TestTargetMapDropsTargetsOfGoneNodes(t *testing.T) {
+	synced := false
+	nodes := map[string]bool{"node-b": true}
+	m := NewTargetMap()
+	m.SetNodeExists(func(node string) bool { return !synced || nodes[node] })
+	early := addonsNode("node-a-rbd", "10.0.0.5:9070", "")
+	m.Set(early)
+	if _, _, err := m.Target("rbd", "node-a"); err != nil {
+		t.Fatalf("a target dropped before the Node cache synced: %v", err)
+	}
+
+	synced = true
+	if _, _, err := m.Target("rbd", "node-a"); !errors.Is(err, ErrNodeGone) || !errors.Is(err, probe.ErrNoEndpoint) {
+		t.Errorf("Target on a gone Node: %v, want ErrNodeGone", err)
+	}
+	dropped, endpoints := m.DropGoneNodes()
+	if len(dropped) != 1 || dropped[0].Name != "node-a-rbd" || len(endpoints) != 1 || endpoints[0] != "10.0.0.5:9070" {
+		t.Errorf("DropGoneNodes() = %v, %v; want node-a-rbd and its endpoint", dropped, endpoints)
+	}
+	if _, kept := m.Object(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"}); kept {
+		t.Error("the dropped CSIAddonsNode is still kept")
+	}
+
+	updated := early.DeepCopy()
+	updated.Annotations[annotations.HealerRestart] = "2026-12-01T12:00:00Z/pod-3"
+	if stale := m.Set(updated); stale != "" {
+		t.Errorf("Set of a dropped object returned stale endpoint %q", stale)
+	}
+	if _, kept := m.Object(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"}); kept {
+		t.Error("an updated CSIAddonsNode of a gone Node became a target again")
+	}
+	other := addonsNode("node-b-rbd", "10.0.0.7:9070", "")
+	other.Spec.Driver.NodeID = "node-b"
+	m.Set(other)
+	if got := m.Nodes("rbd"); len(got) != 1 || got[0] != "node-b" {
+		t.Errorf("Nodes(rbd) = %v, want [node-b]", got)
 	}
 }

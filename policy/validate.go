@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"time"
+
+	"github.com/volume-healer/volume-healer/api/annotations"
 )
 
 // cannedInput is one input a new revision must decide for before it serves.
@@ -115,7 +117,7 @@ type restartCanned struct {
 func restartValidationInputs() []restartCanned {
 	base := validationInputs()[0].input
 	base.Probe = &ProbeResult{Healable: true, Health: []Health{{Status: HealthInaccessible, Reason: "StaleMountInPods", Message: "1 process in 1 mount namespace"}}}
-	optIn := map[string]string{"healer.csiaddons.openshift.io/evict-pods": "true"}
+	optIn := map[string]string{annotations.EvictPodsLabel: "true"}
 	at := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC)
 	var out []restartCanned
 	for _, owner := range []string{"ReplicaSet", ""} {

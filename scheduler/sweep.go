@@ -46,6 +46,11 @@ type Sweep struct {
 	Stagger time.Duration
 	// Fired is when the trigger fired.
 	Fired time.Time
+	// AfterEviction marks the manual sweep of one PV that probes it again after the pods on its
+	// dead mount were evicted, so that its dead-mount flag clears once the replacement pods see
+	// the repaired mount. It reports what it finds and restarts no pods: while the evicted pods
+	// still stop, their replacements must not be taken for pods on the dead mount.
+	AfterEviction bool
 }
 
 // String names the sweep for logs and Events.

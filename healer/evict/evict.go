@@ -103,6 +103,15 @@ type Options struct {
 	CallTimeout time.Duration
 	// Clock tells time for the budgets and the backoff. Default real.
 	Clock clock.WithTicker
+	// Reprobe asks for the request's volume to be probed again, ReprobeAfter after every pod on
+	// the request's node that ran on its dead mount was evicted (or none is left there), so that
+	// the volume's dead-mount flag (the StaleMountInPods status, the pods-on-dead-mount gauge)
+	// clears once the replacement pods see the repaired mount, instead of at the next periodic
+	// sweep. It is not called while a pod stays on the dead mount (left alone by the policy,
+	// blocked, dry run). Default: none.
+	Reprobe func(Request)
+	// ReprobeAfter is the wait before Reprobe, for the replacement pods to start. Default 30s.
+	ReprobeAfter time.Duration
 }
 
 // Evictor evicts the pods named by Requests, one volume at a time, under its budgets. Add may
@@ -115,9 +124,15 @@ type Evictor struct {
 	mu sync.Mutex
 	// pending holds the latest request of each queued volume and node.
 	pending map[string]Request
-	// handled remembers the pods already evicted (or recorded by dry-run), so that no pod is
-	// evicted or reported twice; entries expire after an hour.
-	handled map[types.UID]time.Time
+	// handled remembers the pods already evicted (or recorded by dry-run, or left alone by the
+	// policy), so that no pod is evicted or reported twice; entries expire after an hour.
+	handled map[types.UID]handledPod
+}
+
+// handledPod is when a pod was handled and whether that evicted it.
+type handledPod struct {
+	at      time.Time
+	evicted bool
 }
 
 // New returns an Evictor.
@@ -143,6 +158,9 @@ func New(opts Options) (*Evictor, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	if opts.ReprobeAfter <= 0 {
+		opts.ReprobeAfter = 30 * time.Second
+	}
 	q := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BackoffBase, opts.BackoffMax),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "evictions", Clock: opts.Clock})
@@ -151,7 +169,7 @@ func New(opts Options) (*Evictor, error) {
 		queue:   q,
 		budget:  newBudget(opts.PerMinute, opts.PerNamespacePerMinute),
 		pending: map[string]Request{},
-		handled: map[types.UID]time.Time{},
+		handled: map[types.UID]handledPod{},
 	}, nil
 }
 
@@ -201,7 +219,10 @@ func (e *Evictor) next(ctx context.Context) bool {
 		e.queue.Forget(key)
 		return true
 	}
-	retry, after := e.process(ctx, req)
+	retry, after, cleared := e.process(ctx, req)
+	if cleared && !retry && ctx.Err() == nil && e.opts.Reprobe != nil {
+		e.reprobe(ctx, req)
+	}
 	switch {
 	case ctx.Err() != nil:
 	case retry:
@@ -224,32 +245,51 @@ func (e *Evictor) next(ctx context.Context) bool {
 	return true
 }
 
+// reprobe calls Options.Reprobe with req after Options.ReprobeAfter, unless ctx ends first.
+func (e *Evictor) reprobe(ctx context.Context, req Request) {
+	klog.FromContext(ctx).V(2).Info("No pod left on the volume's dead mount; probing it again soon",
+		"pv", req.PV, "node", req.Node, "pvc", req.Claim.String(), "after", e.opts.ReprobeAfter)
+	wait := e.opts.Clock.After(e.opts.ReprobeAfter)
+	go func() {
+		select {
+		case <-wait:
+			e.opts.Reprobe(req)
+		case <-ctx.Done():
+		}
+	}()
+}
+
 // process evicts the request's pods. It says whether the request must be tried again: after a
-// backoff (after is 0) when an eviction was blocked or failed, or after the wait for the budget.
-func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after time.Duration) {
+// backoff (after is 0) when an eviction was blocked or failed, or after the wait for the budget;
+// and whether no pod it found stays on the dead mount (each was evicted or is gone).
+func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after time.Duration, cleared bool) {
 	logger := klog.FromContext(ctx).WithValues("pv", req.PV, "node", req.Node, "driver", req.Driver, "pvc", req.Claim.String())
 	pods, err := findPods(ctx, e.opts.Client, req.Claim.Namespace, req.Claim.Name, req.Node, req.HealedAt, e.opts.CallTimeout)
 	if err != nil {
 		logger.Error(err, "Cannot find the pods that still see the volume's dead mount")
 		e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
 			"The pods on node %s that use this claim could not be listed to restart them after %s: %v", req.Node, req.heal(), err)
-		return true, 0
+		return true, 0, false
 	}
 	now := e.opts.Clock.Now()
 	e.expireHandled(now)
 	var scope *policy.PodScope
+	// stays is set by every pod that keeps running on the dead mount.
+	stays := false
 	for i := range pods {
 		pod := &pods[i]
-		if e.wasHandled(pod.UID) {
+		if h, ok := e.wasHandled(pod.UID); ok {
+			stays = stays || !h.evicted
 			continue
 		}
+		stays = true // until it is evicted or found gone
 		if scope == nil {
 			s, err := e.readScope(ctx, req)
 			if err != nil {
 				logger.Error(err, "Cannot read what the restart decision needs")
 				e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
 					"The pods on node %s that still see this volume's dead mount after %s are left alone for now: %v", req.Node, req.heal(), err)
-				return true, 0
+				return true, 0, false
 			}
 			scope = &s
 		}
@@ -270,7 +310,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"The pod still sees the dead mount of claim %s after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", req.Claim.Name, req.heal(), d.Reason)
 			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
 				"Pod %s still sees this volume's dead mount after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", pod.Name, req.heal(), d.Reason)
-			e.markHandled(pod.UID, now)
+			e.markHandled(pod.UID, now, false)
 			continue
 		}
 		if e.opts.DryRun {
@@ -280,7 +320,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Dry run: would evict this pod, which still sees the dead mount of claim %s after %s", req.Claim.Name, req.heal())
 			e.event(req.claimRef(), corev1.EventTypeNormal, ReasonEvictionDryRun,
 				"Dry run: would evict pod %s, which still sees this volume's dead mount after %s", pod.Name, req.heal())
-			e.markHandled(pod.UID, now)
+			e.markHandled(pod.UID, now, false)
 			continue
 		}
 		if wait := e.budget.wait(pod.Namespace, now); wait > 0 {
@@ -292,8 +332,9 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 		}
 		switch err := e.evict(ctx, pod); {
 		case err == nil:
+			stays = false
 			e.budget.spend(pod.Namespace, now)
-			e.markHandled(pod.UID, now)
+			e.markHandled(pod.UID, now, true)
 			e.opts.Metrics.eviction(ResultEvicted)
 			logger.Info("Evicted a pod that still saw the volume's dead mount", "pod", klog.KObj(pod))
 			e.event(pod, corev1.EventTypeNormal, ReasonEvictedForStaleMount,
@@ -302,6 +343,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Evicted pod %s, which still saw this volume's dead mount after %s", pod.Name, req.heal())
 		case apierrors.IsNotFound(err):
 			// Gone already: nothing sees the dead mount through it any more.
+			stays = false
 		case apierrors.IsTooManyRequests(err):
 			retry = true
 			e.opts.Metrics.eviction(ResultBlocked)
@@ -312,7 +354,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Eviction blocked, tried again later: the pod still sees the dead mount of claim %s after %s: %v", req.Claim.Name, req.heal(), err)
 		default:
 			if ctx.Err() != nil {
-				return false, 0
+				return false, 0, false
 			}
 			retry = true
 			e.opts.Metrics.eviction(ResultError)
@@ -321,7 +363,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Eviction of pod %s (still on this volume's dead mount after %s) failed, tried again later: %v", pod.Name, req.heal(), err)
 		}
 	}
-	return retry, after
+	return retry, after, !stays
 }
 
 // readScope reads the namespace, StorageClass and disruption budgets that the restart decisions
@@ -360,25 +402,25 @@ func (e *Evictor) evict(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-func (e *Evictor) wasHandled(uid types.UID) bool {
+func (e *Evictor) wasHandled(uid types.UID) (handledPod, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, ok := e.handled[uid]
-	return ok
+	h, ok := e.handled[uid]
+	return h, ok
 }
 
-func (e *Evictor) markHandled(uid types.UID, now time.Time) {
+func (e *Evictor) markHandled(uid types.UID, now time.Time, evicted bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.handled[uid] = now
+	e.handled[uid] = handledPod{at: now, evicted: evicted}
 }
 
 // expireHandled forgets pods handled over an hour ago: an evicted pod is gone by then.
 func (e *Evictor) expireHandled(now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for uid, at := range e.handled {
-		if now.Sub(at) > time.Hour {
+	for uid, h := range e.handled {
+		if now.Sub(h.at) > time.Hour {
 			delete(e.handled, uid)
 		}
 	}

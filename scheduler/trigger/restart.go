@@ -102,7 +102,11 @@ type Restarts struct {
 	opts    RestartOptions
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingRestart
-	wake    chan struct{}
+	// swept is the marker of each CSIAddonsNode whose sweep was handed to Sweeps and has not
+	// ended (see Ended): further changes of the object with that marker (a status update, the
+	// healer sidecar writing its annotations back) do not start another sweep beside it.
+	swept map[types.NamespacedName]string
+	wake  chan struct{}
 }
 
 // pendingRestart is a restart seen but not yet swept.
@@ -119,12 +123,12 @@ func NewRestarts(opts RestartOptions) (*Restarts, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, wake: make(chan struct{}, 1)}, nil
+	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, swept: map[types.NamespacedName]string{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Observe takes a created or changed CSIAddonsNode into account. A marker that differs from the
-// handled one becomes a pending sweep; a newer marker within the debounce window replaces it and
-// restarts the wait.
+// handled one becomes a pending sweep, unless its sweep already started; a newer marker within the
+// debounce window replaces it and restarts the wait.
 func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNode) {
 	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
 	marker, unswept := Unswept(n, r.opts.SweepCSIAddonsSidecarRestarts)
@@ -132,10 +136,14 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 	defer r.mu.Unlock()
 	if !unswept {
 		delete(r.pending, key)
+		delete(r.swept, key)
 		return
 	}
 	if p, ok := r.pending[key]; ok && p.sweep.Marker == marker {
 		return
+	}
+	if r.swept[key] == marker {
+		return // one marker, one sweep
 	}
 	now := r.opts.Clock.Now()
 	r.pending[key] = &pendingRestart{
@@ -160,6 +168,22 @@ func (r *Restarts) Forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.pending, key)
+	delete(r.swept, key)
+}
+
+// Ended tells Restarts that the sweep s, handed to Sweeps, has ended, and whether it recorded its
+// marker as handled. A sweep that did not (it stopped unfinished, or recording failed) is swept
+// again on its object's next change; one that did stays counted until the object shows the
+// handled marker, so that a change seen before that does not sweep it twice.
+func (r *Restarts) Ended(s scheduler.Sweep, recorded bool) {
+	if s.Trigger != scheduler.TriggerRestart || recorded {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.swept[s.Source] == s.Marker {
+		delete(r.swept, s.Source)
+	}
 }
 
 // Pending returns the number of restarts waiting for their debounce window to pass.
@@ -217,6 +241,7 @@ func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
 		s.Fired = now
 		ready = append(ready, s)
 		delete(r.pending, key)
+		r.swept[key] = s.Marker
 	}
 	sort.Slice(ready, func(i, j int) bool { return ready[i].Source.String() < ready[j].Source.String() })
 	return ready, next

@@ -7,6 +7,7 @@ import (
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -161,5 +162,61 @@ func TestCSIAddonsSidecarRestartAlone(t *testing.T) {
 				t.Errorf("restart pending = %v, want %v", pending, tc.wantSweep)
 			}
 		})
+	}
+}
+
+// Changes of a CSIAddonsNode while its restart is being swept (a status update, the healer
+// sidecar writing its annotations back, the sweep's own Events) do not start a second sweep of
+// the same marker; the next restart, or the same marker after its object was deleted and came
+// back, does.
+func TestRestartsOneSweepPerMarker(t *testing.T) {
+	r, fc, sweeps := runRestarts(t, time.Second)
+	ctx := context.Background()
+	n := csiAddonsNode(map[string]string{annotations.HealerRestart: "r1", annotations.Endpoint: "10.0.0.5:9070"})
+	r.Observe(ctx, n)
+	step(t, fc, 2*time.Second)
+	if s := expectSweep(t, sweeps); s.Marker != "r1" {
+		t.Fatalf("sweep marker = %q, want r1", s.Marker)
+	}
+
+	// The csi-addons sidecar recreated the object and the healer sidecar put its endpoint back,
+	// while the sweep is still pending: same marker.
+	stripped := n.DeepCopy()
+	delete(stripped.Annotations, annotations.Endpoint)
+	for _, update := range []*csiaddonsv1alpha1.CSIAddonsNode{stripped, n} {
+		r.Observe(ctx, update)
+		if r.Pending() != 0 {
+			t.Errorf("pending = %d while the marker's sweep runs, want 0", r.Pending())
+			step(t, fc, 2*time.Second)
+		}
+	}
+	expectNoSweep(t, sweeps)
+
+	again := csiAddonsNode(map[string]string{annotations.HealerRestart: "r2"})
+	r.Observe(ctx, again)
+	step(t, fc, 2*time.Second)
+	if s := expectSweep(t, sweeps); s.Marker != "r2" {
+		t.Fatalf("sweep marker = %q, want r2 for the next restart", s.Marker)
+	}
+	r.Forget(types.NamespacedName{Namespace: again.Namespace, Name: again.Name})
+	r.Observe(ctx, again)
+	step(t, fc, 2*time.Second)
+	second := expectSweep(t, sweeps)
+	if second.Marker != "r2" {
+		t.Fatalf("sweep marker = %q, want r2 once more for the recreated object", second.Marker)
+	}
+
+	// A sweep that recorded its marker stays counted until the object shows it; one that ended
+	// without recording it (it stopped unfinished, the patch failed) is swept on the next change.
+	r.Ended(second, true)
+	r.Observe(ctx, again)
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d after a sweep that recorded its marker, want 0", r.Pending())
+	}
+	r.Ended(second, false)
+	r.Observe(ctx, again)
+	step(t, fc, 2*time.Second)
+	if s := expectSweep(t, sweeps); s.Marker != "r2" {
+		t.Fatalf("sweep marker = %q, want r2 again after its sweep ended unrecorded", s.Marker)
 	}
 }

@@ -417,3 +417,43 @@ func TestEvictionByDefaultPolicy(t *testing.T) {
 		t.Errorf("%d %s Events on pod %s, want 1", n, evict.ReasonEvictedForStaleMount, rs.Name)
 	}
 }
+
+// TestEvictionAsksForAReprobe: once every pod on the healed node's dead mount was evicted, the
+// volume is probed again after ReprobeAfter, so that its dead-mount flag clears when the
+// replacement pods see the repaired mount; while the policy leaves a pod on the dead mount, it
+// is not.
+func TestEvictionAsksForAReprobe(t *testing.T) {
+	reprobes := make(chan evict.Request, 4)
+	f := newEvictFixture(t, "evre", evict.Options{ReprobeAfter: time.Minute, Reprobe: func(req evict.Request) { reprobes <- req }})
+	f.optIn(f.AppNS)
+	node := "evre-node"
+	a := f.pod(f.AppNS, "evre-a", node, "evre-data", true)
+	b := f.pod(f.AppNS, "evre-b", node, "evre-data", true)
+	bare := f.pod(f.AppNS, "evre-bare", node, "evre-kept", false)
+	healedAt := time.Now().Add(2 * time.Second)
+	f.evictor.Add(f.claim(f.AppNS, "evre-data", node, healedAt))
+	f.evictor.Add(f.claim(f.AppNS, "evre-kept", node, healedAt))
+	harness.Eventually(t, harness.EventWait, "both pods evicted and the evictor idle", func() (bool, string) {
+		return f.evicted(a) && f.evicted(b) && f.evictor.Idle(), "not yet"
+	})
+	f.waitEvent(f.AppNS, "Pod", bare.Name, evict.ReasonPodLeftOnDeadMount)
+	select {
+	case req := <-reprobes:
+		t.Fatalf("re-probe of %s before ReprobeAfter", req.PV)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.clock.Step(time.Minute)
+	select {
+	case req := <-reprobes:
+		if req.PV != "pv-evre-data" || req.Node != node {
+			t.Errorf("re-probe of %s on %s, want pv-evre-data on %s", req.PV, req.Node, node)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no re-probe after every pod on the dead mount was evicted")
+	}
+	select {
+	case req := <-reprobes:
+		t.Errorf("re-probe of %s, whose pod the policy left on the dead mount", req.PV)
+	case <-time.After(200 * time.Millisecond):
+	}
+}

@@ -271,8 +271,9 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 	return nil
 }
 
-// sweepEventRank orders the Events of one restart sweep: started, then pending or finished.
-var sweepEventRank = map[string]int{healer.ReasonRestartSweepStarted: 1, healer.ReasonRestartSweepPending: 2, healer.ReasonRestartSweepFinished: 3}
+// sweepEventRank orders the Events of one restart sweep: started, then pending, then finished or
+// stopped.
+var sweepEventRank = map[string]int{healer.ReasonRestartSweepStarted: 1, healer.ReasonRestartSweepPending: 2, healer.ReasonRestartSweepFinished: 3, healer.ReasonRestartSweepStopped: 3}
 
 // restartTime is the newest start time the marker annotations hold: the healer sidecar's and the
 // csi-addons sidecar's.

@@ -7,6 +7,7 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/informers/internalinterfaces"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/healer"
@@ -35,6 +37,14 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		// A sidecar that moved gets a new connection; the old one is closed.
 		if stale := targets.Set(n); stale != "" {
 			sidecars.Forget(stale)
+		}
+		if _, kept := targets.Object(types.NamespacedName{Namespace: n.Namespace, Name: n.Name}); !kept {
+			// Its Node is gone: no sidecar serves there, and a restart sweep would find none.
+			klog.FromContext(ctx).V(2).Info("CSIAddonsNode of a Node that is gone: not a sidecar target", "csiAddonsNode", klog.KObj(n), "node", n.Spec.Driver.NodeID)
+			t.restarts.Forget(types.NamespacedName{Namespace: n.Namespace, Name: n.Name})
+			history.ForgetNode(n.Spec.Driver.Name, n.Spec.Driver.NodeID)
+			t.manual.Observe(ctx, n)
+			return
 		}
 		t.restarts.Observe(ctx, n)
 		t.manual.Observe(ctx, n)
@@ -102,26 +112,46 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		return err
 	}
 	// A deleted Node takes its sidecar targets with it: its CSIAddonsNodes may stay behind, but no
-	// sidecar answers there, and sweeps must not keep dialling it.
-	_, err = factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	// sidecar answers there, and sweeps must not keep dialling it. The same goes for the Nodes
+	// deleted before the controller started, once the Node cache knows them all.
+	nodeInformer := factory.Core().V1().Nodes().Informer()
+	nodeLister := factory.Core().V1().Nodes().Lister()
+	targets.SetNodeExists(func(name string) bool {
+		if !nodeInformer.HasSynced() {
+			return true // not known to be gone yet
+		}
+		_, err := nodeLister.Get(name)
+		return !apierrors.IsNotFound(err)
+	})
+	drop := func(dropped []*csiaddonsv1alpha1.CSIAddonsNode, endpoints []string) {
+		for _, ep := range endpoints {
+			sidecars.Forget(ep)
+		}
+		for _, n := range dropped {
+			klog.FromContext(ctx).V(2).Info("Sidecar target dropped: its Node is gone", "csiAddonsNode", klog.KObj(n), "driver", n.Spec.Driver.Name, "node", n.Spec.Driver.NodeID)
+			t.restarts.Forget(types.NamespacedName{Namespace: n.Namespace, Name: n.Name})
+			history.ForgetNode(n.Spec.Driver.Name, n.Spec.Driver.NodeID)
+		}
+	}
+	_, err = nodeInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
 			}
-			node, ok := obj.(*corev1.Node)
-			if !ok {
-				return
-			}
-			keys, endpoints := targets.DeleteNode(node.Name)
-			for _, ep := range endpoints {
-				sidecars.Forget(ep)
-			}
-			for _, key := range keys {
-				t.restarts.Forget(key)
+			if node, ok := obj.(*corev1.Node); ok {
+				drop(targets.DeleteNode(node.Name))
 			}
 		},
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	go func() {
+		if toolscache.WaitForCacheSync(ctx.Done(), nodeInformer.HasSynced, nodes.HasSynced) {
+			drop(targets.DropGoneNodes())
+		}
+	}()
+	return nil
 }
 
 // forgetter drops what the sweeper remembers of a deleted PV or StorageClass (*healer.Sweeper).

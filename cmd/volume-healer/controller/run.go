@@ -82,10 +82,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	sweeps := newSweepRunner(act.sweeper, caches.factory, pol.source)
+	act.submit = sweeps.submit
 	trig, err := newTriggers(cfg, k, sweeps.submit)
 	if err != nil {
 		return err
 	}
+	// A restart sweep that ended without recording its marker lets the next change of its
+	// CSIAddonsNode start another.
+	sweeps.ended = trig.restarts.Ended
 	if err := watchTriggers(ctx, caches.factory, caches.nodes, act.targets, act.sweeper, act.sidecars, trig); err != nil {
 		return err
 	}
@@ -300,6 +304,9 @@ type actStage struct {
 	metrics    *healer.Metrics
 	evictor    *evict.Evictor
 	sweeper    *healer.Sweeper
+	// submit hands a sweep to the sweep runner, which is made after this stage; the evictor asks
+	// for re-probes through it.
+	submit func(scheduler.Sweep)
 }
 
 // newActStage builds the dispatcher, the client of the sidecars, the evictor and the sweeper that
@@ -330,7 +337,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		return nil, err
 	}
 	a := &actStage{dispatcher: dispatcher, sidecars: sidecars, targets: healer.NewTargetMap(), metrics: healer.NewMetrics(k.reg)}
-	if a.evictor, err = newEvictor(cfg, k, engine); err != nil {
+	if a.evictor, err = newEvictor(cfg, k, engine, func(req evict.Request) { a.submit(reprobeSweep(req)) }); err != nil {
 		return nil, err
 	}
 	a.sweeper, err = healer.New(healer.Options{
@@ -358,7 +365,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 // newEvictor builds the evictor of the pods on a healed volume, or returns nil when remediation is
 // off. Its metrics are exposed with remediation off too, at zero, so that the dashboard and the
 // alerts read the same series whatever the setting.
-func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine) (*evict.Evictor, error) {
+func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine, reprobe func(evict.Request)) (*evict.Evictor, error) {
 	evictMetrics := evict.NewMetrics(k.reg)
 	if !cfg.Remediation.Enabled {
 		return nil, nil
@@ -374,6 +381,7 @@ func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine) (*evict.Evic
 		// A blocked eviction is tried again on the same backoff as a failing volume.
 		BackoffBase: cfg.Backoff.Base,
 		BackoffMax:  cfg.Backoff.Max,
+		Reprobe:     reprobe,
 	})
 }
 
@@ -537,6 +545,12 @@ func restConfig(path string) (*rest.Config, error) {
 	// requests per second would make those writes, not the budgets, bound a rollout's heal rate.
 	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
+}
+
+// reprobeSweep is the sweep that probes req's volume again once the pods on its dead mount were
+// evicted: a manual sweep of that one PV, dispatched under the budgets like any other.
+func reprobeSweep(req evict.Request) scheduler.Sweep {
+	return scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: req.PV, AfterEviction: true}
 }
 
 // restarter is the sweeper's Restarter: the evictor, or none when remediation is off (a nil

@@ -116,6 +116,10 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 		return code == http.StatusOK, nil
 	})
 
+	// The controller calls sidecars only on Nodes that exist.
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := env.Client.Create(ctx, &csiaddonsv1alpha1.CSIAddonsNode{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-a-rbd", Annotations: map[string]string{
 			annotations.CSIAddonsRestart: "2026-11-29T10:00:00Z",

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -100,8 +102,16 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := csiaddonsv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	crClient := noWatchList{crfake.NewClientBuilder().WithScheme(scheme).Build()}
-	clientset := k8sfake.NewClientset()
+	// A CSIAddonsNode left behind by a Node deleted before the controller started.
+	leftBehind := &csiaddonsv1alpha1.CSIAddonsNode{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "csi", Name: "node-0-rbd", Annotations: map[string]string{
+			annotations.Endpoint:      "127.0.0.1:9070",
+			annotations.HealerRestart: "2026-11-01T10:00:00Z/pod-0",
+		}},
+		Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{Name: "rbd.csi.ceph.com", NodeID: "node-0"}},
+	}
+	crClient := noWatchList{crfake.NewClientBuilder().WithScheme(scheme).WithObjects(leftBehind).Build()}
+	clientset := k8sfake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithTransform(planner.CacheTransform))
 	if _, err := planner.InformerCaches(factory); err != nil {
 		t.Fatal(err)
@@ -169,6 +179,16 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 		}
 		return false
 	})
+	if _, _, err := targets.Target("rbd.csi.ceph.com", "node-0"); !errors.Is(err, healer.ErrNodeGone) {
+		t.Errorf("the CSIAddonsNode of a Node gone before the start is a target: %v", err)
+	}
+	if got := targets.Nodes("rbd.csi.ceph.com"); len(got) != 1 || got[0] != "node-1" {
+		t.Errorf("nodes of rbd.csi.ceph.com = %v, want only node-1", got)
+	}
+	leftBehind.Annotations[annotations.HealerRestart] = "2026-12-01T10:00:00Z/pod-0"
+	if err := crClient.Update(ctx, leftBehind); err != nil {
+		t.Fatal(err)
+	}
 
 	node.Annotations[annotations.Endpoint] = "127.0.0.1:9072"
 	if err := crClient.Update(ctx, node); err != nil {
@@ -177,6 +197,18 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	eventually(t, "the old endpoint's connection is closed when the sidecar moves", func() bool {
 		return forgot.seen(func() bool { return len(forgot.endpoints) == 1 && forgot.endpoints[0] == "127.0.0.1:9071" })
 	})
+	// The informer delivers in order: the gone Node's update was handled before node-1's.
+	if _, kept := targets.Object(client.ObjectKeyFromObject(leftBehind)); kept {
+		t.Error("the updated CSIAddonsNode of a gone Node became a target again")
+	}
+	time.Sleep(50 * time.Millisecond) // past the debounce
+	mu.Lock()
+	for _, s := range sweeps {
+		if s.Node == "node-0" {
+			t.Errorf("a sweep of a Node that is gone: %+v", s)
+		}
+	}
+	mu.Unlock()
 
 	sc := &storagev1.StorageClass{
 		ObjectMeta:  metav1.ObjectMeta{Name: "fast", Annotations: map[string]string{annotations.Schedule: "@every 1h"}},
@@ -214,7 +246,7 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
 		return err != nil && forgot.seen(func() bool {
 			return len(forgot.endpoints) == 2 && forgot.endpoints[1] == "127.0.0.1:9072" &&
-				len(forgot.nodes) == 1 && forgot.nodes[0] == "rbd.csi.ceph.com/node-1"
+				slices.Contains(forgot.nodes, "rbd.csi.ceph.com/node-1")
 		})
 	})
 
@@ -236,9 +268,12 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := clientset.CoreV1().Nodes().Delete(ctx, "node-2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted Node's sidecar is no longer a target and its connection is closed", func() bool {
+	eventually(t, "a deleted Node's sidecar is no longer a target, its connection is closed, its history forgotten", func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
-		return err != nil && forgot.seen(func() bool { return len(forgot.endpoints) == 3 && forgot.endpoints[2] == "127.0.0.1:9073" })
+		return err != nil && forgot.seen(func() bool {
+			return len(forgot.endpoints) == 3 && forgot.endpoints[2] == "127.0.0.1:9073" &&
+				slices.Contains(forgot.nodes, "rbd.csi.ceph.com/node-2")
+		})
 	})
 
 	// A manual request on a PVC is remembered until it is handled, or the PVC is deleted.

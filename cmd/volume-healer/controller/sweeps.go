@@ -18,7 +18,9 @@ type sweepRunner struct {
 		Run(context.Context, scheduler.Sweep) healer.Summary
 	}
 	// ready blocks until sweeps can be planned correctly.
-	ready   func(context.Context) error
+	ready func(context.Context) error
+	// ended, when set, is told of each sweep that ended and whether it recorded a restart marker.
+	ended   func(scheduler.Sweep, bool)
 	mu      sync.Mutex
 	ctx     context.Context
 	pending []scheduler.Sweep
@@ -39,7 +41,10 @@ func (r *sweepRunner) submit(sw scheduler.Sweep) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		r.sweeper.Run(r.ctx, sw)
+		summary := r.sweeper.Run(r.ctx, sw)
+		if r.ended != nil {
+			r.ended(sw, summary.Recorded)
+		}
 	}()
 }
 
