@@ -129,10 +129,14 @@ type Evictor struct {
 	handled map[types.UID]handledPod
 }
 
-// handledPod is when a pod was handled and whether that evicted it.
+// handledPod is when a pod was handled and whether that evicted it. A pod the policy left alone
+// keeps the reason: the policy is asked again at each report of the dead mount (its answer may
+// depend on the time, as in a maintenance window), and the pod gets new Events only when the
+// answer changes.
 type handledPod struct {
 	at      time.Time
 	evicted bool
+	left    string
 }
 
 // New returns an Evictor.
@@ -278,7 +282,8 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 	stays := false
 	for i := range pods {
 		pod := &pods[i]
-		if h, ok := e.wasHandled(pod.UID); ok {
+		h, ok := e.wasHandled(pod.UID)
+		if ok && h.left == "" {
 			stays = stays || !h.evicted
 			continue
 		}
@@ -304,13 +309,17 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 			continue
 		}
 		if d.Action != policy.RestartEvict {
+			if h.left == d.Reason {
+				logger.V(2).Info("Policy still leaves the pod on the dead mount", "pod", klog.KObj(pod), "reason", d.Reason)
+				continue
+			}
 			logger.Info("Policy leaves the pod on the dead mount", "pod", klog.KObj(pod), "reason", d.Reason)
 			e.opts.Metrics.eviction(ResultLeftAlone)
 			e.event(pod, corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
 				"The pod still sees the dead mount of claim %s after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", req.Claim.Name, req.heal(), d.Reason)
 			e.event(req.claimRef(), corev1.EventTypeWarning, ReasonPodLeftOnDeadMount,
 				"Pod %s still sees this volume's dead mount after %s, and the policy leaves it alone (%s): restart it to give it the repaired mount", pod.Name, req.heal(), d.Reason)
-			e.markHandled(pod.UID, now, false)
+			e.markLeft(pod.UID, now, d.Reason)
 			continue
 		}
 		if e.opts.DryRun {
@@ -413,6 +422,13 @@ func (e *Evictor) markHandled(uid types.UID, now time.Time, evicted bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.handled[uid] = handledPod{at: now, evicted: evicted}
+}
+
+// markLeft records that the policy left the pod alone for reason.
+func (e *Evictor) markLeft(uid types.UID, now time.Time, reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handled[uid] = handledPod{at: now, left: reason}
 }
 
 // expireHandled forgets pods handled over an hour ago: an evicted pod is gone by then.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,7 +51,10 @@ func newEvictFixture(t *testing.T, name string, opts evict.Options) *evictFixtur
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Client, opts.Clock, opts.Metrics, opts.Policy = f.Clientset, f.clock, f.metrics, engine
+	opts.Client, opts.Clock, opts.Metrics = f.Clientset, f.clock, f.metrics
+	if opts.Policy == nil {
+		opts.Policy = engine
+	}
 	opts.Recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "volume-healer"})
 	e, err := evict.New(opts)
 	if err != nil {
@@ -455,5 +459,60 @@ func TestEvictionAsksForAReprobe(t *testing.T) {
 	case req := <-reprobes:
 		t.Errorf("re-probe of %s, whose pod the policy left on the dead mount", req.PV)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// windowPolicy leaves every pod alone, for the reason OutsideMaintenanceWindow, until open is
+// set; then the built-in policy decides, as the maintenance-window example policy does.
+type windowPolicy struct {
+	open    atomic.Bool
+	builtin evict.Decider
+}
+
+func (w *windowPolicy) DecideRestart(ctx context.Context, in *policy.RestartInput) (policy.RestartDecision, error) {
+	if !w.open.Load() {
+		return policy.RestartDecision{Action: policy.RestartLeave, Reason: "OutsideMaintenanceWindow"}, nil
+	}
+	return w.builtin.DecideRestart(ctx, in)
+}
+
+// TestEvictionLeftAloneIsAskedAgain: a pod the policy left alone is asked about again at each
+// report of the dead mount, with one Event while the answer stays the same, and is evicted once
+// the policy says so (a maintenance window opening).
+func TestEvictionLeftAloneIsAskedAgain(t *testing.T) {
+	engine, err := policy.NewEngine(context.Background(), policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	window := &windowPolicy{builtin: engine}
+	f := newEvictFixture(t, "evwin", evict.Options{Policy: window})
+	f.optIn(f.AppNS)
+	node := "evwin-node"
+	p := f.pod(f.AppNS, "evwin-rs", node, "evwin-data", true)
+	healedAt := time.Now().Add(2 * time.Second)
+	req := f.claim(f.AppNS, "evwin-data", node, healedAt)
+	f.evictor.Add(req)
+	if msg := f.waitEvent(f.AppNS, "Pod", p.Name, evict.ReasonPodLeftOnDeadMount); !strings.Contains(msg, "OutsideMaintenanceWindow") {
+		t.Errorf("pod's Event = %q, want the policy's reason", msg)
+	}
+	// The next probe reports the dead mount again, still outside the window.
+	req.HealedAt = healedAt.Add(time.Second)
+	f.evictor.Add(req)
+	harness.Eventually(t, harness.EventWait, "the evictor idle", func() (bool, string) { return f.evictor.Idle(), "busy" })
+	if f.evicted(p) {
+		t.Fatal("the pod was evicted outside the maintenance window")
+	}
+	window.open.Store(true)
+	req.HealedAt = healedAt.Add(2 * time.Second)
+	f.evictor.Add(req)
+	harness.Eventually(t, harness.EventWait, "the pod evicted once the window opened", func() (bool, string) { return f.evicted(p), "still running" })
+	if got := f.count(evict.ResultLeftAlone); got != 1 {
+		t.Errorf("evictions_total{result=left_alone} = %d, want 1: one decision to leave, however often repeated", got)
+	}
+	if got := f.count(evict.ResultEvicted); got != 1 {
+		t.Errorf("evictions_total{result=evicted} = %d, want 1", got)
+	}
+	if _, n := f.Events(f.AppNS, "Pod", p.Name, evict.ReasonPodLeftOnDeadMount); n != 1 {
+		t.Errorf("%d %s Events on the pod, want 1", n, evict.ReasonPodLeftOnDeadMount)
 	}
 }
