@@ -97,7 +97,8 @@ current-context: scale
 		_ = p.proxy.Close()
 		return nil, err
 	}
-	if err := p.WaitReady(ctx, 3*time.Minute); err != nil {
+	// At 300,000 volumes the caches take a minute or two to fill on a busy 2-core machine.
+	if err := p.WaitReady(ctx, 10*time.Minute); err != nil {
 		p.stop()
 		return nil, err
 	}

@@ -16,9 +16,9 @@ func (r *Results) markdown() string {
 	p("Machine: %d CPUs (%s), %s memory, Linux %s, %s; load average at start %s. Wall time %.0fs.\n\n",
 		r.Machine.CPUs, r.Machine.CPUModel, mib(float64(r.Machine.MemoryBytes)), r.Machine.Kernel, r.Machine.GoVersion, r.LoadAverage, r.WallSeconds)
 
-	p("## Setup\n\n| phase | nodes | volumes | create s | volumes/s | plugins start s |\n|---|---|---|---|---|---|\n")
+	p("## Setup\n\n| phase | nodes | volumes | written through | create s | volumes/s | listed by the apiserver after s | plugins start s |\n|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Setup {
-		p("| %s | %d | %d | %.1f | %.0f | %.1f |\n", s.Phase, s.Nodes, s.Volumes, s.Seconds, s.VolumesPerSec, s.PluginsSeconds)
+		p("| %s | %d | %d | %s | %.1f | %.0f | %.1f | %.1f |\n", s.Phase, s.Nodes, s.Volumes, s.Method, s.Seconds, s.VolumesPerSec, s.ServedSeconds, s.PluginsSeconds)
 	}
 
 	p("\n## 1. API requests per restart sweep\n\n")

@@ -45,6 +45,11 @@ type setupStep struct {
 	Seconds        float64 `json:"seconds"`
 	VolumesPerSec  float64 `json:"volumesPerSecond"`
 	PluginsSeconds float64 `json:"pluginsSeconds"`
+	// Method is how the objects were put there: "api" (created through the apiserver, six
+	// writes a volume) or "etcd" (written into the apiserver's etcd, see etcdfill.go).
+	Method string `json:"method"`
+	// ServedSeconds is how long after the etcd writes the apiserver listed every object.
+	ServedSeconds float64 `json:"servedSeconds,omitempty"`
 }
 
 // requestFigure is a set of API requests, watches left out of the sums (a watch is one long
