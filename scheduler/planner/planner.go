@@ -474,7 +474,7 @@ func (p *Planner) volumeOf(pvName string, pv *cachedPV, va *cachedAttachment, no
 	if pv.claimName != "" {
 		if obj, ok, _ := p.c.PVCs.GetByKey(pv.claimNamespace + "/" + pv.claimName); ok {
 			// A claim of the same name created after the PV's was deleted is not this volume's.
-			if c := recordOf[cachedClaim](obj); c.volumeName == pv.name && (pv.claimUID == "" || c.uid == pv.claimUID) {
+			if c := recordOf[cachedClaim](obj); c.volumeName == pv.name && (pv.claimUID == packedUID{} || c.uid.equal(pv.claimUID)) {
 				v.claim = c
 			}
 		}
