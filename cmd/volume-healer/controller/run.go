@@ -21,6 +21,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -50,10 +51,16 @@ const shutdownTimeout = 30 * time.Second
 func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
+	// Once the caches are full, budget holds the Go memory limit a headroom above them (heap.go),
+	// under the container's; a GOMEMLIMIT set by the operator is left alone.
+	var budget *heapBudget
 	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
 		logger.Error(err, "Running without a Go memory limit")
 	} else {
 		logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+		if limit.Source != config.MemoryLimitFromEnv {
+			budget = &heapBudget{ceiling: limit.Bytes}
+		}
 	}
 
 	restCfg, err := restConfig(cfg.Kubeconfig)
@@ -302,7 +309,8 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := watchTriggers(ctx, factory, nodes, targets, sweeper, sidecars, triggers{restarts, periodic, manual}); err != nil {
+	handlers, err := watchTriggers(ctx, factory, nodes, targets, sweeper, sidecars, triggers{restarts, periodic, manual})
+	if err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
@@ -315,14 +323,23 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	for _, r := range []manager.Runnable{
 		manager.RunnableFunc(func(ctx context.Context) error {
 			factory.Start(ctx.Done())
-			// Filling the caches decodes every object once and keeps a compact record of it: the
-			// decoded objects are garbage the heap holds until its next collection, and their pages
-			// stay with the process until the runtime's scavenger slowly returns them. One
-			// collection once the caches are full returns them at once, so that a replica's
-			// footprint starts at what it keeps rather than at what filling took.
+			// Filling the caches decodes every object once and keeps a compact record of it, and
+			// the handlers then see every record once: the decoded objects and what the handlers
+			// built are garbage the heap holds until its next collection, and their pages stay
+			// with the process until the runtime's scavenger slowly returns them. One collection
+			// once the caches are full and the handlers have seen them returns them at once, so
+			// that a replica's footprint starts at what it keeps rather than at what filling took;
+			// from there the budget keeps it near that.
 			factory.WaitForCacheSync(ctx.Done())
-			if informersSynced(factory) == nil {
+			synced := make([]toolscache.InformerSynced, len(handlers))
+			for i, h := range handlers {
+				synced[i] = h.HasSynced
+			}
+			if informersSynced(factory) == nil && toolscache.WaitForCacheSync(ctx.Done(), synced...) {
 				debug.FreeOSMemory()
+				if budget != nil {
+					budget.run(ctx)
+				}
 			}
 			<-ctx.Done()
 			factory.Shutdown()
