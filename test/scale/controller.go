@@ -186,6 +186,20 @@ func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, anon,
 	return median(rs), median(as), median(hs), nil
 }
 
+// memoryLimit returns the controller's Go memory limit (go_gc_gomemlimit_bytes), 0 when it has
+// none or does not say.
+func (p *controllerProcess) memoryLimit(ctx context.Context) (int64, error) {
+	m, err := harness.ScrapeMetrics(ctx, p.MetricsAddr)
+	if err != nil {
+		return 0, err
+	}
+	limit := harness.MetricSum(m, "go_gc_gomemlimit_bytes", nil)
+	if limit <= 0 || limit >= 1<<62 {
+		return 0, nil
+	}
+	return int64(limit), nil
+}
+
 func median(v []int64) int64 {
 	if len(v) == 0 {
 		return 0

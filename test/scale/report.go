@@ -69,7 +69,7 @@ func (r *Results) markdown() string {
 	}
 
 	if m := r.Memory; m != nil {
-		p("\n## 4. Controller memory\n\n| volumes (PVs, PVCs, VAs each) | nodes | RSS | of it anonymous | Go heap in use | measured |\n|---|---|---|---|---|---|\n")
+		p("\n## 4. Controller memory\n\n| volumes (PVs, PVCs, VAs each) | nodes | RSS | of it anonymous | Go heap in use | Go memory limit | ready after s | objects handled after s | measured |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, pt := range m.Points {
 			kind := "measured"
 			if pt.Extrapolated {
@@ -79,7 +79,11 @@ func (r *Results) markdown() string {
 			if pt.RSSAnonBytes > 0 {
 				anon = mib(float64(pt.RSSAnonBytes))
 			}
-			p("| %d | %d | %s | %s | %s | %s |\n", pt.Volumes, pt.Nodes, mib(float64(pt.RSSBytes)), anon, mib(float64(pt.HeapInuseBytes)), kind)
+			limit := "-"
+			if pt.GoMemoryLimitBytes > 0 {
+				limit = mib(float64(pt.GoMemoryLimitBytes))
+			}
+			p("| %d | %d | %s | %s | %s | %s | %.1f | %.1f | %s |\n", pt.Volumes, pt.Nodes, mib(float64(pt.RSSBytes)), anon, mib(float64(pt.HeapInuseBytes)), limit, pt.ReadySeconds, pt.HandledSeconds, kind)
 		}
 		for _, c := range m.Caches {
 			p("\nInformer caches rebuilt in the harness, %s: %d volumes, %s live, %.0f bytes per volume.\n", c.Name, c.Volumes, mib(float64(c.LiveBytes)), c.BytesPerVolume)
