@@ -51,8 +51,8 @@ const shutdownTimeout = 30 * time.Second
 func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
-	// Once the caches are full, budget holds the Go memory limit a headroom above them (heap.go),
-	// under the container's; a GOMEMLIMIT set by the operator is left alone.
+	// Once the caches are full, budget holds the Go memory limit a headroom above them while no
+	// sweep runs (heap.go), under the container's; a GOMEMLIMIT set by the operator is left alone.
 	var budget *heapBudget
 	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
 		logger.Error(err, "Running without a Go memory limit")
@@ -283,6 +283,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return informersSynced(factory) == nil && policySource.HasSynced(), nil
 		})
 	}}
+	if budget != nil {
+		// The budget steps aside while sweeps run (heap.go).
+		budget.quiet, sweeps.started = sweeps.quietSince, budget.sweepStarted
+	}
 
 	restarts, err := trigger.NewRestarts(trigger.RestartOptions{
 		Debounce: cfg.Restart.Debounce,
