@@ -93,7 +93,9 @@ func (r *Results) markdown() string {
 				p("\n```\n%s\n```\n", strings.Join(c.ProfileTop, "\n"))
 			}
 		}
-		p("\nSlope: RSS %.0f bytes per volume, heap %.0f bytes per volume (intercepts %s, %s).\n", m.RSSBytesPerVolume, m.HeapBytesPerVolume, mib(m.RSSInterceptBytes), mib(m.HeapInterceptBytes))
+		if m.RSSBytesPerVolume != 0 {
+			p("\nSlope: RSS %.0f bytes per volume, heap %.0f bytes per volume (intercepts %s, %s).\n", m.RSSBytesPerVolume, m.HeapBytesPerVolume, mib(m.RSSInterceptBytes), mib(m.HeapInterceptBytes))
+		}
 		if s := r.Storm; s != nil {
 			p("After the storm (history of every volume held): RSS %s, heap %s.\n", mib(float64(s.ControllerRSSBytes)), mib(float64(s.ControllerHeapBytes)))
 		}
