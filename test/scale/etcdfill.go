@@ -25,7 +25,7 @@ import (
 // object), under the keys the apiserver reads, with a UID, a creation time, the status that
 // binding and attaching leave, and the managed fields of the same objects created through the
 // API. Through the API a 2-core machine takes about 150 volumes a second (six writes each); etcd
-// takes them in batched transactions about a hundred times faster. The apiserver sees every
+// takes them in batched transactions ten to twenty times faster. The apiserver sees every
 // write through its watch of etcd, and every client, the controller among them, lists and
 // watches them through the apiserver as it would objects created through it.
 

@@ -13,9 +13,9 @@ import (
 
 // What the controller keeps is its informer caches: once they are full, the live heap changes
 // only as the cluster does. Left alone, the Go runtime lets the heap grow to twice the live heap
-// between collections (GOGC=100) and keeps the pages: a controller that holds 150 MiB of caches
-// settles near 300 MiB plus its binary, most of it garbage of watch events, sweeps and metric
-// scrapes. heapBudget instead holds the runtime's soft memory limit a headroom above the live
+// between collections (GOGC=100) and keeps the pages: a controller that holds about 150 MiB of
+// caches can settle near twice that plus its binary, the rest garbage of watch events, sweeps
+// and metric scrapes. heapBudget instead holds the runtime's soft memory limit a headroom above the live
 // heap while the controller is at rest, so that the collector runs when the garbage reaches the
 // headroom and the scavenger returns what is above it. The limit follows the live heap as the
 // cluster grows or shrinks, and never goes above the limit taken from the container
