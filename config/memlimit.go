@@ -19,6 +19,9 @@ const MemoryLimitShare = 0.9
 // cgroupLimitFiles are where the container's memory limit is read: cgroup v2, then v1.
 var cgroupLimitFiles = []string{"memory.max", filepath.Join("memory", "memory.limit_in_bytes")}
 
+// MemoryLimitFromEnv is the Source of a MemoryLimit that GOMEMLIMIT set.
+const MemoryLimitFromEnv = "GOMEMLIMIT"
+
 // MemoryLimit is what SetMemoryLimit did.
 type MemoryLimit struct {
 	// Bytes is the soft limit set for the Go runtime; 0 when none was set.
@@ -34,7 +37,7 @@ type MemoryLimit struct {
 // environment wins and is left alone.
 func SetMemoryLimit(cgroupRoot string, env func(string) (string, bool)) (MemoryLimit, error) {
 	if v, ok := env("GOMEMLIMIT"); ok && v != "" {
-		return MemoryLimit{Bytes: debug.SetMemoryLimit(-1), Source: "GOMEMLIMIT"}, nil
+		return MemoryLimit{Bytes: debug.SetMemoryLimit(-1), Source: MemoryLimitFromEnv}, nil
 	}
 	for _, name := range cgroupLimitFiles {
 		path := filepath.Join(cgroupRoot, name)

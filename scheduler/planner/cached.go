@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"encoding/hex"
 	"slices"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ func newStringMap(m map[string]string) stringMap {
 	}
 	var shared, own []pair
 	for k, v := range m {
-		if len(v) > maxInternedValue {
+		if len(v) > maxInternedValue && !longValues.repeats(k, v) {
 			own = append(own, pair{intern(k), v})
 			continue
 		}
@@ -84,7 +85,44 @@ func newStringMap(m map[string]string) stringMap {
 	byKey := func(a, b pair) int { return strings.Compare(a.key, b.key) }
 	slices.SortFunc(shared, byKey)
 	slices.SortFunc(own, byKey)
-	return stringMap{shared: sharedPairs.get(shared), own: own}
+	return stringMap{shared: sharedPairs.get(shared), own: slices.Clip(own)}
+}
+
+// recentLongValues remembers, per key, the last few long values seen. A long value seen again
+// for its key (a provisioner's identity, a StorageClass's image features: the same for every
+// volume of a class) is shared like a short one; one that differs every time (an image name, an
+// ID) stays with its record, and interning it would only add an entry.
+type recentLongValues struct {
+	mu   sync.Mutex
+	last map[string]*[recentPerKey]string
+}
+
+// recentPerKey is how many long values are remembered per key: more than the StorageClasses
+// whose volumes usually come in turn.
+const recentPerKey = 8
+
+var longValues = &recentLongValues{last: map[string]*[recentPerKey]string{}}
+
+// repeats reports whether v is among the values recently seen for key k, and remembers it. It
+// remembers at most maxSharedSets keys.
+func (r *recentLongValues) repeats(k, v string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	recent := r.last[k]
+	if recent == nil {
+		if len(r.last) >= maxSharedSets {
+			return false
+		}
+		recent = new([recentPerKey]string)
+		r.last[intern(k)] = recent
+	}
+	if slices.Contains(recent[:], v) {
+		return true
+	}
+	copy(recent[1:], recent[:recentPerKey-1])
+	// A copy of its own, so that the decoded object v came from is not kept.
+	recent[0] = strings.Clone(v)
+	return false
 }
 
 // get returns the value of key.
@@ -199,8 +237,9 @@ func intern(s string) string {
 	return unique.Make(s).Value()
 }
 
-// maxInternedValue is the longest map value that is interned. Longer ones (image names, volume
-// IDs) are usually unique to their object, and interning them would only add an entry.
+// maxInternedValue is the longest map value that is always interned. Longer ones (image names,
+// volume IDs) are usually unique to their object, and are interned only once seen again
+// (recentLongValues).
 const maxInternedValue = 32
 
 // internValue interns a map value unless it looks unique to its object.
@@ -221,6 +260,84 @@ func internMap(m map[string]string) map[string]string {
 		out[intern(k)] = internValue(v)
 	}
 	return out
+}
+
+// packedUID is a UID in 16 bytes when it is a UUID in the canonical form the apiserver gives
+// (lowercase, hyphenated): as a string it takes 64. Any other UID is kept as it is.
+type packedUID struct {
+	uuid  [16]byte
+	other *types.UID
+}
+
+func packUID(u types.UID) packedUID {
+	var p packedUID
+	if u == "" {
+		return p
+	}
+	if parseUUID(string(u), &p.uuid) && p.uuid != ([16]byte{}) {
+		return p
+	}
+	p.uuid = [16]byte{}
+	p.other = &u
+	return p
+}
+
+// uid returns the UID packUID was given.
+func (p packedUID) uid() types.UID {
+	switch {
+	case p.other != nil:
+		return *p.other
+	case p.uuid == ([16]byte{}):
+		return ""
+	}
+	var b [36]byte
+	hex.Encode(b[0:8], p.uuid[0:4])
+	hex.Encode(b[9:13], p.uuid[4:6])
+	hex.Encode(b[14:18], p.uuid[6:8])
+	hex.Encode(b[19:23], p.uuid[8:10])
+	hex.Encode(b[24:36], p.uuid[10:16])
+	b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
+	return types.UID(b[:])
+}
+
+// equal reports whether p and q hold the same UID.
+func (p packedUID) equal(q packedUID) bool {
+	if p.other != nil || q.other != nil {
+		return p.other != nil && q.other != nil && *p.other == *q.other
+	}
+	return p.uuid == q.uuid
+}
+
+// parseUUID decodes s into out if it is a UUID in canonical form, which uid gives back as it was.
+func parseUUID(s string, out *[16]byte) bool {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return false
+	}
+	j := 0
+	for i := 0; i < 36; i += 2 {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			i--
+			continue
+		}
+		hi, ok1 := lowerHex(s[i])
+		lo, ok2 := lowerHex(s[i+1])
+		if !ok1 || !ok2 {
+			return false
+		}
+		out[j] = hi<<4 | lo
+		j++
+	}
+	return j == 16
+}
+
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
 }
 
 // deletionMarker stands for a deletion timestamp in the API objects built from records: the
@@ -244,7 +361,7 @@ type cachedPV struct {
 	attributes            stringMap
 	claimNamespace        string
 	claimName             string
-	claimUID              types.UID
+	claimUID              packedUID
 	deleting              bool
 }
 
@@ -313,7 +430,7 @@ func compactPV(o *corev1.PersistentVolume) *cachedPV {
 	}
 	c.pvShape = sharedShapes.get(shape)
 	if ref := o.Spec.ClaimRef; ref != nil {
-		c.claimNamespace, c.claimName, c.claimUID = intern(ref.Namespace), ref.Name, ref.UID
+		c.claimNamespace, c.claimName, c.claimUID = intern(ref.Namespace), ref.Name, packUID(ref.UID)
 	}
 	return c
 }
@@ -337,7 +454,7 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 			VolumeAttributes: c.attributes.toMap()}
 	}
 	if c.claimName != "" {
-		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.claimNamespace, Name: c.claimName, UID: c.claimUID}
+		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.claimNamespace, Name: c.claimName, UID: c.claimUID.uid()}
 	}
 	return pv
 }
@@ -347,7 +464,7 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 // volume it is bound to.
 type cachedClaim struct {
 	namespace, name, resourceVersion string
-	uid                              types.UID
+	uid                              packedUID
 	volumeName                       string
 	labels, annotations              stringMap
 	deleting                         bool
@@ -355,7 +472,7 @@ type cachedClaim struct {
 
 func compactClaim(o *corev1.PersistentVolumeClaim) *cachedClaim {
 	return &cachedClaim{
-		namespace: intern(o.Namespace), name: o.Name, resourceVersion: o.ResourceVersion, uid: o.UID,
+		namespace: intern(o.Namespace), name: o.Name, resourceVersion: o.ResourceVersion, uid: packUID(o.UID),
 		volumeName: o.Spec.VolumeName, labels: newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
 		deleting: o.DeletionTimestamp != nil,
 	}
@@ -363,7 +480,7 @@ func compactClaim(o *corev1.PersistentVolumeClaim) *cachedClaim {
 
 // GetObjectMeta makes the record keyable by the informer's store.
 func (c *cachedClaim) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid,
+	return &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid.uid(),
 		DeletionTimestamp: deletionOf(c.deleting)}
 }
 
@@ -371,7 +488,7 @@ func (c *cachedClaim) GetObjectMeta() metav1.Object {
 func (c *cachedClaim) object() *corev1.PersistentVolumeClaim {
 	return &corev1.PersistentVolumeClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid,
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid.uid(),
 			Labels: c.labels.toMap(), Annotations: c.annotations.toMap(), DeletionTimestamp: deletionOf(c.deleting)},
 		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: c.volumeName},
 	}

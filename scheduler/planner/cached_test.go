@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 )
@@ -132,7 +133,8 @@ func TestPVsOfAClassShareTheirShape(t *testing.T) {
 }
 
 func TestStringMap(t *testing.T) {
-	long := "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"
+	// A value no other test uses: one seen before would be shared (TestRepeatedLongValuesAreShared).
+	long := "csi-vol-5e0f1a2b-3c4d-4e5f-8a9b-teststringmap"
 	a := newStringMap(map[string]string{"pool": "replicapool", "clusterID": "rook-ceph", "imageName": long})
 	b := newStringMap(map[string]string{"clusterID": "rook-ceph", "pool": "replicapool", "imageName": long + "x"})
 	if a.shared == nil || len(a.shared.pairs) != 2 || len(a.own) != 1 || a.shared != b.shared {
@@ -152,6 +154,55 @@ func TestStringMap(t *testing.T) {
 	}
 	if m := newStringMap(nil).toMap(); m != nil {
 		t.Errorf("empty map = %v, want nil", m)
+	}
+}
+
+// A long value that every volume of a class has alike (a provisioner's identity) is shared like
+// a short one once seen again; one unique to each volume (an image name) stays with its record.
+func TestRepeatedLongValuesAreShared(t *testing.T) {
+	identity := "1732870000000-8081-rbd.csi.ceph.com-repeated-long-value"
+	mk := func(i int) stringMap {
+		return newStringMap(map[string]string{
+			"storage.kubernetes.io/csiProvisionerIdentity": string([]byte(identity)),
+			"imageName": fmt.Sprintf("csi-vol-%08d-4a5b-11ef-9c1d-0a580a810212", i),
+		})
+	}
+	mk(0)
+	a, b := mk(1), mk(2)
+	if a.shared == nil || a.shared != b.shared || len(a.own) != 1 || len(b.own) != 1 {
+		t.Fatalf("records of two volumes: shared %+v and %+v, own %v and %v; want the identity shared, the image names their own", a.shared, b.shared, a.own, b.own)
+	}
+	if v, _ := b.get("imageName"); v != "csi-vol-00000002-4a5b-11ef-9c1d-0a580a810212" {
+		t.Errorf("get(imageName) = %q", v)
+	}
+	if m := b.toMap(); len(m) != 2 || m["storage.kubernetes.io/csiProvisionerIdentity"] != identity {
+		t.Errorf("toMap = %v", m)
+	}
+}
+
+// A UID comes back as it was given, packed or not.
+func TestPackedUID(t *testing.T) {
+	for name, uid := range map[string]types.UID{
+		"canonical":         "5f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f50",
+		"uppercase":         "5F0C2A1E-3B4D-4C5E-8F9A-0B1C2D3E4F50",
+		"zero":              "00000000-0000-0000-0000-000000000000",
+		"not a UUID":        "claim-7",
+		"hyphens elsewhere": "5f0c2a1e3-b4d-4c5e-8f9a-0b1c2d3e4f50",
+		"empty":             "",
+	} {
+		p := packUID(uid)
+		if got := p.uid(); got != uid {
+			t.Errorf("%s: packUID(%q).uid() = %q", name, uid, got)
+		}
+		if !p.equal(packUID(types.UID(string([]byte(uid))))) {
+			t.Errorf("%s: %q packed twice is not equal", name, uid)
+		}
+		if uid != "" && p.equal(packUID("5f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f51")) {
+			t.Errorf("%s: %q equals another UID", name, uid)
+		}
+	}
+	if p := packUID("5f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f50"); p.other != nil {
+		t.Error("a canonical UUID is kept as a string")
 	}
 }
 

@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -19,28 +20,17 @@ import (
 const (
 	// IndexDriverNode indexes VolumeAttachments by "<attacher>/<node>".
 	IndexDriverNode = "driverNode"
-	// IndexStorageClass indexes PersistentVolumes by StorageClass name.
-	IndexStorageClass = "storageClass"
-	// IndexDriver indexes VolumeAttachments by attacher.
-	IndexDriver = "driver"
 )
 
 // The planner has no index with one value per volume (PV name to VolumeAttachment, PV name to
 // claim): each would cost a set per volume, about 200 bytes, for lookups that the claim reference
-// on the PV and a walk over one driver's VolumeAttachments do as well.
+// on the PV and a walk over one driver's VolumeAttachments do as well. Nor does it index by a
+// value that most objects share (StorageClass, driver): a set of hundreds of thousands of keys
+// costs about 45 bytes an object (13 MiB for 300,000 VolumeAttachments), for lookups that a walk
+// over the driver's nodes in IndexDriverNode, or over the PVs once a sweep, do as well.
 
-// PVIndexers are the indexes the planner needs on the PersistentVolume informer.
-func PVIndexers() cache.Indexers {
-	return cache.Indexers{
-		IndexStorageClass: func(obj any) ([]string, error) {
-			pv := recordOf[cachedPV](obj)
-			if pv == nil || pv.storageClass == "" {
-				return nil, nil
-			}
-			return []string{pv.storageClass}, nil
-		},
-	}
-}
+// PVIndexers are the indexes the planner needs on the PersistentVolume informer: none.
+func PVIndexers() cache.Indexers { return cache.Indexers{} }
 
 // VAIndexers are the indexes the planner needs on the VolumeAttachment informer.
 func VAIndexers() cache.Indexers {
@@ -51,13 +41,6 @@ func VAIndexers() cache.Indexers {
 				return nil, nil
 			}
 			return []string{driverNodeKey(va.attacher, va.node)}, nil
-		},
-		IndexDriver: func(obj any) ([]string, error) {
-			va := recordOf[cachedAttachment](obj)
-			if va == nil {
-				return nil, nil
-			}
-			return []string{va.attacher}, nil
 		},
 	}
 }
@@ -301,9 +284,7 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 	var skipped []Skipped
 	for _, driver := range p.classDrivers(sc, true) {
 		// One walk over the driver's VolumeAttachments finds the attachments of every PV of the class.
-		vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
-		for _, obj := range vas {
-			va := recordOf[cachedAttachment](obj)
+		for _, va := range p.driverAttachments(driver) {
 			if va.pv == "" {
 				continue
 			}
@@ -324,6 +305,27 @@ func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
 	return vols, skipped
 }
 
+// driverAttachments returns the VolumeAttachments of driver: the sets of its nodes in
+// IndexDriverNode, found among the index's values (one per node and driver).
+func (p *Planner) driverAttachments(driver string) []*cachedAttachment {
+	prefix := driverNodeKey(driver, "")
+	var out []*cachedAttachment
+	for _, key := range p.c.VolumeAttachments.ListIndexFuncValues(IndexDriverNode) {
+		if !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		objs, _ := p.c.VolumeAttachments.ByIndex(IndexDriverNode, key)
+		for _, obj := range objs {
+			// A node name holds no "/", a driver name might: the prefix alone could match
+			// another driver's.
+			if va := recordOf[cachedAttachment](obj); va != nil && va.attacher == driver {
+				out = append(out, va)
+			}
+		}
+	}
+	return out
+}
+
 // PVVolumes returns the volume of the PersistentVolume named pv on every node it is attached to.
 // For a driver without an attach step it returns nothing: its nodes come from the sidecars.
 func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
@@ -331,11 +333,9 @@ func (p *Planner) PVVolumes(pv string) ([]Volume, []Skipped) {
 	if !ok {
 		return nil, nil
 	}
-	vas, _ := p.c.VolumeAttachments.ByIndex(IndexDriver, driver)
 	var vols []Volume
 	var skipped []Skipped
-	for _, obj := range vas {
-		va := recordOf[cachedAttachment](obj)
+	for _, va := range p.driverAttachments(driver) {
 		if va.pv != pv {
 			continue
 		}
@@ -392,12 +392,14 @@ func (p *Planner) ClassDrivers(sc string) []string { return p.classDrivers(sc, f
 // classDrivers returns the drivers with PVs in StorageClass sc that attach (attach true) or do
 // not.
 func (p *Planner) classDrivers(sc string, attach bool) []string {
-	objs, _ := p.c.PVs.ByIndex(IndexStorageClass, sc)
+	if sc == "" {
+		return nil
+	}
 	seen := map[string]bool{}
 	var out []string
-	for _, obj := range objs {
+	for _, obj := range p.c.PVs.List() {
 		pv := recordOf[cachedPV](obj)
-		if !pv.csi || seen[pv.driver] {
+		if pv == nil || pv.storageClass != sc || !pv.csi || seen[pv.driver] {
 			continue
 		}
 		seen[pv.driver] = true
@@ -474,7 +476,7 @@ func (p *Planner) volumeOf(pvName string, pv *cachedPV, va *cachedAttachment, no
 	if pv.claimName != "" {
 		if obj, ok, _ := p.c.PVCs.GetByKey(pv.claimNamespace + "/" + pv.claimName); ok {
 			// A claim of the same name created after the PV's was deleted is not this volume's.
-			if c := recordOf[cachedClaim](obj); c.volumeName == pv.name && (pv.claimUID == "" || c.uid == pv.claimUID) {
+			if c := recordOf[cachedClaim](obj); c.volumeName == pv.name && (pv.claimUID == packedUID{} || c.uid.equal(pv.claimUID)) {
 				v.claim = c
 			}
 		}

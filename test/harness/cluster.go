@@ -28,6 +28,8 @@ type ClusterOptions struct {
 	Dir string
 	// APIServerArgs are extra kube-apiserver flags, as controlplane.Options takes them.
 	APIServerArgs map[string]string
+	// EtcdArgs are extra etcd flags, as controlplane.Options takes them.
+	EtcdArgs map[string]string
 }
 
 // Cluster is a started control plane in which the controller's ServiceAccount exists.
@@ -41,7 +43,7 @@ type Cluster struct {
 // StartCluster starts kube-apiserver and etcd, waits until the apiserver is ready, and creates
 // the controller's namespace, ServiceAccount and token. The caller must call Stop.
 func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
-	env, err := controlplane.New(controlplane.Options{KubeconfigDir: o.Dir, APIServerArgs: o.APIServerArgs})
+	env, err := controlplane.New(controlplane.Options{KubeconfigDir: o.Dir, APIServerArgs: o.APIServerArgs, EtcdArgs: o.EtcdArgs})
 	if err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,12 @@ var apiserverArgs = map[string]string{
 	"max-mutating-requests-inflight": "800",
 }
 
+// etcdArgs let etcd hold 300,000 volumes and their history: its default backend quota, 2 GiB,
+// is about what they take.
+var etcdArgs = map[string]string{
+	"quota-backend-bytes": strconv.Itoa(8 << 30),
+}
+
 // cluster is the harness's cluster with the objects every run needs, and clients whose requests are
 // counted.
 type cluster struct {
@@ -59,7 +66,7 @@ type cluster struct {
 }
 
 func startCluster(ctx context.Context, dir string) (*cluster, error) {
-	env, err := harness.StartCluster(ctx, harness.ClusterOptions{Dir: dir, APIServerArgs: apiserverArgs})
+	env, err := harness.StartCluster(ctx, harness.ClusterOptions{Dir: dir, APIServerArgs: apiserverArgs, EtcdArgs: etcdArgs})
 	if err != nil {
 		return nil, err
 	}

@@ -97,7 +97,8 @@ current-context: scale
 		_ = p.proxy.Close()
 		return nil, err
 	}
-	if err := p.WaitReady(ctx, 3*time.Minute); err != nil {
+	// At 300,000 volumes the caches take a minute or two to fill on a busy 2-core machine.
+	if err := p.WaitReady(ctx, 10*time.Minute); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -183,6 +184,20 @@ func (p *controllerProcess) memory(ctx context.Context, samples int) (rss, anon,
 		hs = append(hs, int64(harness.MetricSum(m, "go_memstats_heap_inuse_bytes", nil)))
 	}
 	return median(rs), median(as), median(hs), nil
+}
+
+// memoryLimit returns the controller's Go memory limit (go_gc_gomemlimit_bytes), 0 when it has
+// none or does not say.
+func (p *controllerProcess) memoryLimit(ctx context.Context) (int64, error) {
+	m, err := harness.ScrapeMetrics(ctx, p.MetricsAddr)
+	if err != nil {
+		return 0, err
+	}
+	limit := harness.MetricSum(m, "go_gc_gomemlimit_bytes", nil)
+	if limit <= 0 || limit >= 1<<62 {
+		return 0, nil
+	}
+	return int64(limit), nil
 }
 
 func median(v []int64) int64 {

@@ -46,9 +46,11 @@ type Layout struct {
 	PerNode   int `json:"budgetPerNode"`
 	// CallDelay is what each driver call takes during the storm.
 	CallDelay time.Duration `json:"callDelay"`
-	// MemoryVolumes, when above the storm's volumes, adds volumes on nodes without a plugin
-	// after the storm, for one more point of figure 4.
-	MemoryVolumes int `json:"memoryVolumes"`
+	// MemoryVolumes are the cluster's sizes, in volumes, of figure 4's points after the storm,
+	// in ascending order: volumes on nodes without a plugin are written into etcd (etcdfill.go)
+	// up to each size, and a fresh controller's memory is read at each. The informer caches are
+	// rebuilt in the harness's process at the first.
+	MemoryVolumes []int `json:"memoryVolumes"`
 	// SweepCPUVolumes are the volumes of figure 5's in-process sweep.
 	SweepCPUVolumes int `json:"sweepCpuVolumes"`
 	// DecodedCacheVolumes are the volumes of figure 4's in-process cache measurement at the
@@ -75,7 +77,7 @@ func ShortLayout() Layout {
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 8, PerDriver: 8, PerNode: 4,
 		CallDelay:           20 * time.Millisecond,
-		MemoryVolumes:       240,
+		MemoryVolumes:       []int{240, 400},
 		SweepCPUVolumes:     2000,
 		DecodedCacheVolumes: 2000,
 		Workers:             16,
@@ -92,7 +94,7 @@ func FullLayout() Layout {
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 64, PerDriver: 64, PerNode: 4,
 		CallDelay:           50 * time.Millisecond,
-		MemoryVolumes:       40000,
+		MemoryVolumes:       []int{40000, 100000, 300000},
 		SweepCPUVolumes:     100000,
 		DecodedCacheVolumes: 100000,
 		Workers:             48,
@@ -117,8 +119,8 @@ type runner struct {
 	ctrl    *controllerProcess
 	res     *Results
 	// clusterVolumes and clusterNodes count every volume and node in the cluster, those of nodes
-	// without a plugin included.
-	clusterVolumes, clusterNodes int
+	// without a plugin included; idleNodes count the nodes without a plugin.
+	clusterVolumes, clusterNodes, idleNodes int
 }
 
 // volumes counts the volumes of the simulated node plugins.
@@ -259,21 +261,39 @@ func (h *runner) measureCluster(ctx context.Context) error {
 		return err
 	}
 
-	// Phase 4: the node plugins stop; volumes on nodes without one are added for one more
-	// memory point, and the controller's caches are rebuilt in this process to see what they
-	// hold.
+	// Phase 4: the node plugins stop; volumes on nodes without one are added for more memory
+	// points, and at the first the controller's caches are rebuilt in this process to see what
+	// they hold.
 	_ = forEachPlugin(h.plugins, 32, func(p *nodePlugin) error { p.stop(); return nil })
-	if extra := l.MemoryVolumes - h.clusterVolumes; extra > 0 {
-		if err := h.addVolumesOnly(ctx, extra); err != nil {
-			return err
+	for i, size := range l.MemoryVolumes {
+		if extra := size - h.clusterVolumes; extra > 0 {
+			if err := h.addVolumesOnly(ctx, extra); err != nil {
+				return err
+			}
+			if err := h.measureMemory(ctx, fmt.Sprintf("controller-%d", 5+i), l.StormDebounce); err != nil {
+				return err
+			}
 		}
-		if err := h.measureMemory(ctx, "controller-5", l.StormDebounce); err != nil {
-			return err
+		if i == 0 {
+			h.ctrl.stop()
+			h.ctrl = nil
+			if err := h.measureCaches(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	h.fitMemory()
-	h.ctrl.stop()
-	h.ctrl = nil
+	if h.ctrl != nil {
+		h.ctrl.stop()
+		h.ctrl = nil
+	}
+	return nil
+}
+
+// measureCaches rebuilds the controller's caches in this process, from the apiserver and from
+// decoded objects, with the shipped transform and the one before.
+func (h *runner) measureCaches(ctx context.Context) error {
+	l := h.layout
 	for _, t := range []struct {
 		name      string
 		transform func(any) (any, error)
@@ -311,31 +331,47 @@ func (h *runner) measureCluster(ctx context.Context) error {
 	return nil
 }
 
-// addVolumesOnly creates n volumes on nodes that run no node plugin, 100 to a node.
+// addVolumesOnly writes n volumes on nodes that run no node plugin, 100 to a node, straight
+// into the apiserver's etcd, and waits until the apiserver lists them.
 func (h *runner) addVolumesOnly(ctx context.Context, n int) error {
+	before, err := h.c.count(ctx)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	var names []string
 	var vols []volume
-	for i := 0; len(vols) < n; i++ {
-		name := fmt.Sprintf("node-idle-%03d", i)
+	for len(vols) < n {
+		name := fmt.Sprintf("node-idle-%03d", h.idleNodes)
+		h.idleNodes++
 		names = append(names, name)
 		vols = append(vols, h.c.newVolumes(name, min(100, n-len(vols)))...)
 	}
-	if err := h.c.createNodes(ctx, names); err != nil {
+	h.logf("memory: writing %d nodes without a node plugin, with %d volumes, into etcd (%d in the cluster after)", len(names), len(vols), h.clusterVolumes+len(vols))
+	f, err := h.c.newEtcdFiller(ctx)
+	if err != nil {
 		return err
 	}
-	h.logf("memory: creating %d nodes without a node plugin, with %d volumes (%d in the cluster after)", len(names), len(vols), h.clusterVolumes+len(vols))
-	if err := h.c.createVolumes(ctx, vols, h.layout.Workers, func(done int) {
-		if done%5000 == 0 {
-			h.logf("  %d of %d volumes created, %s", done, len(vols), time.Since(start).Round(time.Second))
+	defer f.close()
+	if err := f.fill(ctx, h.c.shapes, names, vols, 8, func(done int) {
+		if done%50000 == 0 {
+			h.logf("  %d of %d volumes written, %s", done, len(vols), time.Since(start).Round(time.Second))
 		}
 	}); err != nil {
 		return err
 	}
+	written := time.Since(start)
+	want := served{nodes: before.nodes + len(names), pvs: before.pvs + len(vols), pvcs: before.pvcs + len(vols), vas: before.vas + len(vols)}
+	if err := h.c.waitServed(ctx, want, 15*time.Minute); err != nil {
+		return err
+	}
 	h.clusterVolumes += len(vols)
 	h.clusterNodes += len(names)
-	took := time.Since(start)
-	h.res.Setup = append(h.res.Setup, setupStep{Phase: "memory", Nodes: len(names), Volumes: len(vols), Seconds: took.Seconds(), VolumesPerSec: float64(len(vols)) / took.Seconds()})
+	step := setupStep{Phase: "memory", Nodes: len(names), Volumes: len(vols), Method: "etcd", Seconds: written.Seconds(),
+		VolumesPerSec: float64(len(vols)) / written.Seconds(), ServedSeconds: (time.Since(start) - written).Seconds()}
+	h.res.Setup = append(h.res.Setup, step)
+	h.logf("memory: %d volumes written into etcd in %s (%.0f/s); the apiserver listed all %d PVs %s later",
+		len(vols), written.Round(time.Millisecond), step.VolumesPerSec, want.pvs, time.Duration(step.ServedSeconds*float64(time.Second)).Round(time.Millisecond))
 	return nil
 }
 
@@ -385,7 +421,7 @@ func (h *runner) addNodes(ctx context.Context, phase string, names []string, per
 		return err
 	}
 	step := setupStep{Phase: phase, Nodes: len(names), Volumes: len(vols), Seconds: created.Seconds(),
-		VolumesPerSec: float64(len(vols)) / created.Seconds(), PluginsSeconds: time.Since(pluginsStart).Seconds()}
+		VolumesPerSec: float64(len(vols)) / created.Seconds(), PluginsSeconds: time.Since(pluginsStart).Seconds(), Method: "api"}
 	h.res.Setup = append(h.res.Setup, step)
 	h.logf("%s: %d volumes in %s (%.0f/s), %d node plugins started in %s", phase, len(vols), created.Round(time.Millisecond),
 		step.VolumesPerSec, len(added), time.Since(pluginsStart).Round(time.Millisecond))
@@ -536,6 +572,19 @@ func (h *runner) measureMemory(ctx context.Context, name string, debounce time.D
 		return err
 	}
 	ready := time.Since(start)
+	// The controller's handlers see every object once after its caches are full; once they
+	// have, it collects the garbage of filling and sets its Go memory limit to follow the live
+	// heap. Its memory is read from then on: what it settles at, not the tail of its start.
+	var limit int64
+	err := harness.WaitFor(ctx, 10*time.Minute, "the controller to set its Go memory limit after its first list", func() (bool, string) {
+		var err error
+		limit, err = h.ctrl.memoryLimit(ctx)
+		return err == nil && limit > 0, fmt.Sprintf("limit %d, %v", limit, err)
+	})
+	if err != nil {
+		return err
+	}
+	handled := time.Since(start)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -545,12 +594,15 @@ func (h *runner) measureMemory(ctx context.Context, name string, debounce time.D
 	if err != nil {
 		return err
 	}
+	if limit, err = h.ctrl.memoryLimit(ctx); err != nil {
+		return err
+	}
 	if h.res.Memory == nil {
 		h.res.Memory = &memory{}
 	}
-	h.res.Memory.Points = append(h.res.Memory.Points, memoryPoint{Volumes: h.clusterVolumes, Nodes: h.clusterNodes, RSSBytes: rss, RSSAnonBytes: anon, HeapInuseBytes: heap, ReadySeconds: ready.Seconds()})
-	h.logf("figure 4: controller with %d volumes cached: RSS %.1f MiB (%.1f MiB anonymous), heap in use %.1f MiB (ready in %s; startup requests: %s)",
-		h.clusterVolumes, float64(rss)/(1<<20), float64(anon)/(1<<20), float64(heap)/(1<<20), ready.Round(time.Millisecond), h.ctrl.stats.snapshot().describe())
+	h.res.Memory.Points = append(h.res.Memory.Points, memoryPoint{Volumes: h.clusterVolumes, Nodes: h.clusterNodes, RSSBytes: rss, RSSAnonBytes: anon, HeapInuseBytes: heap, GoMemoryLimitBytes: limit, ReadySeconds: ready.Seconds(), HandledSeconds: handled.Seconds()})
+	h.logf("figure 4: controller with %d volumes cached: RSS %.1f MiB (%.1f MiB anonymous), heap in use %.1f MiB, Go memory limit %.1f MiB (ready in %s, every object handled in %s; startup requests: %s)",
+		h.clusterVolumes, float64(rss)/(1<<20), float64(anon)/(1<<20), float64(heap)/(1<<20), float64(limit)/(1<<20), ready.Round(time.Millisecond), handled.Round(time.Millisecond), h.ctrl.stats.snapshot().describe())
 	return nil
 }
 

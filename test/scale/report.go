@@ -16,18 +16,20 @@ func (r *Results) markdown() string {
 	p("Machine: %d CPUs (%s), %s memory, Linux %s, %s; load average at start %s. Wall time %.0fs.\n\n",
 		r.Machine.CPUs, r.Machine.CPUModel, mib(float64(r.Machine.MemoryBytes)), r.Machine.Kernel, r.Machine.GoVersion, r.LoadAverage, r.WallSeconds)
 
-	p("## Setup\n\n| phase | nodes | volumes | create s | volumes/s | plugins start s |\n|---|---|---|---|---|---|\n")
+	p("## Setup\n\n| phase | nodes | volumes | written through | create s | volumes/s | listed by the apiserver after s | plugins start s |\n|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Setup {
-		p("| %s | %d | %d | %.1f | %.0f | %.1f |\n", s.Phase, s.Nodes, s.Volumes, s.Seconds, s.VolumesPerSec, s.PluginsSeconds)
+		p("| %s | %d | %d | %s | %.1f | %.0f | %.1f | %.1f |\n", s.Phase, s.Nodes, s.Volumes, s.Method, s.Seconds, s.VolumesPerSec, s.ServedSeconds, s.PluginsSeconds)
 	}
 
-	p("\n## 1. API requests per restart sweep\n\n")
-	p("| cluster volumes | node volumes | sweeps | controller requests/sweep (LIST+GET) | controller by verb | restarted sidecar requests | apiserver_request_total/sweep (all clients) | peer requests (LIST+GET) | peer response bytes | peer s | peer s at 5 QPS |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, a := range r.APIRequests {
-		p("| %d | %d | %d | %.2f (%.0f) [min %d, max %d] | %s | %.1f | %.1f | %.0f (%.0f) | %.0f | %.2f | %.0f |\n",
-			a.ClusterVolumes, a.NodeVolumes, a.Sweeps, a.Controller.Requests, a.Controller.ListGet, a.ControllerRequestsMin, a.ControllerRequestsMax,
-			verbs(a.Controller.ByVerbResource), a.Sidecar.Requests, a.APIServer.Requests, a.Peer.Client.Requests, a.Peer.Client.ListGet,
-			a.Peer.Client.ResponseBytes, a.Peer.Seconds, a.Peer.SecondsAtDefaultRateLimit)
+	if len(r.APIRequests) > 0 {
+		p("\n## 1. API requests per restart sweep\n\n")
+		p("| cluster volumes | node volumes | sweeps | controller requests/sweep (LIST+GET) | controller by verb | restarted sidecar requests | apiserver_request_total/sweep (all clients) | peer requests (LIST+GET) | peer response bytes | peer s | peer s at 5 QPS |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, a := range r.APIRequests {
+			p("| %d | %d | %d | %.2f (%.0f) [min %d, max %d] | %s | %.1f | %.1f | %.0f (%.0f) | %.0f | %.2f | %.0f |\n",
+				a.ClusterVolumes, a.NodeVolumes, a.Sweeps, a.Controller.Requests, a.Controller.ListGet, a.ControllerRequestsMin, a.ControllerRequestsMax,
+				verbs(a.Controller.ByVerbResource), a.Sidecar.Requests, a.APIServer.Requests, a.Peer.Client.Requests, a.Peer.Client.ListGet,
+				a.Peer.Client.ResponseBytes, a.Peer.Seconds, a.Peer.SecondsAtDefaultRateLimit)
+		}
 	}
 	for _, a := range r.APIRequests {
 		p("\nAt %d volumes, the restarted sidecar per restart: %s\n", a.ClusterVolumes, verbs(a.Sidecar.ByVerbResource))
@@ -69,7 +71,7 @@ func (r *Results) markdown() string {
 	}
 
 	if m := r.Memory; m != nil {
-		p("\n## 4. Controller memory\n\n| volumes (PVs, PVCs, VAs each) | nodes | RSS | of it anonymous | Go heap in use | measured |\n|---|---|---|---|---|---|\n")
+		p("\n## 4. Controller memory\n\n| volumes (PVs, PVCs, VAs each) | nodes | RSS | of it anonymous | Go heap in use | Go memory limit | ready after s | objects handled after s | measured |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, pt := range m.Points {
 			kind := "measured"
 			if pt.Extrapolated {
@@ -79,7 +81,11 @@ func (r *Results) markdown() string {
 			if pt.RSSAnonBytes > 0 {
 				anon = mib(float64(pt.RSSAnonBytes))
 			}
-			p("| %d | %d | %s | %s | %s | %s |\n", pt.Volumes, pt.Nodes, mib(float64(pt.RSSBytes)), anon, mib(float64(pt.HeapInuseBytes)), kind)
+			limit := "-"
+			if pt.GoMemoryLimitBytes > 0 {
+				limit = mib(float64(pt.GoMemoryLimitBytes))
+			}
+			p("| %d | %d | %s | %s | %s | %s | %.1f | %.1f | %s |\n", pt.Volumes, pt.Nodes, mib(float64(pt.RSSBytes)), anon, mib(float64(pt.HeapInuseBytes)), limit, pt.ReadySeconds, pt.HandledSeconds, kind)
 		}
 		for _, c := range m.Caches {
 			p("\nInformer caches rebuilt in the harness, %s: %d volumes, %s live, %.0f bytes per volume.\n", c.Name, c.Volumes, mib(float64(c.LiveBytes)), c.BytesPerVolume)
@@ -87,7 +93,9 @@ func (r *Results) markdown() string {
 				p("\n```\n%s\n```\n", strings.Join(c.ProfileTop, "\n"))
 			}
 		}
-		p("\nSlope: RSS %.0f bytes per volume, heap %.0f bytes per volume (intercepts %s, %s).\n", m.RSSBytesPerVolume, m.HeapBytesPerVolume, mib(m.RSSInterceptBytes), mib(m.HeapInterceptBytes))
+		if m.RSSBytesPerVolume != 0 {
+			p("\nSlope: RSS %.0f bytes per volume, heap %.0f bytes per volume (intercepts %s, %s).\n", m.RSSBytesPerVolume, m.HeapBytesPerVolume, mib(m.RSSInterceptBytes), mib(m.HeapInterceptBytes))
+		}
 		if s := r.Storm; s != nil {
 			p("After the storm (history of every volume held): RSS %s, heap %s.\n", mib(float64(s.ControllerRSSBytes)), mib(float64(s.ControllerHeapBytes)))
 		}

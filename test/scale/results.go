@@ -45,6 +45,11 @@ type setupStep struct {
 	Seconds        float64 `json:"seconds"`
 	VolumesPerSec  float64 `json:"volumesPerSecond"`
 	PluginsSeconds float64 `json:"pluginsSeconds"`
+	// Method is how the objects were put there: "api" (created through the apiserver, six
+	// writes a volume) or "etcd" (written into the apiserver's etcd, see etcdfill.go).
+	Method string `json:"method"`
+	// ServedSeconds is how long after the etcd writes the apiserver listed every object.
+	ServedSeconds float64 `json:"servedSeconds,omitempty"`
 }
 
 // requestFigure is a set of API requests, watches left out of the sums (a watch is one long
@@ -257,10 +262,16 @@ type memoryPoint struct {
 	// RSSAnonBytes is the anonymous part of RSSBytes; the rest is the binary's mapped pages.
 	RSSAnonBytes   int64 `json:"rssAnonBytes"`
 	HeapInuseBytes int64 `json:"heapInuseBytes"`
+	// GoMemoryLimitBytes is the controller's Go memory limit when its memory was read, which it
+	// keeps a headroom above its live heap once its caches are full; 0 for none.
+	GoMemoryLimitBytes int64 `json:"goMemoryLimitBytes,omitempty"`
 	// Extrapolated is true for points computed from the fit rather than measured.
 	Extrapolated bool `json:"extrapolated"`
 	// ReadySeconds is how long the fresh controller took to fill its caches and answer /readyz.
 	ReadySeconds float64 `json:"readySeconds,omitempty"`
+	// HandledSeconds is how long it took until its handlers had seen every object and it set
+	// its Go memory limit; its memory is read Settle after that.
+	HandledSeconds float64 `json:"handledSeconds,omitempty"`
 }
 
 // memory is figure 4.

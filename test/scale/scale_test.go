@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"k8s.io/klog/v2"
@@ -163,11 +164,24 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		}
 	}
 	want := 3
-	if l.MemoryVolumes > l.BigNodeVolumes+(l.GrowNodes+l.StormNodes)*l.VolumesPerNode {
-		want++
+	for _, size := range l.MemoryVolumes {
+		if size > l.BigNodeVolumes+(l.GrowNodes+l.StormNodes)*l.VolumesPerNode {
+			want++
+		}
 	}
 	if measured != want {
 		t.Errorf("figure 4: %d measured points, want %d", measured, want)
+	}
+	// The volumes written into etcd are listed by the apiserver (addVolumesOnly waits for it)
+	// and cached by the controller: each point after the storm counts them.
+	for _, size := range l.MemoryVolumes {
+		found := false
+		for _, p := range m.Points {
+			found = found || (!p.Extrapolated && p.Volumes == size)
+		}
+		if !found {
+			t.Errorf("figure 4: no point measured at %d volumes", size)
+		}
 	}
 	// Caches: informer-filled shipped and previous transform, then the decoded in-process shipped
 	// and previous transform. The sidecar keeps no informer cache (TestSidecarMemoryFollowsItsNode).
@@ -230,5 +244,64 @@ func checkSweepCPU(t *testing.T, rows []sweepCPU, volumes int) {
 	if teams.MemoMisses < minMisses || teams.MemoHits == 0 {
 		t.Errorf("figure 5 (teams): %.0f memo hits and %.0f misses over %d volumes in %d namespaces; want at least %.0f misses and some hits",
 			teams.MemoHits, teams.MemoMisses, teams.Volumes, teams.Namespaces, minMisses)
+	}
+}
+
+// TestControllerMemory runs figure 4 alone (RunMemory): with -full (make bench-memory), the
+// controller's memory at the full layout's sizes after the storm, 40,000, 100,000 and 300,000
+// volumes written into etcd, into bench/memory.json and bench/memory.md. Without it the test is
+// skipped: TestScale's small layout runs the same points at its sizes.
+func TestControllerMemory(t *testing.T) {
+	if testing.Short() || !(*full || os.Getenv("SCALE_FULL") == "1") {
+		t.Skip("the full sizes only (-full); TestScale runs the same points at small sizes")
+	}
+	dir := t.TempDir()
+	logFile, err := os.Create(filepath.Join(dir, "klog.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	klog.LogToStderr(false)
+	klog.SetOutput(logFile)
+	defer klog.LogToStderr(true)
+
+	l := FullLayout()
+	res, err := RunMemory(t.Context(), l.MemoryVolumes, l.Settle, dir, t.Logf)
+	if res != nil {
+		path := *resultsPath
+		if path == "" {
+			root, rerr := controlplane.RepoRoot()
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			path = filepath.Join(root, "bench", "memory.json")
+		}
+		if werr := res.write(path); werr != nil {
+			t.Error(werr)
+		} else {
+			t.Logf("results written to %s", path)
+		}
+		md := strings.TrimSuffix(path, filepath.Ext(path)) + ".md"
+		if werr := os.WriteFile(md, []byte(res.markdown()), 0o644); werr != nil {
+			t.Error(werr)
+		}
+		checkWritten(t, path)
+	}
+	if err != nil {
+		t.Fatalf("controller memory: %v (files kept in %s until the test ends)", err, dir)
+	}
+	for _, size := range l.MemoryVolumes {
+		found := false
+		for _, p := range res.Memory.Points {
+			if p.Volumes == size {
+				found = true
+				if p.HeapInuseBytes <= 0 || p.RSSBytes < p.HeapInuseBytes || p.GoMemoryLimitBytes <= 0 {
+					t.Errorf("at %d volumes RSS %d, heap %d, Go memory limit %d bytes; want 0 < heap <= RSS and a limit", size, p.RSSBytes, p.HeapInuseBytes, p.GoMemoryLimitBytes)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no point measured at %d volumes", size)
+		}
 	}
 }

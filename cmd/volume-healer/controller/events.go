@@ -26,9 +26,18 @@ import (
 )
 
 // watchTriggers feeds CSIAddonsNode and StorageClass changes from the shared informers to the
-// sidecar targets and to the restart and periodic triggers.
+// sidecar targets and to the restart and periodic triggers. It returns the handlers'
+// registrations, which report when each handler has been given every object of the first list.
 func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory, nodes toolscache.SharedIndexInformer, targets *healer.TargetMap,
-	history forgetter, sidecars connections, t triggers) error {
+	history forgetter, sidecars connections, t triggers) ([]toolscache.ResourceEventHandlerRegistration, error) {
+	var regs []toolscache.ResourceEventHandlerRegistration
+	add := func(informer toolscache.SharedIndexInformer, h toolscache.ResourceEventHandler) error {
+		reg, err := informer.AddEventHandler(h)
+		if err == nil {
+			regs = append(regs, reg)
+		}
+		return err
+	}
 	observeNode := func(obj any) {
 		n := csiAddonsNodeFrom(obj)
 		if n == nil {
@@ -49,7 +58,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		t.restarts.Observe(ctx, n)
 		t.manual.Observe(ctx, n)
 	}
-	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	if err := add(nodes, toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    observeNode,
 		UpdateFunc: func(_, obj any) { observeNode(obj) },
 		DeleteFunc: func(obj any) {
@@ -64,9 +73,9 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			}
 		},
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	_, err := factory.Storage().V1().StorageClasses().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	err := add(factory.Storage().V1().StorageClasses().Informer(), toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { setClass(ctx, t, obj) },
 		UpdateFunc: func(_, obj any) { setClass(ctx, t, obj) },
 		DeleteFunc: func(obj any) {
@@ -80,10 +89,10 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A deleted PV's history goes with it.
-	_, err = factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	err = add(factory.Core().V1().PersistentVolumes().Informer(), toolscache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if pv := planner.PersistentVolumeFrom(obj); pv != nil {
 				history.Forget(pv)
@@ -91,7 +100,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// PVCs carry manual sweep requests for their volume.
 	observeClaim := func(obj any) {
@@ -99,7 +108,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			t.manual.Observe(ctx, pvc)
 		}
 	}
-	_, err = factory.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	err = add(factory.Core().V1().PersistentVolumeClaims().Informer(), toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    observeClaim,
 		UpdateFunc: func(_, obj any) { observeClaim(obj) },
 		DeleteFunc: func(obj any) {
@@ -109,7 +118,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A deleted Node takes its sidecar targets with it: its CSIAddonsNodes may stay behind, but no
 	// sidecar answers there, and sweeps must not keep dialling it. The same goes for the Nodes
@@ -133,7 +142,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			history.ForgetNode(n.Spec.Driver.Name, n.Spec.Driver.NodeID)
 		}
 	}
-	_, err = nodeInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	err = add(nodeInformer, toolscache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -144,14 +153,14 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	go func() {
 		if toolscache.WaitForCacheSync(ctx.Done(), nodeInformer.HasSynced, nodes.HasSynced) {
 			drop(targets.DropGoneNodes())
 		}
 	}()
-	return nil
+	return regs, nil
 }
 
 // forgetter drops what the sweeper remembers of a deleted PV or StorageClass (*healer.Sweeper).

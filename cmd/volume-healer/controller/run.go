@@ -55,7 +55,7 @@ const shutdownTimeout = 30 * time.Second
 func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
-	setMemoryLimit(logger)
+	budget := setMemoryLimit(logger)
 
 	k, err := newKube(ctx, cfg)
 	if err != nil {
@@ -83,6 +83,10 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	}
 	sweeps := newSweepRunner(act.sweeper, caches.factory, pol.source)
 	act.submit = sweeps.submit
+	if budget != nil {
+		// The budget steps aside while sweeps run (heap.go).
+		budget.quiet, sweeps.started = sweeps.quietSince, budget.sweepStarted
+	}
 	trig, err := newTriggers(cfg, k, sweeps.submit)
 	if err != nil {
 		return err
@@ -90,22 +94,31 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	// A restart sweep that ended without recording its marker lets the next change of its
 	// CSIAddonsNode start another.
 	sweeps.ended = trig.restarts.Ended
-	if err := watchTriggers(ctx, caches.factory, caches.nodes, act.targets, act.sweeper, act.sidecars, trig); err != nil {
+	handlers, err := watchTriggers(ctx, caches.factory, caches.nodes, act.targets, act.sweeper, act.sidecars, trig)
+	if err != nil {
 		return err
 	}
-	if err := addRunnables(mgr, caches.factory, pol.source, act, sweeps, trig); err != nil {
+	if err := addRunnables(mgr, caches.factory, handlers, budget, pol.source, act, sweeps, trig); err != nil {
 		return err
 	}
 	return start(ctx, cfg, mgr, lease)
 }
 
-// setMemoryLimit sets the Go memory limit from the container's cgroup, and logs it.
-func setMemoryLimit(logger klog.Logger) {
-	if limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv); err != nil {
+// setMemoryLimit sets the Go memory limit from the container's cgroup, and logs it. It returns
+// the budget that, once the caches are full, holds the limit a headroom above them while no sweep
+// runs (heap.go), under the container's; nil when the operator set GOMEMLIMIT, which is left
+// alone.
+func setMemoryLimit(logger klog.Logger) *heapBudget {
+	limit, err := config.SetMemoryLimit("/sys/fs/cgroup", os.LookupEnv)
+	if err != nil {
 		logger.Error(err, "Running without a Go memory limit")
-	} else {
-		logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+		return nil
 	}
+	logger.Info("Go memory limit", "bytes", limit.Bytes, "source", limit.Source)
+	if limit.Source == config.MemoryLimitFromEnv {
+		return nil
+	}
+	return &heapBudget{ceiling: limit.Bytes}
 }
 
 // kube is what every step talks to the API and reports through: the clients, the scheme, the
@@ -448,7 +461,8 @@ func newTriggers(cfg *config.Config, k *kube, submit func(scheduler.Sweep)) (tri
 // addRunnables adds the long-running parts to the manager. The informers and the policy source run
 // on every replica, so a new leader starts warm; the dispatcher, the triggers, the sweeps and the
 // evictor run on the leader only.
-func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, source *policy.ConfigMapSource, act *actStage, sweeps *sweepRunner, t triggers) error {
+func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, handlers []toolscache.ResourceEventHandlerRegistration, budget *heapBudget,
+	source *policy.ConfigMapSource, act *actStage, sweeps *sweepRunner, t triggers) error {
 	if err := mgr.AddReadyzCheck("informers", func(*http.Request) error {
 		return informersSynced(factory)
 	}); err != nil {
@@ -457,14 +471,23 @@ func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, 
 	for _, r := range []manager.Runnable{
 		manager.RunnableFunc(func(ctx context.Context) error {
 			factory.Start(ctx.Done())
-			// Filling the caches decodes every object once and keeps a compact record of it: the
-			// decoded objects are garbage the heap holds until its next collection, and their pages
-			// stay with the process until the runtime's scavenger slowly returns them. One
-			// collection once the caches are full returns them at once, so that a replica's
-			// footprint starts at what it keeps rather than at what filling took.
+			// Filling the caches decodes every object once and keeps a compact record of it, and
+			// the handlers then see every record once: the decoded objects and what the handlers
+			// built are garbage the heap holds until its next collection, and their pages stay
+			// with the process until the runtime's scavenger slowly returns them. One collection
+			// once the caches are full and the handlers have seen them returns them at once, so
+			// that a replica's footprint starts at what it keeps rather than at what filling took;
+			// from there the budget keeps it near that.
 			factory.WaitForCacheSync(ctx.Done())
-			if informersSynced(factory) == nil {
+			synced := make([]toolscache.InformerSynced, len(handlers))
+			for i, h := range handlers {
+				synced[i] = h.HasSynced
+			}
+			if informersSynced(factory) == nil && toolscache.WaitForCacheSync(ctx.Done(), synced...) {
 				debug.FreeOSMemory()
+				if budget != nil {
+					budget.run(ctx)
+				}
 			}
 			<-ctx.Done()
 			factory.Shutdown()

@@ -139,7 +139,7 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	}
 	targets := healer.NewTargetMap()
 	forgot := &recordingForgetter{}
-	if err := watchTriggers(ctx, factory, nodes, targets, forgot, forgetConnection{forgot}, triggers{restarts, periodic, manual}); err != nil {
+	if _, err := watchTriggers(ctx, factory, nodes, targets, forgot, forgetConnection{forgot}, triggers{restarts, periodic, manual}); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = restarts.Start(ctx) }()

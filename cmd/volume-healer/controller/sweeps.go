@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -20,11 +22,23 @@ type sweepRunner struct {
 	// ready blocks until sweeps can be planned correctly.
 	ready func(context.Context) error
 	// ended, when set, is told of each sweep that ended and whether it recorded a restart marker.
-	ended   func(scheduler.Sweep, bool)
+	ended func(scheduler.Sweep, bool)
+	// started, when set, is called as each sweep starts.
+	started func()
 	mu      sync.Mutex
 	ctx     context.Context
 	pending []scheduler.Sweep
 	wg      sync.WaitGroup
+	// running counts the sweeps running; lastEnd is when the last one ended (Unix nanoseconds).
+	running, lastEnd atomic.Int64
+}
+
+// quietSince returns when the last sweep ended, and false while one runs.
+func (r *sweepRunner) quietSince() (time.Time, bool) {
+	if r.running.Load() > 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, r.lastEnd.Load()), true
 }
 
 // submit starts sw, or keeps it until Start is ready when the runner has not started yet.
@@ -39,8 +53,16 @@ func (r *sweepRunner) submit(sw scheduler.Sweep) {
 		return
 	}
 	r.wg.Add(1)
+	r.running.Add(1)
+	if r.started != nil {
+		r.started()
+	}
 	go func() {
 		defer r.wg.Done()
+		defer func() {
+			r.lastEnd.Store(time.Now().UnixNano())
+			r.running.Add(-1)
+		}()
 		summary := r.sweeper.Run(r.ctx, sw)
 		if r.ended != nil {
 			r.ended(sw, summary.Recorded)
