@@ -156,26 +156,10 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
 		log: textLogger(logFile)}
 
-	// Building the controller and starting the control plane take about as long: overlap them.
-	// The controller is built without the race detector (its speed is what is measured), and
-	// serves net/http/pprof for its CPU profile.
-	built := make(chan error, 1)
-	go func() {
-		bin, err := harness.Build(harness.BuildOptions{Controller: harness.Profiling})
-		h.bin = bin.Controller
-		built <- err
-	}()
-	c, err := startCluster(ctx, dir)
-	if berr := <-built; berr != nil {
-		if c != nil {
-			_ = c.stop()
-		}
-		return nil, berr
-	}
+	c, err := h.startClusterAndBuild(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("control plane: %w", err)
+		return nil, err
 	}
-	h.c = c
 	err = h.measureCluster(ctx)
 	h.stopAll()
 	if serr := c.stop(); serr != nil && err == nil {
@@ -200,6 +184,30 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	}
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// startClusterAndBuild starts the control plane in h.dir and builds the controller into h.bin.
+// Both take about as long: they overlap. The controller is built without the race detector (its
+// speed is what is measured), and serves net/http/pprof for its CPU profile.
+func (h *runner) startClusterAndBuild(ctx context.Context) (*cluster, error) {
+	built := make(chan error, 1)
+	go func() {
+		bin, err := harness.Build(harness.BuildOptions{Controller: harness.Profiling})
+		h.bin = bin.Controller
+		built <- err
+	}()
+	c, err := startCluster(ctx, h.dir)
+	if berr := <-built; berr != nil {
+		if c != nil {
+			_ = c.stop()
+		}
+		return nil, berr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	h.c = c
+	return c, nil
 }
 
 func (h *runner) stopAll() {

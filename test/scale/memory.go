@@ -28,23 +28,10 @@ func RunMemory(ctx context.Context, sizes []int, settle time.Duration, dir strin
 		res.LoadAverage = strings.TrimSpace(string(b))
 	}
 	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res}
-	built := make(chan error, 1)
-	go func() {
-		bin, err := harness.Build(harness.BuildOptions{Controller: harness.Profiling})
-		h.bin = bin.Controller
-		built <- err
-	}()
-	c, err := startCluster(ctx, dir)
-	if berr := <-built; berr != nil {
-		if c != nil {
-			_ = c.stop()
-		}
-		return nil, berr
-	}
+	c, err := h.startClusterAndBuild(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("control plane: %w", err)
+		return nil, err
 	}
-	h.c = c
 	err = h.measureMemoryOnly(ctx)
 	h.stopAll()
 	if serr := c.stop(); serr != nil && err == nil {

@@ -31,16 +31,7 @@ func TestScale(t *testing.T) {
 		layout = FullLayout()
 	}
 	dir := t.TempDir()
-	logFile, err := os.Create(filepath.Join(dir, "klog.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	// client-go and the sidecars log through klog: into a file, so that the test's output is its
-	// own figures.
-	klog.LogToStderr(false)
-	klog.SetOutput(logFile)
-	defer klog.LogToStderr(true)
+	klogToFile(t, dir)
 
 	res, err := Run(t.Context(), layout, dir, t.Logf)
 	if res != nil {
@@ -256,14 +247,7 @@ func TestControllerMemory(t *testing.T) {
 		t.Skip("the full sizes only (-full); TestScale runs the same points at small sizes")
 	}
 	dir := t.TempDir()
-	logFile, err := os.Create(filepath.Join(dir, "klog.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	klog.LogToStderr(false)
-	klog.SetOutput(logFile)
-	defer klog.LogToStderr(true)
+	klogToFile(t, dir)
 
 	l := FullLayout()
 	res, err := RunMemory(t.Context(), l.MemoryVolumes, l.Settle, dir, t.Logf)
@@ -304,4 +288,20 @@ func TestControllerMemory(t *testing.T) {
 			t.Errorf("no point measured at %d volumes", size)
 		}
 	}
+}
+
+// klogToFile sends klog's output (client-go's and the sidecars' logs) into a file in dir until
+// the test ends, so that the test's output is its own figures.
+func klogToFile(t *testing.T, dir string) {
+	t.Helper()
+	logFile, err := os.Create(filepath.Join(dir, "klog.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	klog.LogToStderr(false)
+	klog.SetOutput(logFile)
+	t.Cleanup(func() {
+		klog.LogToStderr(true)
+		_ = logFile.Close()
+	})
 }
