@@ -278,16 +278,18 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 	now := e.opts.Clock.Now()
 	e.expireHandled(now)
 	var scope *policy.PodScope
-	// stays is set by every pod that keeps running on the dead mount.
-	stays := false
+	// staying counts the pods that keep running on the dead mount.
+	staying := 0
 	for i := range pods {
 		pod := &pods[i]
 		h, ok := e.wasHandled(pod.UID)
 		if ok && h.left == "" {
-			stays = stays || !h.evicted
+			if !h.evicted {
+				staying++
+			}
 			continue
 		}
-		stays = true // until it is evicted or found gone
+		staying++ // until it is evicted or found gone
 		if scope == nil {
 			s, err := e.readScope(ctx, req)
 			if err != nil {
@@ -341,7 +343,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 		}
 		switch err := e.evict(ctx, pod); {
 		case err == nil:
-			stays = false
+			staying--
 			e.budget.spend(pod.Namespace, now)
 			e.markHandled(pod.UID, now, true)
 			e.opts.Metrics.eviction(ResultEvicted)
@@ -352,7 +354,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Evicted pod %s, which still saw this volume's dead mount after %s", pod.Name, req.heal())
 		case apierrors.IsNotFound(err):
 			// Gone already: nothing sees the dead mount through it any more.
-			stays = false
+			staying--
 		case apierrors.IsTooManyRequests(err):
 			retry = true
 			e.opts.Metrics.eviction(ResultBlocked)
@@ -372,7 +374,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 				"Eviction of pod %s (still on this volume's dead mount after %s) failed, tried again later: %v", pod.Name, req.heal(), err)
 		}
 	}
-	return retry, after, !stays
+	return retry, after, staying == 0
 }
 
 // readScope reads the namespace, StorageClass and disruption budgets that the restart decisions

@@ -434,13 +434,18 @@ func TestEvictionAsksForAReprobe(t *testing.T) {
 	a := f.pod(f.AppNS, "evre-a", node, "evre-data", true)
 	b := f.pod(f.AppNS, "evre-b", node, "evre-data", true)
 	bare := f.pod(f.AppNS, "evre-bare", node, "evre-kept", false)
+	// A claim with a pod the policy leaves alone listed before one it evicts: the first stays.
+	mixedBare := f.pod(f.AppNS, "evre-mixed-a", node, "evre-mixed", false)
+	mixedOwned := f.pod(f.AppNS, "evre-mixed-b", node, "evre-mixed", true)
 	healedAt := time.Now().Add(2 * time.Second)
 	f.evictor.Add(f.claim(f.AppNS, "evre-data", node, healedAt))
 	f.evictor.Add(f.claim(f.AppNS, "evre-kept", node, healedAt))
-	harness.Eventually(t, harness.EventWait, "both pods evicted and the evictor idle", func() (bool, string) {
-		return f.evicted(a) && f.evicted(b) && f.evictor.Idle(), "not yet"
+	f.evictor.Add(f.claim(f.AppNS, "evre-mixed", node, healedAt))
+	harness.Eventually(t, harness.EventWait, "the owned pods evicted and the evictor idle", func() (bool, string) {
+		return f.evicted(a) && f.evicted(b) && f.evicted(mixedOwned) && f.evictor.Idle(), "not yet"
 	})
 	f.waitEvent(f.AppNS, "Pod", bare.Name, evict.ReasonPodLeftOnDeadMount)
+	f.waitEvent(f.AppNS, "Pod", mixedBare.Name, evict.ReasonPodLeftOnDeadMount)
 	select {
 	case req := <-reprobes:
 		t.Fatalf("re-probe of %s before ReprobeAfter", req.PV)
@@ -457,7 +462,7 @@ func TestEvictionAsksForAReprobe(t *testing.T) {
 	}
 	select {
 	case req := <-reprobes:
-		t.Errorf("re-probe of %s, whose pod the policy left on the dead mount", req.PV)
+		t.Errorf("re-probe of %s, which has a pod the policy left on the dead mount", req.PV)
 	case <-time.After(200 * time.Millisecond):
 	}
 }
