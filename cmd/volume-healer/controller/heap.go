@@ -52,10 +52,8 @@ type heapBudget struct {
 	now func() time.Time
 
 	mu sync.Mutex
-	// last is the limit set last; 0 before the first.
+	// last is the limit set last; 0 before run set the first.
 	last int64
-	// started is true once run has set a limit.
-	started bool
 }
 
 // runtimeMemory are the runtime/metrics that limit reads.
@@ -123,7 +121,7 @@ func (b *heapBudget) update() int64 {
 		limit = b.limit()
 	}
 	debug.SetMemoryLimit(limit)
-	b.last, b.started = limit, true
+	b.last = limit
 	return limit
 }
 
@@ -131,7 +129,7 @@ func (b *heapBudget) update() int64 {
 func (b *heapBudget) sweepStarted() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.started || b.last == b.busyLimit() {
+	if b.last == 0 || b.last == b.busyLimit() {
 		return
 	}
 	b.last = b.busyLimit()
