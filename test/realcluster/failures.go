@@ -202,7 +202,7 @@ func restarts(p *corev1.Pod) int32 {
 // driverContainer returns the node plugin's pod and the containerd ID of its driver container.
 func (e *Env) driverContainer(ctx context.Context, t harness.TB) (*corev1.Pod, string) {
 	t.Helper()
-	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-plugin"})
+	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: nodePluginPods})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}

@@ -31,6 +31,8 @@ const (
 	storageClass  = "healer-fuse"
 	nodePluginDS  = "healer-refdriver-node"
 	controllerDep = "volume-healer"
+	// nodePluginPods selects the node plugin's pods.
+	nodePluginPods = "app.kubernetes.io/component=node-plugin"
 )
 
 // Env is the suite's cluster with the two charts installed.
