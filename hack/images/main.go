@@ -128,12 +128,13 @@ func ClusterImages(nodeBin, csiAddons string) ([]Image, error) {
 		{Name: "healer-test-workload", Package: "./test/workload", Binary: "workload",
 			Description: "writes and reads a file on its volume, one JSON line per try"},
 	}
-	prebuilt := []struct{ name, bin, script string }{
+	type program struct{ name, bin, script string }
+	prebuilt := []program{
 		{"csi-provisioner", filepath.Join(nodeBin, "csi-provisioner"), "hack/node.sh"},
 		{"csi-attacher", filepath.Join(nodeBin, "csi-attacher"), "hack/node.sh"},
 	}
 	if csiAddons != "" {
-		prebuilt = append(prebuilt, struct{ name, bin, script string }{"csi-addons-sidecar", csiAddons, "hack/csi-addons-sidecar.sh"})
+		prebuilt = append(prebuilt, program{"csi-addons-sidecar", csiAddons, "hack/csi-addons-sidecar.sh"})
 	}
 	for _, p := range prebuilt {
 		v, err := os.ReadFile(p.bin + ".version")
