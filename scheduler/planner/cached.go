@@ -1,12 +1,12 @@
 package planner
 
 import (
-	"encoding/hex"
 	"slices"
 	"strings"
 	"sync"
 	"unique"
 
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -265,7 +265,7 @@ func internMap(m map[string]string) map[string]string {
 // packedUID is a UID in 16 bytes when it is a UUID in the canonical form the apiserver gives
 // (lowercase, hyphenated): as a string it takes 64. Any other UID is kept as it is.
 type packedUID struct {
-	uuid  [16]byte
+	uuid  uuid.UUID
 	other *types.UID
 }
 
@@ -274,10 +274,12 @@ func packUID(u types.UID) packedUID {
 	if u == "" {
 		return p
 	}
-	if parseUUID(string(u), &p.uuid) && p.uuid != ([16]byte{}) {
+	// Only a UUID that prints back as it was given packs: uuid.Parse also reads upper case,
+	// braces and URNs.
+	if id, err := uuid.Parse(string(u)); err == nil && id != uuid.Nil && id.String() == string(u) {
+		p.uuid = id
 		return p
 	}
-	p.uuid = [16]byte{}
 	p.other = &u
 	return p
 }
@@ -287,17 +289,10 @@ func (p packedUID) uid() types.UID {
 	switch {
 	case p.other != nil:
 		return *p.other
-	case p.uuid == ([16]byte{}):
+	case p.uuid == uuid.Nil:
 		return ""
 	}
-	var b [36]byte
-	hex.Encode(b[0:8], p.uuid[0:4])
-	hex.Encode(b[9:13], p.uuid[4:6])
-	hex.Encode(b[14:18], p.uuid[6:8])
-	hex.Encode(b[19:23], p.uuid[8:10])
-	hex.Encode(b[24:36], p.uuid[10:16])
-	b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
-	return types.UID(b[:])
+	return types.UID(p.uuid.String())
 }
 
 // equal reports whether p and q hold the same UID.
@@ -306,38 +301,6 @@ func (p packedUID) equal(q packedUID) bool {
 		return p.other != nil && q.other != nil && *p.other == *q.other
 	}
 	return p.uuid == q.uuid
-}
-
-// parseUUID decodes s into out if it is a UUID in canonical form, which uid gives back as it was.
-func parseUUID(s string, out *[16]byte) bool {
-	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
-		return false
-	}
-	j := 0
-	for i := 0; i < 36; i += 2 {
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			i--
-			continue
-		}
-		hi, ok1 := lowerHex(s[i])
-		lo, ok2 := lowerHex(s[i+1])
-		if !ok1 || !ok2 {
-			return false
-		}
-		out[j] = hi<<4 | lo
-		j++
-	}
-	return j == 16
-}
-
-func lowerHex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	}
-	return 0, false
 }
 
 // deletionMarker stands for a deletion timestamp in the API objects built from records: the
