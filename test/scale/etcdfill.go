@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -169,7 +168,6 @@ func (f *etcdFiller) fill(ctx context.Context, s *shapes, nodes []string, vols [
 	}
 	// Volumes go in chunks of whole volumes, so that progress counts volumes.
 	const chunk = 5000
-	var written atomic.Int64
 	for first := 0; first < len(vols); first += chunk {
 		ops = ops[:0]
 		for _, v := range vols[first:min(first+chunk, len(vols))] {
@@ -190,8 +188,8 @@ func (f *etcdFiller) fill(ctx context.Context, s *shapes, nodes []string, vols [
 		if err := f.commit(ctx, ops, workers); err != nil {
 			return err
 		}
-		if n := written.Add(int64(min(chunk, len(vols)-first))); progress != nil {
-			progress(int(n))
+		if progress != nil {
+			progress(min(first+chunk, len(vols)))
 		}
 	}
 	return nil
