@@ -146,15 +146,6 @@ func (m *TargetMap) DeleteNode(node string) (dropped []*csiaddonsv1alpha1.CSIAdd
 	return m.dropLocked(func(n string) bool { return n == node })
 }
 
-// DropGoneNodes drops the targets on every node that SetNodeExists's function says is gone: the
-// CSIAddonsNodes recorded before the Node cache synced, of Nodes deleted before the controller
-// started. It returns what DeleteNode does.
-func (m *TargetMap) DropGoneNodes() (dropped []*csiaddonsv1alpha1.CSIAddonsNode, endpoints []string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.dropLocked(m.goneLocked)
-}
-
 func (m *TargetMap) dropLocked(drop func(node string) bool) (dropped []*csiaddonsv1alpha1.CSIAddonsNode, endpoints []string) {
 	for _, n := range m.nodes {
 		if !drop(n.Spec.Driver.NodeID) {

@@ -99,7 +99,7 @@ func TestTargetMapPrefersTheFreshestRegistration(t *testing.T) {
 }
 
 // A CSIAddonsNode whose Node is gone is no target, whether it was recorded before the Node cache
-// knew (dropped by DropGoneNodes) or after (never kept); until the Node cache knows, nothing is
+// knew (dropped at its next update) or after (never kept); until the Node cache knows, nothing is
 // dropped.
 func TestTargetMapDropsTargetsOfGoneNodes(t *testing.T) {
 	synced := false
@@ -116,21 +116,16 @@ func TestTargetMapDropsTargetsOfGoneNodes(t *testing.T) {
 	if _, _, err := m.Target("rbd", "node-a"); !errors.Is(err, ErrNodeGone) || !errors.Is(err, probe.ErrNoEndpoint) {
 		t.Errorf("Target on a gone Node: %v, want ErrNodeGone", err)
 	}
-	dropped, endpoints := m.DropGoneNodes()
-	if len(dropped) != 1 || dropped[0].Name != "node-a-rbd" || len(endpoints) != 1 || endpoints[0] != "10.0.0.5:9070" {
-		t.Errorf("DropGoneNodes() = %v, %v; want node-a-rbd and its endpoint", dropped, endpoints)
-	}
-	if _, kept := m.Object(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"}); kept {
-		t.Error("the dropped CSIAddonsNode is still kept")
-	}
-
 	updated := early.DeepCopy()
 	updated.Annotations[annotations.HealerRestart] = "2026-12-01T12:00:00Z/pod-3"
-	if stale := m.Set(updated); stale != "" {
-		t.Errorf("Set of a dropped object returned stale endpoint %q", stale)
+	if stale := m.Set(updated); stale != "10.0.0.5:9070" {
+		t.Errorf("Set of the object of a gone Node returned stale endpoint %q, want its old connection's 10.0.0.5:9070", stale)
 	}
 	if _, kept := m.Object(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"}); kept {
-		t.Error("an updated CSIAddonsNode of a gone Node became a target again")
+		t.Error("an updated CSIAddonsNode of a gone Node is still a target")
+	}
+	if stale := m.Set(updated); stale != "" {
+		t.Errorf("Set of a dropped object returned stale endpoint %q", stale)
 	}
 	other := addonsNode("node-b-rbd", "10.0.0.7:9070", "")
 	other.Spec.Driver.NodeID = "node-b"

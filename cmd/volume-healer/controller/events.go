@@ -38,9 +38,16 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		}
 		return err
 	}
+	// Whether a CSIAddonsNode's Node is gone is known only once the Node cache has synced: until
+	// then, CSIAddonsNodes wait, so that none of a Node deleted before the controller started becomes
+	// a target or starts a restart sweep.
+	nodeInformer := factory.Core().V1().Nodes().Informer()
 	observeNode := func(obj any) {
 		n := csiAddonsNodeFrom(obj)
 		if n == nil {
+			return
+		}
+		if !nodeInformer.HasSynced() && !toolscache.WaitForCacheSync(ctx.Done(), nodeInformer.HasSynced) {
 			return
 		}
 		// A sidecar that moved gets a new connection; the old one is closed.
@@ -121,9 +128,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 		return nil, err
 	}
 	// A deleted Node takes its sidecar targets with it: its CSIAddonsNodes may stay behind, but no
-	// sidecar answers there, and sweeps must not keep dialling it. The same goes for the Nodes
-	// deleted before the controller started, once the Node cache knows them all.
-	nodeInformer := factory.Core().V1().Nodes().Informer()
+	// sidecar answers there, and sweeps must not keep dialling it.
 	nodeLister := factory.Core().V1().Nodes().Lister()
 	targets.SetNodeExists(func(name string) bool {
 		if !nodeInformer.HasSynced() {
@@ -142,7 +147,20 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			history.ForgetNode(n.Spec.Driver.Name, n.Spec.Driver.NodeID)
 		}
 	}
-	err = add(nodeInformer, toolscache.ResourceEventHandlerFuncs{
+	err = add(nodeInformer, toolscache.ResourceEventHandlerDetailedFuncs{
+		// A Node that joins after its CSIAddonsNode was seen (the two caches deliver independently)
+		// makes that CSIAddonsNode a target, and its restart marker a sweep.
+		AddFunc: func(obj any, isInInitialList bool) {
+			node, ok := obj.(*corev1.Node)
+			if !ok || isInInitialList {
+				return
+			}
+			for _, o := range nodes.GetStore().List() {
+				if n := csiAddonsNodeFrom(o); n != nil && n.Spec.Driver.NodeID == node.Name {
+					observeNode(n)
+				}
+			}
+		},
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -155,11 +173,6 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 	if err != nil {
 		return nil, err
 	}
-	go func() {
-		if toolscache.WaitForCacheSync(ctx.Done(), nodeInformer.HasSynced, nodes.HasSynced) {
-			drop(targets.DropGoneNodes())
-		}
-	}()
 	return regs, nil
 }
 
