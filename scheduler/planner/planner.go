@@ -280,26 +280,39 @@ func (p *Planner) StagedVolumes(driver, node string, pvNames []string) ([]Volume
 // attachment. Volumes of drivers without an attach step are not among them: their nodes are learnt
 // from the sidecars (see ClassDrivers and StagedVolumes).
 func (p *Planner) ClassVolumes(sc string) ([]Volume, []Skipped) {
-	var vols []Volume
-	var skipped []Skipped
+	// The attachments of the class are found first and the volumes made after, in a slice of
+	// their number: a class can hold 100,000 volumes, and a slice grown by append would be copied
+	// over and over, several times the volumes' size in garbage for every periodic sweep.
+	type match struct {
+		va *cachedAttachment
+		pv *cachedPV
+	}
+	var matches []match
 	for _, driver := range p.classDrivers(sc, true) {
 		// One walk over the driver's VolumeAttachments finds the attachments of every PV of the class.
-		for _, va := range p.driverAttachments(driver) {
+		vas := p.driverAttachments(driver)
+		if matches == nil {
+			matches = make([]match, 0, len(vas))
+		}
+		for _, va := range vas {
 			if va.pv == "" {
 				continue
 			}
 			// One lookup of the PV serves the class test and the volume.
-			pv := p.pv(va.pv)
-			if pv == nil || pv.storageClass != sc {
-				continue
+			if pv := p.pv(va.pv); pv != nil && pv.storageClass == sc {
+				matches = append(matches, match{va, pv})
 			}
-			v, reason := p.volumeOf(va.pv, pv, va, va.node)
-			if reason != "" {
-				skipped = append(skipped, Skipped{PV: va.pv, Node: va.node, Reason: reason})
-				continue
-			}
-			vols = append(vols, v)
 		}
+	}
+	vols := make([]Volume, 0, len(matches))
+	var skipped []Skipped
+	for _, m := range matches {
+		v, reason := p.volumeOf(m.va.pv, m.pv, m.va, m.va.node)
+		if reason != "" {
+			skipped = append(skipped, Skipped{PV: m.va.pv, Node: m.va.node, Reason: reason})
+			continue
+		}
+		vols = append(vols, v)
 	}
 	sortVolumes(vols)
 	return vols, skipped

@@ -150,10 +150,10 @@ func metricsLine(m map[string]float64) string {
 // sweepCPUTable writes the rows of figure 5 and their profiles.
 func sweepCPUTable(p func(string, ...any), rows []sweepCPU) {
 	mib := func(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
-	p("| policy | volumes | nodes | namespaces | memo | CPU s | wall s | memo hits | memo misses | tasks | allocated |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| policy | volumes | nodes | namespaces | memo | CPU s | wall s | memo hits | memo misses | tasks | allocated | collections | live heap before |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range rows {
-		p("| %s | %d | %d | %d | %t | %.2f | %.2f | %.0f | %.0f | %d | %s |\n", c.Policy, c.Volumes, c.Nodes, c.Namespaces, c.Memo,
-			c.CPUSeconds, c.WallSeconds, c.MemoHits, c.MemoMisses, c.TasksSubmitted, mib(float64(c.AllocatedBytes)))
+		p("| %s | %d | %d | %d | %t | %.2f | %.2f | %.0f | %.0f | %d | %s | %d | %s |\n", c.Policy, c.Volumes, c.Nodes, c.Namespaces, c.Memo,
+			c.CPUSeconds, c.WallSeconds, c.MemoHits, c.MemoMisses, c.TasksSubmitted, mib(float64(c.AllocatedBytes)), c.Collections, mib(float64(c.LiveHeapBytes)))
 	}
 	for _, c := range rows {
 		if len(c.ProfileTop) > 0 {

@@ -110,6 +110,10 @@ type sweepCPU struct {
 	MemoMisses       float64            `json:"memoMisses"`
 	AllocatedBytes   uint64             `json:"allocatedBytes"`
 	Allocations      uint64             `json:"allocations"`
+	// Collections are the garbage collections the sweep caused, each a walk over the live heap
+	// (LiveHeapBytes, the caches' records and indexes, measured before the sweep).
+	Collections   uint32 `json:"collections"`
+	LiveHeapBytes uint64 `json:"liveHeapBytes"`
 	// ProfileTop are the first lines of `go tool pprof -top` of a second, profiled sweep.
 	ProfileTop []string `json:"profileTop,omitempty"`
 }
@@ -313,6 +317,8 @@ func (f *planningFixture) measure(ctx context.Context, memo bool, profile string
 	out.CPUSeconds = (cpu1 - cpu0).Seconds()
 	out.AllocatedBytes = after.TotalAlloc - before.TotalAlloc
 	out.Allocations = after.Mallocs - before.Mallocs
+	out.Collections = after.NumGC - before.NumGC
+	out.LiveHeapBytes = before.HeapAlloc
 	out.TasksSubmitted = dispatcher.tasks.Load()
 	families, err := reg.Gather()
 	if err != nil {
