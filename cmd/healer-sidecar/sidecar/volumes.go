@@ -37,6 +37,15 @@ const (
 	apiTimeout = 10 * time.Second
 )
 
+// fromWatchCache are the options of every GET: resourceVersion "0" lets the API server answer
+// from its watch cache instead of a quorum read of etcd. Each probe and heal reads its
+// VolumeAttachment (and, when not cached, its PV and Secret); in a rollout that is one read per
+// call in flight over the whole cluster, and quorum reads made the API server and etcd the
+// bottleneck of the calls. The watch cache trails etcd by the time a watch event takes to arrive,
+// the freshness an informer of these objects would give; the controller checks its own caches
+// again before each call, and the driver's per-volume lock orders the call with kubelet's.
+var fromWatchCache = metav1.GetOptions{ResourceVersion: "0"}
+
 // leanPersistentVolume keeps of a PersistentVolume what resolving it for the driver reads, for the
 // sidecar's cache of PVs.
 func leanPersistentVolume(pv *corev1.PersistentVolume) *corev1.PersistentVolume {
@@ -157,7 +166,7 @@ func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.Pe
 	obj, err := v.pvs.get(name, func() (any, error) {
 		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 		defer cancel()
-		pv, err := v.client.CoreV1().PersistentVolumes().Get(gctx, name, metav1.GetOptions{})
+		pv, err := v.client.CoreV1().PersistentVolumes().Get(gctx, name, fromWatchCache)
 		if err != nil {
 			return nil, err
 		}
@@ -179,14 +188,15 @@ func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.Pe
 // attachedHere reports whether PersistentVolume pvName, of volume handle handle, is attached to
 // the sidecar's node by driverName: its VolumeAttachment there (named as the attach/detach
 // controller names it) is for this PV, attached, and not being deleted (the volume is
-// detaching). It is read at every call, attachment being what the sidecar's trust rests on; only
-// while the API server cannot be reached is the last answer used.
+// detaching). It is read at every call, from the API server's watch cache (fromWatchCache),
+// attachment being what the sidecar's trust rests on; only while the API server cannot be reached
+// is the last answer used.
 func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string) (bool, error) {
 	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
 	attached, err := v.attachments.get(name+"/"+pvName, func() (any, error) {
 		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 		defer cancel()
-		va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
+		va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, fromWatchCache)
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -207,7 +217,7 @@ func (v *volumes) attachedPV(ctx context.Context, driverName, handle string) (st
 	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
 	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, metav1.GetOptions{})
+	va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, fromWatchCache)
 	if apierrors.IsNotFound(err) {
 		return "", nil
 	}
@@ -275,7 +285,7 @@ func (v *volumes) secret(ctx context.Context, namespace, name string) (map[strin
 	data, err := v.secrets.get(key, func() (any, error) {
 		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 		defer cancel()
-		s, err := v.client.CoreV1().Secrets(namespace).Get(gctx, name, metav1.GetOptions{})
+		s, err := v.client.CoreV1().Secrets(namespace).Get(gctx, name, fromWatchCache)
 		if err != nil {
 			return nil, err
 		}
