@@ -179,20 +179,23 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := crClient.Create(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the CSIAddonsNode becomes the sidecar target of its driver and node", func() bool {
-		target, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
-		return err == nil && target.Endpoint == "127.0.0.1:9071"
-	})
-	eventually(t, "a restart sweep of the driver on the node", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sweeps {
-			if s.Trigger == scheduler.TriggerRestart && s.Driver == "rbd.csi.ceph.com" && s.Node == "node-1" {
-				return true
-			}
-		}
-		return false
-	})
+	// becomesTarget waits until the CSIAddonsNode of node is the sidecar target at endpoint and
+	// its marker has started a restart sweep of the driver on that node.
+	becomesTarget := func(what, node, endpoint string) {
+		t.Helper()
+		eventually(t, what+": the sidecar target of its driver and node", func() bool {
+			target, _, err := targets.Target("rbd.csi.ceph.com", node)
+			return err == nil && target.Endpoint == endpoint
+		})
+		eventually(t, what+": a restart sweep of the driver on the node", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.ContainsFunc(sweeps, func(s scheduler.Sweep) bool {
+				return s.Trigger == scheduler.TriggerRestart && s.Driver == "rbd.csi.ceph.com" && s.Node == node
+			})
+		})
+	}
+	becomesTarget("a new CSIAddonsNode", "node-1", "127.0.0.1:9071")
 	if _, _, err := targets.Target("rbd.csi.ceph.com", "node-0"); !errors.Is(err, healer.ErrNodeGone) {
 		t.Errorf("the CSIAddonsNode of a Node gone before the start is a target: %v", err)
 	}
@@ -309,20 +312,7 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if _, err := clientset.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the CSIAddonsNode becomes a target when its Node joins", func() bool {
-		target, _, err := targets.Target("rbd.csi.ceph.com", "node-3")
-		return err == nil && target.Endpoint == "127.0.0.1:9074"
-	})
-	eventually(t, "a restart sweep of the driver on the joined node", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sweeps {
-			if s.Trigger == scheduler.TriggerRestart && s.Node == "node-3" {
-				return true
-			}
-		}
-		return false
-	})
+	becomesTarget("the CSIAddonsNode of a Node that joins after it", "node-3", "127.0.0.1:9074")
 
 	// A manual request on a PVC is remembered until it is handled, or the PVC is deleted.
 	pvc := &corev1.PersistentVolumeClaim{
