@@ -80,9 +80,7 @@ func RunEnvelope(ctx context.Context, l EnvelopeLayout, dir string, logf func(st
 	if l.Profile {
 		res.Mode = "full"
 	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		res.LoadAverage = strings.TrimSpace(string(b))
-	}
+	res.LoadAverage = loadAverage()
 	defer func() { res.WallSeconds = time.Since(start).Seconds() }()
 	profiles := ""
 	if l.Profile {

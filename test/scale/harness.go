@@ -145,9 +145,7 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	if l.Profile {
 		res.Mode = "full"
 	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		res.LoadAverage = strings.TrimSpace(string(b))
-	}
+	res.LoadAverage = loadAverage()
 	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
 	if err != nil {
 		return nil, err
@@ -156,16 +154,7 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
 		log: textLogger(logFile)}
 
-	c, err := h.startClusterAndBuild(ctx)
-	if err != nil {
-		return nil, err
-	}
-	err = h.measureCluster(ctx)
-	h.stopAll()
-	if serr := c.stop(); serr != nil && err == nil {
-		err = serr
-	}
-	if err != nil {
+	if err := h.onCluster(ctx, h.measureCluster); err != nil {
 		return res, err
 	}
 	// Figures 5 and 6 run with the control plane gone, so that it does not take their CPU.
@@ -186,10 +175,11 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	return res, nil
 }
 
-// startClusterAndBuild starts the control plane in h.dir and builds the controller into h.bin.
-// Both take about as long: they overlap. The controller is built without the race detector (its
-// speed is what is measured), and serves net/http/pprof for its CPU profile.
-func (h *runner) startClusterAndBuild(ctx context.Context) (*cluster, error) {
+// onCluster starts the control plane in h.dir and builds the controller into h.bin, runs measure,
+// then stops every process the runner started and the control plane. The start and the build
+// take about as long: they overlap. The controller is built without the race detector (its speed
+// is what is measured), and serves net/http/pprof for its CPU profile.
+func (h *runner) onCluster(ctx context.Context, measure func(context.Context) error) error {
 	built := make(chan error, 1)
 	go func() {
 		bin, err := harness.Build(harness.BuildOptions{Controller: harness.Profiling})
@@ -201,13 +191,18 @@ func (h *runner) startClusterAndBuild(ctx context.Context) (*cluster, error) {
 		if c != nil {
 			_ = c.stop()
 		}
-		return nil, berr
+		return berr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("control plane: %w", err)
+		return fmt.Errorf("control plane: %w", err)
 	}
 	h.c = c
-	return c, nil
+	err = measure(ctx)
+	h.stopAll()
+	if serr := c.stop(); serr != nil && err == nil {
+		err = serr
+	}
+	return err
 }
 
 func (h *runner) stopAll() {

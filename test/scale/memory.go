@@ -3,9 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/volume-healer/volume-healer/test/harness"
@@ -24,19 +22,9 @@ func RunMemory(ctx context.Context, sizes []int, settle time.Duration, dir strin
 	l := FullLayout()
 	l.MemoryVolumes, l.Settle = sizes, settle
 	res := &Results{Schema: resultsSchema, Mode: "memory", Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU())}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		res.LoadAverage = strings.TrimSpace(string(b))
-	}
+	res.LoadAverage = loadAverage()
 	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res}
-	c, err := h.startClusterAndBuild(ctx)
-	if err != nil {
-		return nil, err
-	}
-	err = h.measureMemoryOnly(ctx)
-	h.stopAll()
-	if serr := c.stop(); serr != nil && err == nil {
-		err = serr
-	}
+	err := h.onCluster(ctx, h.measureMemoryOnly)
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, err
 }
