@@ -44,6 +44,19 @@ func (f *fixture) runAsync(ctx context.Context) <-chan Summary {
 	return done
 }
 
+// summaryOf waits for the summary of a sweep started in the background, failing with notDone
+// after 10 seconds.
+func summaryOf(t *testing.T, done <-chan Summary, notDone string) Summary {
+	t.Helper()
+	select {
+	case sum := <-done:
+		return sum
+	case <-time.After(10 * time.Second):
+		t.Fatal(notDone)
+		return Summary{}
+	}
+}
+
 // waitEvents collects the recorder's Events until one contains want, failing after 10 seconds.
 func (f *fixture) waitEvents(t *testing.T, want string) string {
 	t.Helper()
@@ -86,12 +99,7 @@ func TestRestartSweepWithUnreachableSidecarIsRetriedUntilItAnswers(t *testing.T)
 	}
 
 	f.sidecars.set(func(s *fakeSidecars) { s.capsDown = false })
-	var sum Summary
-	select {
-	case sum = <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the restart sweep did not finish after the sidecar answered")
-	}
+	sum := summaryOf(t, done, "the restart sweep did not finish after the sidecar answered")
 	if sum.Incomplete != "" || sum.Healed != 1 || sum.Failed != 0 {
 		t.Fatalf("summary %+v, want complete with v1 healed", sum)
 	}
@@ -132,13 +140,9 @@ func TestRestartSweepWhoseStagedListFailedIsNotEmpty(t *testing.T) {
 		s.stagedErr = nil
 		s.staged = []probe.StagedVolume{{PV: "v1"}, {PV: "v2"}}
 	})
-	select {
-	case sum := <-done:
-		if sum.Incomplete != "" || sum.Volumes != 2 || sum.Probed != 2 {
-			t.Fatalf("summary %+v, want both staged volumes probed", sum)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the restart sweep did not finish once the sidecar listed its volumes")
+	sum := summaryOf(t, done, "the restart sweep did not finish once the sidecar listed its volumes")
+	if sum.Incomplete != "" || sum.Volumes != 2 || sum.Probed != 2 {
+		t.Fatalf("summary %+v, want both staged volumes probed", sum)
 	}
 	if m := f.handledMarker(t); m != f.restart().Marker {
 		t.Errorf("handled marker %q, want %q", m, f.restart().Marker)
@@ -157,13 +161,9 @@ func TestIncompleteRestartSweepStops(t *testing.T) {
 		again := f.node.DeepCopy()
 		again.Annotations[annotations.HealerRestart] = "start-3"
 		f.targets.Set(again)
-		select {
-		case sum := <-done:
-			if !strings.Contains(sum.Incomplete, "restarted again") {
-				t.Errorf("summary %+v, want it incomplete because of the new restart", sum)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the old restart sweep kept trying after a new restart")
+		sum := summaryOf(t, done, "the old restart sweep kept trying after a new restart")
+		if !strings.Contains(sum.Incomplete, "restarted again") {
+			t.Errorf("summary %+v, want it incomplete because of the new restart", sum)
 		}
 		if m := f.handledMarker(t); m != "" {
 			t.Errorf("handled marker %q recorded by a sweep that never completed", m)
@@ -176,13 +176,9 @@ func TestIncompleteRestartSweepStops(t *testing.T) {
 		done := f.runAsync(ctx)
 		f.waitEvents(t, ReasonRestartSweepPending)
 		cancel()
-		select {
-		case sum := <-done:
-			if !sum.Cancelled {
-				t.Errorf("summary %+v, want cancelled", sum)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the restart sweep kept trying after its context ended")
+		sum := summaryOf(t, done, "the restart sweep kept trying after its context ended")
+		if !sum.Cancelled {
+			t.Errorf("summary %+v, want cancelled", sum)
 		}
 		if m := f.handledMarker(t); m != "" {
 			t.Errorf("handled marker %q recorded by a sweep that never completed", m)
@@ -212,13 +208,9 @@ func TestPanickingSweepEndsUnrecorded(t *testing.T) {
 		t.Errorf("the pending Event does not say the sweep panicked:\n%s", events)
 	}
 	cancel()
-	select {
-	case sum := <-done:
-		if !strings.Contains(sum.Incomplete, "panicked") || sum.Failed != 1 {
-			t.Errorf("summary %+v, want v1 failed and the sweep incomplete because it panicked", sum)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sweep did not stop after its context ended")
+	sum := summaryOf(t, done, "the sweep did not stop after its context ended")
+	if !strings.Contains(sum.Incomplete, "panicked") || sum.Failed != 1 {
+		t.Errorf("summary %+v, want v1 failed and the sweep incomplete because it panicked", sum)
 	}
 	if m := f.handledMarker(t); m != "" {
 		t.Errorf("handled marker %q recorded by a sweep that panicked", m)
@@ -284,13 +276,9 @@ func TestSlowNodeDoesNotHoldUpTheOthers(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	close(gate)
-	select {
-	case sum := <-done:
-		if sum.Probed != 2 || sum.Failed != 0 {
-			t.Errorf("summary %+v, want both volumes probed once node-b answered", sum)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sweep did not end after node-b answered")
+	sum := summaryOf(t, done, "the sweep did not end after node-b answered")
+	if sum.Probed != 2 || sum.Failed != 0 {
+		t.Errorf("summary %+v, want both volumes probed once node-b answered", sum)
 	}
 }
 
@@ -342,13 +330,9 @@ func TestNotStagedVolumeDoesNotKeepTheRestartPending(t *testing.T) {
 	f.sidecars.health["v2"], f.sidecars.healable["v2"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
 	done := make(chan Summary, 1)
 	go func() { done <- f.sweeper.Run(context.Background(), f.restart()) }()
-	select {
-	case sum := <-done:
-		if sum.Incomplete != "" || sum.Healed != 1 || sum.Skipped != 1 || sum.Failed != 0 {
-			t.Fatalf("summary %+v, want v2 healed, v1 skipped, complete", sum)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the restart sweep kept trying for a volume that is not staged")
+	sum := summaryOf(t, done, "the restart sweep kept trying for a volume that is not staged")
+	if sum.Incomplete != "" || sum.Healed != 1 || sum.Skipped != 1 || sum.Failed != 0 {
+		t.Fatalf("summary %+v, want v2 healed, v1 skipped, complete", sum)
 	}
 	if events := f.events(); strings.Contains(events, ReasonVolumeHealFailed) {
 		t.Errorf("a not-staged volume was reported as failed:\n%s", events)
@@ -389,13 +373,9 @@ func TestRestartSweepWithoutUsableEndpointStaysPending(t *testing.T) {
 	back := recreated.DeepCopy()
 	back.Annotations[annotations.Endpoint] = "127.0.0.1:9070"
 	f.targets.Set(back)
-	select {
-	case sum := <-done:
-		if sum.Incomplete != "" || sum.Probed != 1 {
-			t.Fatalf("summary %+v, want complete with v1 probed", sum)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the restart sweep did not finish once the endpoint was back")
+	sum := summaryOf(t, done, "the restart sweep did not finish once the endpoint was back")
+	if sum.Incomplete != "" || sum.Probed != 1 {
+		t.Fatalf("summary %+v, want complete with v1 probed", sum)
 	}
 	if m := f.handledMarker(t); m != sw.Marker {
 		t.Errorf("handled marker %q, want %q", m, sw.Marker)
@@ -414,13 +394,9 @@ func TestPendingRestartSweepStopsWhenItsObjectOrNodeIsGone(t *testing.T) {
 		if err := f.client.Delete(context.Background(), f.node.DeepCopy()); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case sum := <-done:
-			if !strings.Contains(sum.Incomplete, "was deleted") {
-				t.Errorf("summary %+v, want it stopped because its CSIAddonsNode was deleted", sum)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the sweep kept trying after its CSIAddonsNode was deleted")
+		sum := summaryOf(t, done, "the sweep kept trying after its CSIAddonsNode was deleted")
+		if !strings.Contains(sum.Incomplete, "was deleted") {
+			t.Errorf("summary %+v, want it stopped because its CSIAddonsNode was deleted", sum)
 		}
 		f.waitEvents(t, ReasonRestartSweepStopped)
 	})
@@ -439,13 +415,9 @@ func TestPendingRestartSweepStopsWhenItsObjectOrNodeIsGone(t *testing.T) {
 		done := f.runAsync(context.Background())
 		f.waitEvents(t, ReasonRestartSweepPending)
 		close(nodeGone)
-		select {
-		case sum := <-done:
-			if !strings.Contains(sum.Incomplete, "Node node-a is gone") {
-				t.Errorf("summary %+v, want it stopped because its Node is gone", sum)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the sweep kept trying after its Node was gone")
+		sum := summaryOf(t, done, "the sweep kept trying after its Node was gone")
+		if !strings.Contains(sum.Incomplete, "Node node-a is gone") {
+			t.Errorf("summary %+v, want it stopped because its Node is gone", sum)
 		}
 		events := f.waitEvents(t, ReasonRestartSweepStopped)
 		if !strings.Contains(events, "Node node-a is gone") {

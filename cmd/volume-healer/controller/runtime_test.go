@@ -272,12 +272,17 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if _, err := clientset.CoreV1().Nodes().Create(ctx, k8sNode, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	node2 := node.DeepCopy()
-	node2.ResourceVersion, node2.Name, node2.Spec.Driver.NodeID = "", "node-2-rbd", "node-2"
-	node2.Annotations[annotations.Endpoint] = "127.0.0.1:9073"
-	if err := crClient.Create(ctx, node2); err != nil {
-		t.Fatal(err)
+	// createLike creates a CSIAddonsNode like node's for the driver on nodeID, its sidecar at endpoint.
+	createLike := func(nodeID, endpoint string) {
+		t.Helper()
+		n := node.DeepCopy()
+		n.ResourceVersion, n.Name, n.Spec.Driver.NodeID = "", nodeID+"-rbd", nodeID
+		n.Annotations[annotations.Endpoint] = endpoint
+		if err := crClient.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
 	}
+	createLike("node-2", "127.0.0.1:9073")
 	eventually(t, "node-2's sidecar is a target", func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
 		return err == nil
@@ -295,12 +300,7 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 
 	// A CSIAddonsNode seen before its Node (the caches deliver independently) becomes a target, and
 	// its marker a restart sweep, once the Node arrives.
-	node3 := node.DeepCopy()
-	node3.ResourceVersion, node3.Name, node3.Spec.Driver.NodeID = "", "node-3-rbd", "node-3"
-	node3.Annotations[annotations.Endpoint] = "127.0.0.1:9074"
-	if err := crClient.Create(ctx, node3); err != nil {
-		t.Fatal(err)
-	}
+	createLike("node-3", "127.0.0.1:9074")
 	eventually(t, "the CSIAddonsNode of a Node not known yet is seen", func() bool {
 		_, exists, err := nodes.GetStore().GetByKey("csi/node-3-rbd")
 		return err == nil && exists
