@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/clock"
 	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -57,6 +58,37 @@ func newRegistrar(t *testing.T, c client.Client, name string) *registrar {
 		client: c, namespace: "csi", name: name, nodeName: "node-a", podUID: "pod-2",
 		endpoint: "10.0.0.7:9070", clock: clock.RealClock{}, backoff: time.Millisecond, maxBackoff: 5 * time.Millisecond,
 	}
+}
+
+// followedWatcher tells on following when the registrar first reads the events of a watch it
+// started: by then it has handled the state the watch began from.
+type followedWatcher struct {
+	client.WithWatch
+	following chan<- struct{}
+}
+
+func (f followedWatcher) Watch(ctx context.Context, list client.ObjectList, opts ...client.ListOption) (watch.Interface, error) {
+	w, err := f.WithWatch.Watch(ctx, list, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &followedWatch{Interface: w, following: f.following}, nil
+}
+
+type followedWatch struct {
+	watch.Interface
+	once      sync.Once
+	following chan<- struct{}
+}
+
+func (w *followedWatch) ResultChan() <-chan watch.Event {
+	w.once.Do(func() {
+		select {
+		case w.following <- struct{}{}:
+		default:
+		}
+	})
+	return w.Interface.ResultChan()
 }
 
 func csiAddonsNode(name, driver, node string, annotations map[string]string) *csiaddonsv1alpha1.CSIAddonsNode {
@@ -221,7 +253,8 @@ func TestRegisterStopsWithContext(t *testing.T) {
 func TestRegistrationIsKept(t *testing.T) {
 	c := fakeClient(t, nil, csiAddonsNode("node-a-rbd", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"}))
 	r := newRegistrar(t, c, "")
-	r.watcher = c.(client.WithWatch)
+	following := make(chan struct{}, 1)
+	r.watcher = followedWatcher{WithWatch: c.(client.WithWatch), following: following}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	name, err := r.run(ctx, "rbd.csi.ceph.com")
@@ -234,6 +267,13 @@ func TestRegistrationIsKept(t *testing.T) {
 		defer close(kept)
 		r.keep(ctx, "rbd.csi.ceph.com")
 	}()
+	// keep first writes the annotations again (the object may have changed while nothing
+	// watched), then follows its watch; the changes below come after that first write.
+	select {
+	case <-following:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registrar does not watch its CSIAddonsNode")
+	}
 	carries := func(what string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
