@@ -43,7 +43,10 @@ func stripManagedFields(obj any) (any, error) {
 // returns their live heap. With profile set it writes a heap profile there and keeps its top.
 func (c *cluster) measureCacheHeap(ctx context.Context, name string, transform toolscache.TransformFunc, volumes int, profile string) (cacheHeap, error) {
 	out := cacheHeap{Name: name, Volumes: volumes}
-	kube, err := kubernetes.NewForConfig(c.restConfig(newRequestStats(), nil, nil))
+	cfg := c.restConfig(newRequestStats(), nil, nil)
+	// As the controller's informers read them.
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return out, err
 	}

@@ -152,7 +152,14 @@ func newKube(ctx context.Context, cfg *config.Config) (*kube, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versionmetrics.NewBuildInfo(version.Get()))
-	clientset, err := kubernetes.NewForConfig(restCfg)
+	// The typed clientset handles built-in kinds only (the informers of PVs, PVCs,
+	// VolumeAttachments and Nodes, Events, ConfigMaps, evictions), all of which the API server
+	// encodes in protobuf, cheaper than JSON to decode: filling the caches at start decodes every
+	// volume's objects. The CSIAddonsNode custom resource goes through apiClient, in JSON.
+	typedCfg := rest.CopyConfig(restCfg)
+	typedCfg.ContentType = runtime.ContentTypeProtobuf
+	typedCfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	clientset, err := kubernetes.NewForConfig(typedCfg)
 	if err != nil {
 		return nil, err
 	}
