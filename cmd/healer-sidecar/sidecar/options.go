@@ -32,10 +32,10 @@ const (
 	// DefaultDriverTimeout bounds each call to the driver.
 	DefaultDriverTimeout = 30 * time.Second
 	// DefaultAPIQPS and DefaultAPIBurst pace the sidecar's reads of PersistentVolumes,
-	// VolumeAttachments and Secrets when KubeConfig sets no pace. Each probe or heal reads its
-	// VolumeAttachment (and its PV, when not read in the last minute): a restart sweep of a node
-	// with 1,000 volumes makes 1,000 to 2,000 reads, which at 50 a second took 24 s where the
-	// calls themselves needed 5. At these values the controller's per-node budget, not the
+	// VolumeAttachments and Secrets when KubeConfig sets no pace. Each heal, and each probe
+	// without a recent read, reads its VolumeAttachment (and its PV when not cached): a restart
+	// of a node plugin with 1,000 volumes makes 1,000 to 2,000 reads, which at 50 a second took
+	// 24 s where the calls themselves needed 5. At these values the controller's per-node budget, not the
 	// client, sets the pace of a sweep; the controller's global budget bounds the calls in flight
 	// over the whole cluster, and with them every sidecar's reads together.
 	DefaultAPIQPS = 1000

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -161,7 +162,7 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 	if err != nil {
 		return nil, ctx, err
 	}
-	if err := h.onNode(ctx, info, vol); err != nil {
+	if err := h.onNode(ctx, info, vol, rpc); err != nil {
 		return nil, ctx, err
 	}
 	if err := h.volumes.stageSecrets(ctx, vol); err != nil {
@@ -173,9 +174,14 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 // onNode checks that vol is on the sidecar's node before any call reaches the driver and before
 // its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
 // attached and not being deleted), or, for a volume without one there (drivers without an attach
-// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked.
-func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume) error {
-	attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID)
+// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
+// go by an attachment read in the last probeAttachmentFresh; a heal reads it again.
+func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
+	reuse := time.Duration(0)
+	if rpc == healerv1alpha1.HealerCapability_RPC_PROBE {
+		reuse = probeAttachmentFresh
+	}
+	attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID, reuse)
 	if err != nil {
 		return err
 	}

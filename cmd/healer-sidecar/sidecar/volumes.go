@@ -35,6 +35,13 @@ const (
 	staleFor = 30 * time.Minute
 	// apiTimeout bounds each GET.
 	apiTimeout = 10 * time.Second
+	// probeAttachmentFresh is how long a probe goes by an "attached here" read before it, by the
+	// read ahead at the sidecar's start or by an earlier call, instead of reading the
+	// VolumeAttachment again. A probe changes nothing, and a volume leaves a node only after
+	// kubelet unstaged it there: a probe of a volume that left within this time reaches a driver
+	// that staged it here before and answers that it is not staged. A heal, which stages again,
+	// and every "not attached here" are read again at every call.
+	probeAttachmentFresh = time.Minute
 )
 
 // fromWatchCache are the options of every GET: resourceVersion "0" lets the API server answer
@@ -114,6 +121,15 @@ func newReadCache(fresh time.Duration, clk clock.PassiveClock) *readCache {
 	return &readCache{lru: utilcache.NewLRUExpireCacheWithClock(volumeCacheSize, clk), fresh: fresh, clock: clk}
 }
 
+// recent returns the value of key if it was read less than within ago.
+func (c *readCache) recent(key string, within time.Duration) (any, bool) {
+	e, ok := c.lru.Get(key)
+	if !ok || c.clock.Since(e.(cached).at) >= within {
+		return nil, false
+	}
+	return e.(cached).value, true
+}
+
 // get returns the value of key: from the cache while fresh, else from read. When read fails
 // because the API server is unreachable, it returns the last value read, if any, not older than
 // staleFor, and the failure otherwise.
@@ -188,12 +204,17 @@ func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.Pe
 // attachedHere reports whether PersistentVolume pvName, of volume handle handle, is attached to
 // the sidecar's node by driverName: its VolumeAttachment there (named as the attach/detach
 // controller names it) is for this PV, attached, and not being deleted (the volume is
-// detaching). It is read at every call, from the API server's watch cache (fromWatchCache),
-// attachment being what the sidecar's trust rests on; only while the API server cannot be reached
-// is the last answer used.
-func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string) (bool, error) {
+// detaching). It is read from the API server's watch cache (fromWatchCache) at every call,
+// attachment being what the sidecar's trust rests on, except that an "attached" read less than
+// reuse ago is taken as it is (probeAttachmentFresh, for probes); only while the API server
+// cannot be reached is the last answer used.
+func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string, reuse time.Duration) (bool, error) {
 	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
-	attached, err := v.attachments.get(name+"/"+pvName, func() (any, error) {
+	key := name + "/" + pvName
+	if was, ok := v.attachments.recent(key, reuse); ok && was.(bool) {
+		return true, nil
+	}
+	attached, err := v.attachments.get(key, func() (any, error) {
 		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
 		defer cancel()
 		va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, fromWatchCache)

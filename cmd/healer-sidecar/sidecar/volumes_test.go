@@ -288,7 +288,7 @@ func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := v.attachedHere(context.Background(), "d", pvName, vol.volumeID); !ok || err != nil {
+		if ok, err := v.attachedHere(context.Background(), "d", pvName, vol.volumeID, 0); !ok || err != nil {
 			t.Fatalf("attachedHere = %v, %v; want true", ok, err)
 		}
 	}
@@ -300,6 +300,59 @@ func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("API requests %v, want %v", got, want)
 	}
+}
+
+// TestProbesGoByARecentAttachment: a probe takes an "attached here" read in the last minute as it
+// is; a heal reads the VolumeAttachment again, and so does any call once the answer is older or
+// was "not attached", so that a volume that left the node is refused from the first read that
+// saw it leave.
+func TestProbesGoByARecentAttachment(t *testing.T) {
+	pvName := "mine"
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status: storagev1.VolumeAttachmentStatus{Attached: true},
+	}
+	client := fake.NewClientset(va)
+	clk := testingclock.NewFakeClock(time.Now())
+	v := newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", Clock: clk})
+	ctx := context.Background()
+	reads := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "volumeattachments" {
+				n++
+			}
+		}
+		return n
+	}
+	step := func(what string, reuse time.Duration, wantAttached bool, wantReads int) {
+		t.Helper()
+		ok, err := v.attachedHere(ctx, "d", pvName, "vol-1", reuse)
+		if err != nil || ok != wantAttached {
+			t.Fatalf("%s: attached %v, %v; want %v", what, ok, err, wantAttached)
+		}
+		if got := reads(); got != wantReads {
+			t.Errorf("%s: %d reads of the VolumeAttachment so far, want %d", what, got, wantReads)
+		}
+	}
+	step("first probe", probeAttachmentFresh, true, 1)
+	clk.Step(probeAttachmentFresh / 2)
+	step("probe within the minute", probeAttachmentFresh, true, 1)
+	step("heal", 0, true, 2)
+	clk.Step(probeAttachmentFresh)
+	step("probe after the minute", probeAttachmentFresh, true, 3)
+
+	// The volume leaves the node: the next heal sees it, and a probe within the minute of the
+	// last "attached" does not go by that one any more.
+	va.Status.Attached = false
+	if err := client.Tracker().Update(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), va, ""); err != nil {
+		t.Fatal(err)
+	}
+	step("heal after the detach", 0, false, 4)
+	step("probe after the detach", probeAttachmentFresh, false, 5)
+	step("probe again", probeAttachmentFresh, false, 6)
 }
 
 // The cache keeps a lean copy of each PV it reads: what the driver is sent must not change because of it.
@@ -364,7 +417,7 @@ func TestAnsweredThroughAnOutage(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		ok, err := v.attachedHere(ctx, "d", pvName, vol.volumeID)
+		ok, err := v.attachedHere(ctx, "d", pvName, vol.volumeID, 0)
 		if err != nil {
 			return err
 		}
@@ -386,7 +439,7 @@ func TestAnsweredThroughAnOutage(t *testing.T) {
 	client.PrependReactor("get", "volumeattachments", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: "storage.k8s.io", Resource: "volumeattachments"}, va.Name)
 	})
-	if ok, err := v.attachedHere(ctx, "d", pvName, "vol-1"); ok || err != nil {
+	if ok, err := v.attachedHere(ctx, "d", pvName, "vol-1", probeAttachmentFresh); ok || err != nil {
 		t.Errorf("VolumeAttachment gone: attached %v, %v; want not attached", ok, err)
 	}
 }
