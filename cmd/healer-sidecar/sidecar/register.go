@@ -92,10 +92,17 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 	r.mu.Unlock()
 	wait := r.backoff
 	for {
-		name, err := r.registerCurrent(ctx, driverName, marker)
+		name, matches, err := r.registerCurrent(ctx, driverName, marker)
 		if err == nil {
 			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
-			r.converge(ctx, driverName, name)
+			if r.name != "" {
+				// The object was named, not looked up: the others are listed now.
+				if matches, err = r.matching(ctx, driverName); err != nil {
+					log.Error(err, "Cannot look for other CSIAddonsNodes of this driver and node")
+					return name, nil
+				}
+			}
+			r.converge(ctx, name, matches)
 			return name, nil
 		}
 		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", wait)
@@ -111,18 +118,18 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 }
 
 // registerCurrent makes one attempt of run and, when it works, makes its object and marker the
-// ones keep maintains, before keep may write again.
-func (r *registrar) registerCurrent(ctx context.Context, driverName, marker string) (string, error) {
+// ones keep maintains, before keep may write again. It returns what register returns.
+func (r *registrar) registerCurrent(ctx context.Context, driverName, marker string) (string, []csiaddonsv1alpha1.CSIAddonsNode, error) {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
-	name, err := r.register(ctx, driverName, marker)
+	name, matches, err := r.register(ctx, driverName, marker)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	r.mu.Lock()
 	r.currentName, r.currentMarker = name, marker
 	r.mu.Unlock()
-	return name, nil
+	return name, matches, nil
 }
 
 // keep watches the registered CSIAddonsNode and puts the sidecar's annotations (the same marker
@@ -213,20 +220,24 @@ func (r *registrar) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // register makes one attempt: it merge-patches the restart marker and endpoint onto the
-// existing CSIAddonsNode, or creates the object.
-func (r *registrar) register(ctx context.Context, driverName, marker string) (string, error) {
+// existing CSIAddonsNode, or creates the object. Without a name given it looks the object up
+// and also returns the CSIAddonsNodes of this driver and node it listed, for converge.
+func (r *registrar) register(ctx context.Context, driverName, marker string) (string, []csiaddonsv1alpha1.CSIAddonsNode, error) {
 	name := r.name
+	var matches []csiaddonsv1alpha1.CSIAddonsNode
 	if name == "" {
-		found, err := r.lookup(ctx, driverName)
-		if err != nil {
-			return "", err
+		var err error
+		if matches, err = r.matching(ctx, driverName); err != nil {
+			return "", nil, err
 		}
-		name = found
-	}
-	if name == "" {
+		// The csi-addons sidecar's wins, then the oldest; with none, the default name.
 		name = DefaultCSIAddonsNodeName(r.nodeName, driverName)
+		if len(matches) > 0 {
+			name = matches[0].Name
+		}
 	}
-	return r.registerAs(ctx, driverName, marker, name)
+	name, err := r.registerAs(ctx, driverName, marker, name)
+	return name, matches, err
 }
 
 // registerAs merge-patches the restart marker and endpoint onto the CSIAddonsNode name, or
@@ -256,6 +267,10 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 		return "", fmt.Errorf("%w: %s/%s names driver %q on node %q, this sidecar serves driver %q on node %q; fix --csiaddonsnode-name",
 			ErrCSIAddonsNodeConflict, r.namespace, name, d.Name, d.NodeID, driverName, r.nodeName)
 	}
+	if existing.Annotations[annotations.HealerRestart] == marker && existing.Annotations[annotations.Endpoint] == r.endpoint {
+		// keep's check when its watch starts, mostly: nothing to write.
+		return name, nil
+	}
 	// A merge patch of two annotations: it cannot conflict with, or undo, what the csi-addons
 	// sidecar writes, and needs no resourceVersion.
 	patch := annotations.MergePatch(set)
@@ -265,22 +280,13 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 	return name, nil
 }
 
-// lookup returns the name of the CSIAddonsNode in the namespace whose spec.driver names this
-// driver and node, or "" when there is none. With several, the csi-addons sidecar's wins, then
-// the oldest.
-func (r *registrar) lookup(ctx context.Context, driverName string) (string, error) {
-	matches, err := r.matching(ctx, driverName)
-	if err != nil || len(matches) == 0 {
-		return "", err
-	}
-	return matches[0].Name, nil
-}
-
 // matching lists the CSIAddonsNodes of the namespace that name this driver and node, the one the
-// sidecar registers on first: the csi-addons sidecar's, then the oldest.
+// sidecar registers on first: the csi-addons sidecar's, then the oldest. The custom resource
+// offers no field selector on spec.driver, so this is a LIST of the namespace, one per start,
+// served from the API server's watch cache.
 func (r *registrar) matching(ctx context.Context, driverName string) ([]csiaddonsv1alpha1.CSIAddonsNode, error) {
 	var list csiaddonsv1alpha1.CSIAddonsNodeList
-	if err := r.client.List(ctx, &list, client.InNamespace(r.namespace)); err != nil {
+	if err := r.client.List(ctx, &list, client.InNamespace(r.namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
 		return nil, fmt.Errorf("list CSIAddonsNodes in %s: %w", r.namespace, err)
 	}
 	var matches []csiaddonsv1alpha1.CSIAddonsNode
@@ -309,13 +315,9 @@ func (r *registrar) matching(ctx context.Context, driverName string) ([]csiaddon
 // converge takes this sidecar's endpoint off every other CSIAddonsNode of its driver and node
 // (one registered before the csi-addons sidecar created its own, say), so that one object says
 // where the sidecar listens. The restart marker stays on them: removing it would change their
-// marker and draw a needless sweep.
-func (r *registrar) converge(ctx context.Context, driverName, registered string) {
-	matches, err := r.matching(ctx, driverName)
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot look for other CSIAddonsNodes of this driver and node")
-		return
-	}
+// marker and draw a needless sweep. matches are the CSIAddonsNodes of this driver and node, as
+// matching lists them.
+func (r *registrar) converge(ctx context.Context, registered string, matches []csiaddonsv1alpha1.CSIAddonsNode) {
 	for i := range matches {
 		n := &matches[i]
 		if n.Name == registered || n.Annotations[annotations.Endpoint] == "" {

@@ -156,7 +156,7 @@ func TestRegister(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := fakeClient(t, nil, tc.objs...)
 			r := newRegistrar(t, c, tc.name)
-			got, err := r.register(context.Background(), "rbd.csi.ceph.com", "marker-2")
+			got, _, err := r.register(context.Background(), "rbd.csi.ceph.com", "marker-2")
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 				t.Fatalf("register: %v, want %v", err, tc.wantErr)
 			}
@@ -251,7 +251,11 @@ func TestRegisterStopsWithContext(t *testing.T) {
 // recreates a deleted object without them, and someone may strip them; either way they come
 // back with this start's marker, without a new restart of the sidecar.
 func TestRegistrationIsKept(t *testing.T) {
-	c := fakeClient(t, nil, csiAddonsNode("node-a-rbd", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"}))
+	var patches atomic.Int32
+	c := fakeClient(t, &interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		patches.Add(1)
+		return c.Patch(ctx, obj, patch, opts...)
+	}}, csiAddonsNode("node-a-rbd", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"}))
 	r := newRegistrar(t, c, "")
 	following := make(chan struct{}, 1)
 	r.watcher = followedWatcher{WithWatch: c.(client.WithWatch), following: following}
@@ -267,12 +271,15 @@ func TestRegistrationIsKept(t *testing.T) {
 		defer close(kept)
 		r.keep(ctx, "rbd.csi.ceph.com")
 	}()
-	// keep first writes the annotations again (the object may have changed while nothing
-	// watched), then follows its watch; the changes below come after that first write.
+	// keep first checks the annotations (the object may have changed while nothing watched),
+	// then follows its watch; the changes below come after that check.
 	select {
 	case <-following:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the registrar does not watch its CSIAddonsNode")
+	}
+	if n := patches.Load(); n != 1 {
+		t.Errorf("%d patches of the CSIAddonsNode by the time keep follows it, want 1 (keep finds the annotations in place)", n)
 	}
 	carries := func(what string) {
 		t.Helper()
@@ -332,11 +339,19 @@ func TestRegisterConvergesOnOneObject(t *testing.T) {
 		map[string]string{annotations.Endpoint: "10.0.0.3:9072", annotations.HealerRestart: "marker-1"})
 	theirs := csiAddonsNode("node-a-csiaddons", "rbd.csi.ceph.com", "node-a", map[string]string{annotations.CSIAddonsPod: "pod-1"})
 	other := csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", map[string]string{annotations.Endpoint: "10.0.0.9:9072"})
-	c := fakeClient(t, nil, stale, theirs, other)
+	var lists atomic.Int32
+	c := fakeClient(t, &interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+		lists.Add(1)
+		return c.List(ctx, l, opts...)
+	}}, stale, theirs, other)
 	r := newRegistrar(t, c, "")
 	name, err := r.run(context.Background(), "rbd.csi.ceph.com")
 	if err != nil || name != "node-a-csiaddons" {
 		t.Fatalf("registered %q, %v; want the csi-addons sidecar's object", name, err)
+	}
+	// Every node plugin start lists the namespace's CSIAddonsNodes, all nodes' objects: once.
+	if n := lists.Load(); n != 1 {
+		t.Errorf("the registration listed the CSIAddonsNodes %d times, want 1", n)
 	}
 	get := func(name string) map[string]string {
 		var n csiaddonsv1alpha1.CSIAddonsNode
