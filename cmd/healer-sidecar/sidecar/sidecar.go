@@ -258,15 +258,12 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	return err
 }
 
-// warmTimeout bounds the read ahead of the node's volumes after a start.
+// warmTimeout bounds how long reading the node's volumes ahead may delay the restart marker.
 const warmTimeout = 30 * time.Second
 
-// register writes the restart marker once the sidecar can answer: the driver has told its name.
-// Marking the restart earlier would send the controller's sweep to a sidecar that answers
-// UNAVAILABLE. Then it reads the node's volumes ahead (warm) while the controller's restart
-// debounce runs, so that the sweep finds most of them read; the marker does not wait for those
-// reads, which take seconds when the API server is loaded (a rollout restarting many node
-// plugins at once). It writes a new marker each time the driver restarts
+// register writes the restart marker once the sidecar can answer: the driver has told its name,
+// and the node's volumes have been read ahead (warm). Marking the restart earlier would send the
+// controller's sweep to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
 // under the running sidecar (the driver container alone crashed), since that kills userspace
 // mounters just as a restart of the whole pod does.
 func (s *Sidecar) register(ctx context.Context) {
@@ -288,6 +285,10 @@ func (s *Sidecar) register(ctx context.Context) {
 		}
 		wait = min(2*wait, s.opts.RegisterMaxBackoff)
 	}
+	// The sweep this start sets off finds the node's volumes read.
+	wctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	s.healer.warm(wctx, info)
+	cancel()
 	// A reconnect seen before the first registration is part of this start.
 	select {
 	case <-s.driverRestarted:
@@ -298,11 +299,6 @@ func (s *Sidecar) register(ctx context.Context) {
 	}
 	s.registeredOnce.Do(func() { close(s.registered) })
 	go s.reg.keep(ctx, info.name)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, warmTimeout)
-		defer cancel()
-		s.healer.warm(wctx, info)
-	}()
 	for {
 		select {
 		case <-ctx.Done():
