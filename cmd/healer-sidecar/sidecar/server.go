@@ -217,11 +217,12 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, 
 		ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
 }
 
-// warm reads, before the node's restart is marked, the VolumeAttachment, the PV and the node-stage
-// Secret of each volume the driver lists as staged here, a few at a time, so that the restart
-// sweep that follows finds them read, and is answered even if the API server goes away during it.
-// What it reads is this node's alone. A volume without a VolumeAttachment here (a driver without
-// an attach step) is read when a call first names it.
+// warm reads, at the sidecar's start, the VolumeAttachment, the PV and the node-stage Secret of
+// each volume the driver lists as staged here, a few at a time, so that the restart sweep finds
+// them read, and is answered even if the API server goes away during it.
+// What it reads is this node's alone. A volume a call has already read is skipped, and one
+// without a VolumeAttachment here (a driver without an attach step) is read when a call first
+// names it.
 func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
 		return
@@ -250,6 +251,10 @@ func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
 	g.SetLimit(8)
 	for _, handle := range handles {
 		g.Go(func() error {
+			if h.volumes.pvNameFor(info.name, handle) != "" {
+				// A call read it first.
+				return nil
+			}
 			pv, err := h.volumes.attachedPV(gctx, info.name, handle)
 			if err != nil || pv == "" {
 				return nil

@@ -153,6 +153,17 @@ func startVolumesFor(t testing.TB, objs ...any) *volumes {
 	return runVolumes(client)
 }
 
+// attachedHere is the VolumeAttachment of volume "vol-1" of driver "d", attached to node-1 for
+// the PV named pvName.
+func attachedHere(pvName string) *storagev1.VolumeAttachment {
+	return &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
+		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
+		Status: storagev1.VolumeAttachmentStatus{Attached: true},
+	}
+}
+
 func runVolumes(client *fake.Clientset) *volumes {
 	return newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", SecretCacheTTL: time.Minute})
 }
@@ -275,12 +286,7 @@ func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
 			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
 		}),
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ceph", Name: "stage"}, Data: map[string][]byte{"key": []byte("k")}},
-		&storagev1.VolumeAttachment{
-			ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
-			Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
-				Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-			Status: storagev1.VolumeAttachmentStatus{Attached: true},
-		},
+		attachedHere(pvName),
 	)
 	v := runVolumes(client)
 	for range 3 {
@@ -308,12 +314,7 @@ func TestVolumesReadOnlyWhatACallNeeds(t *testing.T) {
 // saw it leave.
 func TestProbesGoByARecentAttachment(t *testing.T) {
 	pvName := "mine"
-	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
-		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
-			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-		Status: storagev1.VolumeAttachmentStatus{Attached: true},
-	}
+	va := attachedHere(pvName)
 	client := fake.NewClientset(va)
 	clk := testingclock.NewFakeClock(time.Now())
 	v := newVolumes(client, &Options{NodeName: "node-1", KubeletDir: "/var/lib/kubelet", Clock: clk})
@@ -396,12 +397,7 @@ func TestLeanPersistentVolumeResolvesTheSame(t *testing.T) {
 // object is gone.
 func TestAnsweredThroughAnOutage(t *testing.T) {
 	pvName := "mine"
-	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")},
-		Spec: storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1",
-			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-		Status: storagev1.VolumeAttachmentStatus{Attached: true},
-	}
+	va := attachedHere(pvName)
 	client := fake.NewClientset(
 		testPV(pvName, "d", "vol-1", func(pv *corev1.PersistentVolume) {
 			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: "ceph", Name: "stage"}
