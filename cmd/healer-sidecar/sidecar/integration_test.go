@@ -143,6 +143,58 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
+// TestMarkerDoesNotWaitForASlowReadAhead: while the API server does not answer the read ahead's
+// VolumeAttachment reads (a rollout loading it), the sidecar writes its restart marker once the
+// read ahead's head start has passed, not when the reads end; the reads go on, and the calls are
+// answered once the API server answers.
+func TestMarkerDoesNotWaitForASlowReadAhead(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(driver.Options{SeedVolumes: []string{"vol-1"}}, nil)
+	f.create(f.pv("pv-1", "vol-1"))
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	started := time.Now()
+	sc := f.startSidecar(func(o *sidecar.Options) {
+		o.KubeConfig.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/volumeattachments/") {
+					select {
+					case held <- struct{}{}:
+					default:
+					}
+					select {
+					case <-release:
+					case <-req.Context().Done():
+						return nil, req.Context().Err()
+					}
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+	})
+	select {
+	case <-sc.s.Registered():
+	case <-time.After(20 * time.Second):
+		close(release)
+		t.Fatal("no restart marker 20 s after the start while the read ahead waits for the API server")
+	}
+	waited := time.Since(started)
+	select {
+	case <-held:
+	default:
+		t.Error("the read ahead did not ask for the node's VolumeAttachment")
+	}
+	if waited < 4*time.Second {
+		t.Errorf("the marker was written %s after the start, before the read ahead's head start: the sweep would find nothing read", waited.Round(time.Millisecond))
+	}
+	t.Logf("restart marker written %s after the start, with the read ahead still waiting", waited.Round(time.Millisecond))
+	close(release)
+	ctx := f.as(f.token(controllerSA))
+	if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
+		t.Errorf("probe once the API server answers: %v", err)
+	}
+}
+
 // TestListStagedVolumes relays the driver's staged volumes page by page, with the PV names of the
 // volumes attached here, which the sidecar read ahead at its start through their
 // VolumeAttachments, and none for a volume no PV of this driver attaches here (the controller maps

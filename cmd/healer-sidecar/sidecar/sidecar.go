@@ -82,8 +82,8 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	if kubeCfg.ContentType == "" {
 		// The kinds this client reads and writes (PVs, VolumeAttachments, Secrets, TokenReviews)
-		// are built in, and the API server speaks protobuf for them: a fraction of JSON's cost to
-		// encode and decode, at both ends, for the reads every call and every start make.
+		// are built in, and the API server speaks protobuf for them: cheaper than JSON to encode
+		// and decode, at both ends, for the reads every call and every start make.
 		kubeCfg.ContentType = runtime.ContentTypeProtobuf
 		kubeCfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	}
@@ -271,9 +271,10 @@ const (
 
 // register writes the restart marker once the sidecar can answer: the driver has told its name,
 // and the node's volumes have been read ahead (warm), or warmHeadStart has passed. Marking the
-// restart earlier would send the controller's sweep to a sidecar that answers UNAVAILABLE. It writes a new marker each time the driver restarts
-// under the running sidecar (the driver container alone crashed), since that kills userspace
-// mounters just as a restart of the whole pod does.
+// restart earlier would send the controller's sweep to a sidecar that answers UNAVAILABLE. It
+// writes a new marker each time the driver restarts under the running sidecar (the driver
+// container alone crashed), since that kills userspace mounters just as a restart of the whole
+// pod does.
 func (s *Sidecar) register(ctx context.Context) {
 	log := klog.FromContext(ctx)
 	var info *driverInfo
