@@ -163,6 +163,10 @@ type Remediation struct {
 	// EvictionsPerNamespacePerMinute is the most evictions in any minute in one namespace; at
 	// most EvictionsPerMinute. Default 5.
 	EvictionsPerNamespacePerMinute int
+	// ReprobeAfter is how long after the last of a volume's pods on its dead mount was evicted
+	// the volume is probed again, for the replacement pods to start and the dead-mount report to
+	// clear. Default 30s.
+	ReprobeAfter time.Duration
 }
 
 // Budgets limits the probe and heal calls in flight at once. Every limit is at least 1, and
@@ -273,7 +277,7 @@ func Default() Config {
 		},
 		Restart:     Restart{Debounce: 2 * time.Second},
 		Budgets:     Budgets{Global: 64, PerDriver: 32, PerNode: 4},
-		Remediation: Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5},
+		Remediation: Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5, ReprobeAfter: 30 * time.Second},
 		Timeouts:    Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
 		Backoff:     Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{

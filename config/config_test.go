@@ -322,6 +322,10 @@ func TestLoadInvalidValues(t *testing.T) {
 			file: "remediation:\n  evictionsPerNamespacePerMinute: 11\n",
 			want: []string{"remediation.evictionsPerNamespacePerMinute (file ", "11 is not allowed", "must be <= remediation.evictionsPerMinute (10)", "could never be reached"},
 		},
+		"reprobe wait after evictions not positive": {
+			file: "remediation:\n  reprobeAfter: 0s\n",
+			want: []string{"remediation.reprobeAfter (file ", "0s is not allowed", "> 0"},
+		},
 		"probe timeout not positive": {
 			args: []string{"--timeouts-probe=0s"},
 			want: []string{"timeouts.probe (flag --timeouts-probe): 0s is not allowed", "> 0"},
@@ -660,7 +664,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 		Timeouts:    Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
 		Backoff:     Backoff{Base: time.Second, Max: time.Second},
 		DryRun:      true,
-		Remediation: Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100},
+		Remediation: Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100, ReprobeAfter: 90 * time.Second},
 		Sidecar: Sidecar{
 			TLS: SidecarTLS{Enabled: true, CAFile: "true", CertFile: "# not a comment", KeyFile: "key: value",
 				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true},

@@ -237,6 +237,12 @@ var settings = []setting{
 		allowed: "an integer >= 1 and <= remediation.evictionsPerMinute",
 	},
 	{
+		path:    "remediation.reprobeAfter",
+		field:   func(c *Config) any { return &c.Remediation.ReprobeAfter },
+		help:    "How long after the last of a volume's pods on its dead mount was evicted the volume is probed again, for the replacement pods to start and the dead-mount report (StaleMountInPods, the pods-on-dead-mount gauge) to clear.",
+		allowed: "a duration > 0",
+	},
+	{
 		path:    "sidecar.tls.enabled",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.Enabled },
 		help:    "Use TLS for connections to the sidecars; off means plaintext.",

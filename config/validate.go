@@ -183,6 +183,7 @@ func (c *Config) validate() []issue {
 	r := c.Remediation
 	v.atLeastOne("remediation.evictionsPerMinute", r.EvictionsPerMinute)
 	v.atLeastOne("remediation.evictionsPerNamespacePerMinute", r.EvictionsPerNamespacePerMinute)
+	v.positive("remediation.reprobeAfter", r.ReprobeAfter)
 	if r.EvictionsPerMinute >= 1 && r.EvictionsPerNamespacePerMinute > r.EvictionsPerMinute {
 		v.add("remediation.evictionsPerNamespacePerMinute", strconv.Itoa(r.EvictionsPerNamespacePerMinute),
 			fmt.Sprintf("must be <= remediation.evictionsPerMinute (%d): the cluster's budget is always spent first, so the namespace's could never be reached", r.EvictionsPerMinute),

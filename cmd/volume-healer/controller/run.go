@@ -399,9 +399,10 @@ func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine, reprobe func
 		PerMinute:             cfg.Remediation.EvictionsPerMinute,
 		PerNamespacePerMinute: cfg.Remediation.EvictionsPerNamespacePerMinute,
 		// A blocked eviction is tried again on the same backoff as a failing volume.
-		BackoffBase: cfg.Backoff.Base,
-		BackoffMax:  cfg.Backoff.Max,
-		Reprobe:     reprobe,
+		BackoffBase:  cfg.Backoff.Base,
+		BackoffMax:   cfg.Backoff.Max,
+		Reprobe:      reprobe,
+		ReprobeAfter: cfg.Remediation.ReprobeAfter,
 	})
 }
 
