@@ -8,6 +8,8 @@
 package annotations
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"time"
@@ -52,7 +54,18 @@ const (
 	// restart or a new leader neither loses a pending restart sweep nor repeats one. Written by
 	// the controller.
 	HandledMarker = "healer.csiaddons.openshift.io/handled-marker"
+	// Registration labels every CSIAddonsNode on which the healer sidecar of a driver and node
+	// wrote its endpoint, with RegistrationValue of both, so that the sidecar finds those objects
+	// again with a label selector instead of listing every node's objects. Written by the sidecar.
+	Registration = "healer.csiaddons.openshift.io/registration"
 )
+
+// RegistrationValue is the Registration label's value for driver on node: 40 hex digits of the
+// SHA-256 of both, since a node name may be longer than a label value may be.
+func RegistrationValue(driver, node string) string {
+	sum := sha256.Sum256([]byte(driver + "\x00" + node))
+	return hex.EncodeToString(sum[:20])
+}
 
 // On a PVC, a StorageClass or a CSIAddonsNode: manual sweeps. An operator (or `healerctl sweep`)
 // sets SweepRequest to a new value; when the sweep has finished the controller copies the value to
@@ -112,6 +125,11 @@ const (
 // it needs no resourceVersion and cannot undo what another writer (a csi-addons sidecar, an
 // operator) set on other keys.
 func MergePatch(set map[string]string, remove ...string) []byte {
+	return LabeledMergePatch(set, nil, remove...)
+}
+
+// LabeledMergePatch is MergePatch that also sets the labels in labels.
+func LabeledMergePatch(set, labels map[string]string, remove ...string) []byte {
 	values := make(map[string]any, len(set)+len(remove))
 	for key, v := range set {
 		values[key] = v
@@ -119,7 +137,11 @@ func MergePatch(set map[string]string, remove ...string) []byte {
 	for _, key := range remove {
 		values[key] = nil
 	}
+	metadata := map[string]any{"annotations": values}
+	if len(labels) > 0 {
+		metadata["labels"] = labels
+	}
 	// A map of strings and nils always encodes.
-	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": values}})
+	body, _ := json.Marshal(map[string]any{"metadata": metadata})
 	return body
 }

@@ -96,8 +96,9 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 		if err == nil {
 			log.Info("CSIAddonsNode registered", "csiAddonsNode", klog.KRef(r.namespace, name), "marker", marker, "endpoint", r.endpoint)
 			if r.name != "" {
-				// The object was named, not looked up: the others are listed now.
-				if matches, err = r.matching(ctx, driverName); err != nil {
+				// The object was named, not looked up: the others this sidecar wrote its endpoint
+				// on carry its label, and a selector lists them alone.
+				if matches, err = r.matching(ctx, driverName, client.MatchingLabels{annotations.Registration: r.label(driverName)}); err != nil {
 					log.Error(err, "Cannot look for other CSIAddonsNodes of this driver and node")
 					return name, nil
 				}
@@ -244,13 +245,14 @@ func (r *registrar) register(ctx context.Context, driverName, marker string) (st
 // creates it.
 func (r *registrar) registerAs(ctx context.Context, driverName, marker, name string) (string, error) {
 	set := map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: r.endpoint}
+	labels := map[string]string{annotations.Registration: r.label(driverName)}
 
 	var existing csiaddonsv1alpha1.CSIAddonsNode
 	err := r.client.Get(ctx, types.NamespacedName{Namespace: r.namespace, Name: name}, &existing)
 	switch {
 	case apierrors.IsNotFound(err):
 		created := &csiaddonsv1alpha1.CSIAddonsNode{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: name, Annotations: set},
+			ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: name, Annotations: set, Labels: labels},
 			Spec: csiaddonsv1alpha1.CSIAddonsNodeSpec{Driver: csiaddonsv1alpha1.CSIAddonsNodeDriver{
 				Name: driverName, NodeID: r.nodeName, EndPoint: r.endpoint,
 			}},
@@ -267,26 +269,33 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 		return "", fmt.Errorf("%w: %s/%s names driver %q on node %q, this sidecar serves driver %q on node %q; fix --csiaddonsnode-name",
 			ErrCSIAddonsNodeConflict, r.namespace, name, d.Name, d.NodeID, driverName, r.nodeName)
 	}
-	if existing.Annotations[annotations.HealerRestart] == marker && existing.Annotations[annotations.Endpoint] == r.endpoint {
+	if existing.Annotations[annotations.HealerRestart] == marker && existing.Annotations[annotations.Endpoint] == r.endpoint &&
+		existing.Labels[annotations.Registration] == labels[annotations.Registration] {
 		// keep's check when its watch starts, mostly: nothing to write.
 		return name, nil
 	}
-	// A merge patch of two annotations: it cannot conflict with, or undo, what the csi-addons
-	// sidecar writes, and needs no resourceVersion.
-	patch := annotations.MergePatch(set)
+	// A merge patch of two annotations and a label: it cannot conflict with, or undo, what the
+	// csi-addons sidecar writes, and needs no resourceVersion.
+	patch := annotations.LabeledMergePatch(set, labels)
 	if err := r.client.Patch(ctx, &existing, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return "", fmt.Errorf("patch CSIAddonsNode %s/%s: %w", r.namespace, name, err)
 	}
 	return name, nil
 }
 
+// label is the value of the annotations.Registration label on the objects this sidecar registers on.
+func (r *registrar) label(driverName string) string {
+	return annotations.RegistrationValue(driverName, r.nodeName)
+}
+
 // matching lists the CSIAddonsNodes of the namespace that name this driver and node, the one the
 // sidecar registers on first: the csi-addons sidecar's, then the oldest. The custom resource
-// offers no field selector on spec.driver, so this is a LIST of the namespace, one per start,
-// served from the API server's watch cache.
-func (r *registrar) matching(ctx context.Context, driverName string) ([]csiaddonsv1alpha1.CSIAddonsNode, error) {
+// offers no field selector on spec.driver: without a label selector in opts this is a LIST of
+// every node's objects in the namespace. It is served from the API server's watch cache.
+func (r *registrar) matching(ctx context.Context, driverName string, opts ...client.ListOption) ([]csiaddonsv1alpha1.CSIAddonsNode, error) {
 	var list csiaddonsv1alpha1.CSIAddonsNodeList
-	if err := r.client.List(ctx, &list, client.InNamespace(r.namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
+	opts = append([]client.ListOption{client.InNamespace(r.namespace), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}}, opts...)
+	if err := r.client.List(ctx, &list, opts...); err != nil {
 		return nil, fmt.Errorf("list CSIAddonsNodes in %s: %w", r.namespace, err)
 	}
 	var matches []csiaddonsv1alpha1.CSIAddonsNode

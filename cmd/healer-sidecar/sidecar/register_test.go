@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -175,6 +176,9 @@ func TestRegister(t *testing.T) {
 			}
 			if n.Spec.Driver.Name != "rbd.csi.ceph.com" || n.Spec.Driver.NodeID != "node-a" {
 				t.Errorf("spec.driver = %+v", n.Spec.Driver)
+			}
+			if want := annotations.RegistrationValue("rbd.csi.ceph.com", "node-a"); n.Labels[annotations.Registration] != want {
+				t.Errorf("labels = %v, want %s=%s", n.Labels, annotations.Registration, want)
 			}
 			for _, o := range tc.objs {
 				if o.GetName() != got {
@@ -367,6 +371,56 @@ func TestRegisterConvergesOnOneObject(t *testing.T) {
 		t.Errorf("second object's annotations %v, want the endpoint gone and the marker kept", a)
 	}
 	if a := get("node-b-rbd"); a[annotations.Endpoint] != "10.0.0.9:9072" {
+		t.Errorf("another node's object changed: %v", a)
+	}
+}
+
+// With --csiaddonsnode-name, a start lists no other node's CSIAddonsNodes: the objects this
+// sidecar wrote its endpoint on before carry its label, and a label selector finds them, so that
+// it still takes its endpoint off them. Objects of other nodes, labelled or not, are not listed.
+func TestNamedRegistrationListsItsOwnObjectsOnly(t *testing.T) {
+	mine := map[string]string{annotations.Registration: annotations.RegistrationValue("rbd.csi.ceph.com", "node-a")}
+	earlier := csiAddonsNode("node-a-rbd-csi-ceph-com", "rbd.csi.ceph.com", "node-a",
+		map[string]string{annotations.Endpoint: "10.0.0.3:9072", annotations.HealerRestart: "marker-1"})
+	earlier.Labels = mine
+	other := csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", map[string]string{annotations.Endpoint: "10.0.0.9:9072"})
+	other.Labels = map[string]string{annotations.Registration: annotations.RegistrationValue("rbd.csi.ceph.com", "node-b")}
+	objs := []client.Object{earlier, other}
+	for i := range 20 {
+		objs = append(objs, csiAddonsNode(fmt.Sprintf("node-%d-rbd", i), "rbd.csi.ceph.com", fmt.Sprintf("node-%d", i), nil))
+	}
+	var listed atomic.Int32
+	var unselected atomic.Int32
+	c := fakeClient(t, &interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+		listed.Add(1)
+		o := (&client.ListOptions{}).ApplyOptions(opts)
+		if o.LabelSelector == nil || o.LabelSelector.Empty() {
+			unselected.Add(1)
+		}
+		return c.List(ctx, l, opts...)
+	}}, objs...)
+	r := newRegistrar(t, c, "custom")
+	name, err := r.run(context.Background(), "rbd.csi.ceph.com")
+	if err != nil || name != "custom" {
+		t.Fatalf("registered %q, %v; want custom", name, err)
+	}
+	if listed.Load() != 1 || unselected.Load() != 0 {
+		t.Errorf("%d LISTs of CSIAddonsNodes, %d without a label selector; want 1 with one", listed.Load(), unselected.Load())
+	}
+	get := func(name string) *csiaddonsv1alpha1.CSIAddonsNode {
+		var n csiaddonsv1alpha1.CSIAddonsNode
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+			t.Fatal(err)
+		}
+		return &n
+	}
+	if n := get("custom"); n.Labels[annotations.Registration] != mine[annotations.Registration] || n.Annotations[annotations.Endpoint] != "10.0.0.7:9070" {
+		t.Errorf("registered object: labels %v, annotations %v; want the sidecar's label and endpoint", n.Labels, n.Annotations)
+	}
+	if a := get("node-a-rbd-csi-ceph-com").Annotations; a[annotations.Endpoint] != "" || a[annotations.HealerRestart] != "marker-1" {
+		t.Errorf("earlier object's annotations %v, want the endpoint gone and the marker kept", a)
+	}
+	if a := get("node-b-rbd").Annotations; a[annotations.Endpoint] != "10.0.0.9:9072" {
 		t.Errorf("another node's object changed: %v", a)
 	}
 }
