@@ -35,9 +35,9 @@ const (
 	// VolumeAttachments and Secrets when KubeConfig sets no pace. Each heal, and each probe
 	// without a recent read, reads its VolumeAttachment (and its PV when not cached): a restart
 	// of a node plugin with 1,000 volumes makes 1,000 to 2,000 reads, which at 50 a second took
-	// 24 s where the calls themselves needed 5. At these values the controller's per-node budget, not the
-	// client, sets the pace of a sweep; the controller's global budget bounds the calls in flight
-	// over the whole cluster, and with them every sidecar's reads together.
+	// 24 s where the calls themselves needed 5. At these values the controller's per-node budget,
+	// not the client, sets the pace of a sweep; the controller's global budget bounds the calls
+	// in flight over the whole cluster, and with them every sidecar's reads together.
 	DefaultAPIQPS = 1000
 	// DefaultAPIBurst: see DefaultAPIQPS.
 	DefaultAPIBurst = 2000

@@ -211,8 +211,10 @@ func (v *volumes) persistentVolume(ctx context.Context, name string) (*corev1.Pe
 func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle string, reuse time.Duration) (bool, error) {
 	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
 	key := name + "/" + pvName
-	if was, ok := v.attachments.recent(key, reuse); ok && was.(bool) {
-		return true, nil
+	if reuse > 0 {
+		if was, ok := v.attachments.recent(key, reuse); ok && was.(bool) {
+			return true, nil
+		}
 	}
 	attached, err := v.attachments.get(key, func() (any, error) {
 		gctx, cancel := context.WithTimeout(ctx, apiTimeout)
