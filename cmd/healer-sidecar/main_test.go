@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
+	"github.com/volume-healer/volume-healer/sidecar"
 )
 
 func TestParse(t *testing.T) {

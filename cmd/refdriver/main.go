@@ -31,7 +31,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/cli"
+	"github.com/volume-healer/volume-healer/refdriver/cli"
 )
 
 func main() {

@@ -12,8 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )

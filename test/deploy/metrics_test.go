@@ -11,7 +11,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
@@ -20,6 +19,7 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/metricstest"
 	"github.com/volume-healer/volume-healer/version"
 	"github.com/volume-healer/volume-healer/version/versionmetrics"

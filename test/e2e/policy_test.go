@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 

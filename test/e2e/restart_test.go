@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestRestartFlow is the controller's main job, with every part a process: a node plugin restarts

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestDaemonSetRollout restarts the node plugins of 50 nodes at once, as a DaemonSet rollout does:

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // budgets are the controller's limits on calls in flight.

@@ -22,9 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
+	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 	"github.com/volume-healer/volume-healer/test/fixtures"
 )

@@ -18,8 +18,8 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/sidecar"
 )
 
 // DriverServerOptions tune ServeDriver.

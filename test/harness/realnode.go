@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/fixtures"
 )
 

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/healer"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 

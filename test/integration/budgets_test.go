@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestBudgetsHoldDuringRollout restarts the node plugins of four nodes at once, as a DaemonSet

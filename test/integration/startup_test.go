@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestRestartBeforeControllerStartIsSwept starts a node plugin whose restart broke volumes while no

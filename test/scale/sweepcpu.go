@@ -25,13 +25,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
 	"github.com/volume-healer/volume-healer/scheduler/dispatch"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/sidecar"
 )
 
 // errNoCalls answers every sidecar call the planning measurement must not make.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/healer/sanity"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // allChecks is every check a run against a complete driver with a control reports.

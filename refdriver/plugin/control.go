@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // The control interface applies real faults to the plugin's volumes, for tests and the demo.

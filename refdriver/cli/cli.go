@@ -23,10 +23,10 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/version"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/mounter"
 )
 
 // volumeIDPattern is the shape of the IDs CreateVolume hands out. Any other ID is unknown,

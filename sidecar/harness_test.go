@@ -35,8 +35,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/healer-sidecar/sidecar"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 	"github.com/volume-healer/volume-healer/test/harness"
 )

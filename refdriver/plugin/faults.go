@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // VolumeStatus is one volume as the control interface reports it. Its JSON carries the fields

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/refdriver/mounter"
 )
 
 func requireMounts(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	csisanity "github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 
 	"github.com/volume-healer/volume-healer/api/healer/sanity"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestCSISanity runs csi-sanity's identity, controller and node checks against the plugin's CSI

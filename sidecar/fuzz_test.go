@@ -15,7 +15,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // allowedCodes are the codes docs/protocol.md lets NodeHealer answer with (auth is not in play here).

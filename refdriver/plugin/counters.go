@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // counters counts the calls the plugin serves, in the simulated driver's shapes

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 func TestVolumeIDFor(t *testing.T) {

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/volume-healer/volume-healer/cmd/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/refdriver/mounter"
 )
 
 // readyFD is the descriptor a mounter reports readiness on: the first of exec.Cmd.ExtraFiles.

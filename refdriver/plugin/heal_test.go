@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/plugin"
 )
 
 // TestGroupKillAndHeal plays the failure volume-healer exists for: the node plugin's container

@@ -20,7 +20,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/cmd/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // node is one reference driver served on real UNIX sockets, with clients for both.
