@@ -63,9 +63,10 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 30s); make test runs t
 	done
 
 .PHONY: lint
-lint: ## Check formatting (gofmt), run go vet and staticcheck (built once into .cache/bin).
+lint: ## Check formatting (gofmt), run go vet, staticcheck (built once into .cache/bin) and the import rules (hack/importrules).
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run ./hack/importrules
 	@staticcheck="$$(hack/tools.sh staticcheck)"; echo "staticcheck $(PKGS)"; "$$staticcheck" $(PKGS)
 
 .PHONY: generate

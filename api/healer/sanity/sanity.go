@@ -7,8 +7,9 @@
 // lost). Breaking a volume on purpose is not part of the protocol, so the caller supplies a
 // VolumeControl for it; without one, those checks are skipped, and the report says so.
 //
-// It speaks only the wire protocol (api/healer/v1alpha1): it must not import the controller's or
-// the sidecar's packages, nor test/, so that a driver author can run it against any driver.
+// It speaks only the wire protocol (api/healer/v1alpha1): like all of api/ it links no package of
+// volume-healer outside api/ and driverkit/ (the controller's, the sidecar's, test/) and no
+// Kubernetes client, so that a driver author can run it against any driver.
 package sanity
 
 import (
