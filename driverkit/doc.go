@@ -12,6 +12,8 @@
 // A driver that runs without node-driver-registrar registers itself with kubelet through
 // RegisterWithKubelet (kubelet's plugin registration API).
 //
-// The package is linked into CSI drivers: it must not import the controller's, the sidecar's or the
-// reference driver's packages, nor test/.
+// The package is linked into CSI drivers: of volume-healer it imports only api/, never the
+// controller's, the sidecar's or the reference driver's packages, nor test/, and it links no
+// Kubernetes client, policy engine or metrics client. docs/driver-authors.md lists the modules a
+// driver needs for it; make lint checks both.
 package driverkit

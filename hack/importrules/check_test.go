@@ -184,7 +184,7 @@ func TestRunOnAModule(t *testing.T) {
 		{Name: "programs-ship-no-tests", Packages: []string{"cmd/...", "lib"}, Tests: true, Forbid: []string{"test/..."}, Reason: "tests stay out"},
 		{Name: "stale", Packages: []string{"gone"}, Forbid: []string{"stage"}, Reason: "the package moved"},
 	}
-	got, err := run(dir, rules)
+	got, err := run(dir, rules, false)
 	if err != nil {
 		t.Fatal(err)
 	}
