@@ -6,11 +6,12 @@
 // has passed. A DaemonSet rollout, where every node plugin restarts at once, becomes an orderly
 // queue instead of a heal storm.
 //
-// Files: dispatcher.go (the Dispatcher, its loop and the life of a call), budgets.go (which ready
-// jobs may start under the global, per-driver and per-node budgets and the Lease, and the slots a
-// call takes and gives back), queue.go (volume and job state, the order of jobs), lanes.go (the
-// per-driver, per-node lanes and the fair order between nodes), metrics.go (its instruments),
-// errors.go (how a task's error is handled).
+// Files: options.go (what a caller hands it: a Task, the Result it gets back, the Options and
+// their defaults, the Lease), dispatcher.go (the Dispatcher, its loop and the life of a call),
+// budgets.go (which ready jobs may start under the global, per-driver and per-node budgets and the
+// Lease, and the slots a call takes and gives back), queue.go (volume and job state, the order of
+// jobs), lanes.go (the per-driver, per-node lanes and the fair order between nodes), metrics.go
+// (its instruments), errors.go (how a task's error is handled).
 //
 // A task is opaque to it: it must not import the planner, policy, probe or healer packages.
 package dispatch
