@@ -15,7 +15,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 )
 
 // allowedCodes are the codes docs/protocol.md lets NodeHealer answer with (auth is not in play here).
@@ -103,12 +103,12 @@ func fuzzHealer(f *testing.F) *nodeHealer {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = os.RemoveAll(sockDir) })
-	d, err := driver.New(driver.Options{StateDir: f.TempDir(), SeedVolumes: []string{"vol-1", "vol-2", "vol-3"}})
+	d, err := simulated.New(simulated.Options{StateDir: f.TempDir(), SeedVolumes: []string{"vol-1", "vol-2", "vol-3"}})
 	if err != nil {
 		f.Fatal(err)
 	}
 	endpoint := "unix://" + filepath.Join(sockDir, "d.sock")
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: endpoint})
+	srv, err := simulated.NewServer(d, simulated.ServerOptions{Endpoint: endpoint})
 	if err != nil {
 		f.Fatal(err)
 	}

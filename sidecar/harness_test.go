@@ -35,7 +35,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/controlplane"
 	"github.com/volume-healer/volume-healer/test/harness"
@@ -105,7 +105,7 @@ type fixture struct {
 	caFile     string
 	caPool     *x509.CertPool
 
-	drv      *driver.Driver
+	drv      *simulated.Driver
 	recorder *recorder
 	stopDrv  func()
 
@@ -150,7 +150,7 @@ func (f *fixture) stagingRoot() string {
 
 // startDriver serves a reference driver with the given volumes on the fixture's socket. wrap,
 // when set, replaces the driver's Healer service, to make it misbehave.
-func (f *fixture) startDriver(opts driver.Options, wrap func(healerv1alpha1.HealerServer) healerv1alpha1.HealerServer) *driver.Driver {
+func (f *fixture) startDriver(opts simulated.Options, wrap func(healerv1alpha1.HealerServer) healerv1alpha1.HealerServer) *simulated.Driver {
 	f.t.Helper()
 	opts.StateDir = f.stateDir
 	opts.DriverName = f.driverName
@@ -159,9 +159,9 @@ func (f *fixture) startDriver(opts driver.Options, wrap func(healerv1alpha1.Heal
 	if opts.SeedVolumes == nil {
 		opts.SeedVolumes = []string{"vol-1", "vol-2", "vol-3"}
 	}
-	d, err := driver.New(opts)
+	d, err := simulated.New(opts)
 	if err != nil {
-		f.t.Fatalf("driver.New: %v", err)
+		f.t.Fatalf("simulated.New: %v", err)
 	}
 	path := strings.TrimPrefix(f.endpoint, "unix://")
 	srv, err := harness.ServeDriver(d, path, harness.DriverServerOptions{

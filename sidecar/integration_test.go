@@ -29,7 +29,8 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 )
 
@@ -37,7 +38,7 @@ import (
 // probes it healthy again, checking what the driver received on the way.
 func TestProbeHealCycle(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -73,7 +74,7 @@ func TestProbeHealCycle(t *testing.T) {
 		t.Errorf("driver got secrets for a PV without nodeStageSecretRef: %d keys", len(got.GetSecrets()))
 	}
 
-	if _, err := d.SetCondition("vol-1", driver.Gone, 0); err != nil {
+	if _, err := d.SetCondition("vol-1", control.Gone, 0); err != nil {
 		t.Fatal(err)
 	}
 	probe, err = sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv})
@@ -105,7 +106,7 @@ func TestProbeHealCycle(t *testing.T) {
 // refuses RPCs the driver does not advertise without calling it.
 func TestCapabilities(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{
+	d := f.startDriver(simulated.Options{
 		Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE},
 		HealMounters: []string{"rbd-nbd"},
 	}, nil)
@@ -149,7 +150,7 @@ func TestCapabilities(t *testing.T) {
 // answered once the API server answers.
 func TestMarkerDoesNotWaitForASlowReadAhead(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{SeedVolumes: []string{"vol-1"}}, nil)
+	f.startDriver(simulated.Options{SeedVolumes: []string{"vol-1"}}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	release := make(chan struct{})
 	held := make(chan struct{}, 1)
@@ -201,8 +202,8 @@ func TestMarkerDoesNotWaitForASlowReadAhead(t *testing.T) {
 // such volumes from its own cache: the sidecar keeps no view of the cluster's PVs).
 func TestListStagedVolumes(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{SeedVolumes: []string{"vol-1", "vol-2", "vol-3", "vol-orphan"}}, nil)
-	if _, err := d.AddVolume(driver.VolumeSpec{ID: "vol-unstaged", NotStaged: true}); err != nil {
+	d := f.startDriver(simulated.Options{SeedVolumes: []string{"vol-1", "vol-2", "vol-3", "vol-orphan"}}, nil)
+	if _, err := d.AddVolume(simulated.VolumeSpec{ID: "vol-unstaged", NotStaged: true}); err != nil {
 		t.Fatal(err)
 	}
 	f.create(f.pv("pv-1", "vol-1"))
@@ -270,7 +271,7 @@ func TestListStagedVolumes(t *testing.T) {
 // or one for every sidecar, opens nothing here.
 func TestAuthentication(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -344,7 +345,7 @@ func TestAuthentication(t *testing.T) {
 // and checks that they cost only a handful of TokenReviews.
 func TestTokenReviewsAreCached(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -380,7 +381,7 @@ func TestTokenReviewsAreCached(t *testing.T) {
 // up the restarted driver with its new capabilities and a new restart marker.
 func TestDriverDown(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -406,7 +407,7 @@ func TestDriverDown(t *testing.T) {
 	}
 
 	// The driver comes back upgraded: it now heals nothing. The sidecar notices without a call.
-	f.startDriver(driver.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE}}, nil)
+	f.startDriver(simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE}}, nil)
 	f.eventually("capabilities refreshed after the driver restart", 20*time.Second, func() bool {
 		caps, err := sc.client.GetHealerCapabilities(ctx, &healerv1alpha1.NodeGetHealerCapabilitiesRequest{})
 		return err == nil && !healerv1alpha1.HasRPC(caps.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL)
@@ -422,12 +423,12 @@ func TestDriverDown(t *testing.T) {
 // shorter deadline, passes.
 func TestDriverHung(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(func(o *sidecar.Options) { o.DriverTimeout = 500 * time.Millisecond })
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
-	if _, err := d.SetCondition("vol-1", driver.Hung, time.Hour); err != nil {
+	if _, err := d.SetCondition("vol-1", control.Hung, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 
@@ -459,12 +460,12 @@ func TestDriverHung(t *testing.T) {
 // TestDriverBusy passes the driver's ABORTED through while another call holds the volume.
 func TestDriverBusy(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(func(o *sidecar.Options) { o.DriverTimeout = time.Minute })
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
-	if _, err := d.SetCondition("vol-1", driver.Hung, time.Hour); err != nil {
+	if _, err := d.SetCondition("vol-1", control.Hung, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 
@@ -492,8 +493,8 @@ func TestDriverBusy(t *testing.T) {
 // TestMalformedRequests checks the codes of requests the sidecar or the driver cannot serve.
 func TestMalformedRequests(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
-	if _, err := d.AddVolume(driver.VolumeSpec{ID: "vol-unstaged", NotStaged: true}); err != nil {
+	d := f.startDriver(simulated.Options{}, nil)
+	if _, err := d.AddVolume(simulated.VolumeSpec{ID: "vol-unstaged", NotStaged: true}); err != nil {
 		t.Fatal(err)
 	}
 	f.create(f.pv("pv-1", "vol-1"))
@@ -544,7 +545,7 @@ func TestMalformedRequests(t *testing.T) {
 // TestMalformedDriverResponse refuses to relay a health entry without a reason.
 func TestMalformedDriverResponse(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return reasonless{h} })
+	f.startDriver(simulated.Options{}, func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return reasonless{h} })
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -565,7 +566,7 @@ func (reasonless) ProbeVolume(context.Context, *healerv1alpha1.ProbeVolumeReques
 // SecretCacheTTL, and answers FAILED_PRECONDITION when it is missing.
 func TestStageSecrets(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	secretNS := f.namespace
 	f.create(&corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: secretNS, Name: "ceph-node-stage"},
@@ -615,7 +616,7 @@ func TestStageSecrets(t *testing.T) {
 // annotations stay as they were.
 func TestRestartMarker(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	csiAddons := map[string]string{
 		annotations.CSIAddonsPod:     "csi-addons-pod-uid",
 		annotations.CSIAddonsRestart: "2026-01-02T03:04:05Z",
@@ -688,7 +689,7 @@ func TestRestartMarker(t *testing.T) {
 // TestCreatesCSIAddonsNode creates the CSIAddonsNode where no csi-addons sidecar did.
 func TestCreatesCSIAddonsNode(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	sc := f.startSidecar(nil)
 	select {
 	case <-sc.s.Registered():
@@ -716,12 +717,12 @@ func TestCreatesCSIAddonsNode(t *testing.T) {
 // refuses new connections afterwards.
 func TestGracefulShutdown(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(func(o *sidecar.Options) { o.ShutdownTimeout = 10 * time.Second })
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
-	if _, err := d.SetCondition("vol-1", driver.Hung, time.Second); err != nil {
+	if _, err := d.SetCondition("vol-1", control.Hung, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -750,14 +751,14 @@ func TestGracefulShutdown(t *testing.T) {
 // TestShutdownCutsOffHungCalls bounds the stop by ShutdownTimeout when a call does not end.
 func TestShutdownCutsOffHungCalls(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(func(o *sidecar.Options) {
 		o.ShutdownTimeout = 500 * time.Millisecond
 		o.DriverTimeout = time.Minute
 	})
 	f.waitReady(sc)
-	if _, err := d.SetCondition("vol-1", driver.Hung, time.Hour); err != nil {
+	if _, err := d.SetCondition("vol-1", control.Hung, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -782,7 +783,7 @@ func TestShutdownCutsOffHungCalls(t *testing.T) {
 // its RPC and code.
 func TestMetricsEndpoint(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
@@ -849,7 +850,7 @@ func TestIPv6(t *testing.T) {
 		_ = l.Close()
 	}
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	sc := f.startSidecar(func(o *sidecar.Options) { o.ListenAddress = "[::1]:0" })
 	f.waitReady(sc)
 	if _, err := sc.client.GetHealerCapabilities(f.as(f.token(controllerSA)), &healerv1alpha1.NodeGetHealerCapabilitiesRequest{}); err != nil {
@@ -867,7 +868,7 @@ func TestIPv6(t *testing.T) {
 // node's when the driver lists it as staged here.
 func TestOnlyThisNodesVolumes(t *testing.T) {
 	f := newFixture(t)
-	d := f.startDriver(driver.Options{}, nil)
+	d := f.startDriver(simulated.Options{}, nil)
 	elsewhere := func(node string) func(*corev1.PersistentVolume) {
 		return func(pv *corev1.PersistentVolume) { pv.Annotations = map[string]string{attachedTo: node} }
 	}
@@ -916,7 +917,7 @@ func TestOnlyThisNodesVolumes(t *testing.T) {
 // CA signed, with the controller's token, is answered.
 func TestClientCertificates(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	f.create(f.pv("pv-1", "vol-1"))
 	sc := f.startSidecar(func(o *sidecar.Options) { o.ClientCAFile = f.caFile })
 	f.waitReady(sc)
@@ -971,7 +972,7 @@ func (rawCodec) Name() string { return "proto" }
 // controller's token the same bytes are read and refused as malformed.
 func TestAuthenticatedBeforeDecoding(t *testing.T) {
 	f := newFixture(t)
-	f.startDriver(driver.Options{}, nil)
+	f.startDriver(simulated.Options{}, nil)
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
 	conn := sc.conn

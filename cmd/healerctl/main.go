@@ -4,7 +4,9 @@
 //
 // Installed under the name kubectl-healer it is a kubectl plugin: `kubectl healer status`.
 //
-// It must not import test/: what it runs ships with it.
+// It must not import test/: what it runs ships with it; nor a driver's packages (refdriver/,
+// driverkit): `healerctl sanity` reaches a driver through its sockets only. main_test.go checks
+// both.
 package main
 
 import (

@@ -14,10 +14,11 @@
 // (--kubelet-registration-dir, kubelet's plugin registration API, what node-driver-registrar
 // does for other drivers); deploy/helm/healer-refdriver is that setup.
 //
-// Simulated mode is the simulated driver (package driver): volumes are JSON records, faults are
-// flags on them, and nothing is mounted; for tests and the demo that play many nodes.
+// Simulated mode is the simulated driver (package simulated): volumes are JSON records, faults
+// are flags on them, and nothing is mounted; for tests and the demo that play many nodes.
 //
-// The flags are package cli's, the logic lives in packages plugin, mounter and driver; this file
+// The flags are package cli's, the logic lives in packages plugin, mounter, simulated and
+// control (the control socket, the call counters and the sockets both modes share); this file
 // only hands cli the arguments and the signals. It must not import the controller's or the
 // sidecar's packages, nor test/.
 package main

@@ -1,10 +1,10 @@
 // Package cli is the command line of refdriver, the volume-healer reference driver: it turns
-// flags into the options of package plugin (real mode), package driver (simulated mode) or package
-// mounter (`refdriver mounter`), starts what they describe and serves until the context ends.
+// flags into the options of package plugin (real mode), package simulated (simulated mode) or
+// package mounter (`refdriver mounter`), starts what they describe and serves until the context ends.
 // cmd/refdriver only hands it the arguments and signals.
 //
 // It owns the flags, their defaults and which of them mean something in which mode; the driver
-// itself lives in plugin, mounter and driver. It must not import the controller's or the
+// itself lives in plugin, mounter, simulated and control. It must not import the controller's or the
 // sidecar's packages, nor test/.
 package cli
 
@@ -24,9 +24,10 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/driverkit"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/version"
 )
 
@@ -108,6 +109,16 @@ type driverFlags struct {
 	set map[string]bool
 }
 
+// identity is the driver's name and node, in either mode.
+func (f *driverFlags) identity() control.Identity {
+	return control.Identity{DriverName: *f.driverName, NodeID: *f.nodeID}
+}
+
+// sockets are the sockets every mode serves on.
+func (f *driverFlags) sockets(log klog.Logger) control.ServerOptions {
+	return control.ServerOptions{Endpoint: *f.endpoint, ControlEndpoint: *f.control, Logger: log}
+}
+
 // runReal serves the real mode (package plugin) until ctx ends: a CSI node plugin with real FUSE
 // mounts, registered with kubelet when --kubelet-registration-dir is given.
 func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
@@ -119,7 +130,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	}
 	var registration *driverkit.KubeletRegistration
 	if *f.registrationDir != "" {
-		endpoint, err := driver.ParseEndpoint(cmp.Or(*f.kubeletCSIEndpoint, *f.csiEndpoint, *f.endpoint))
+		endpoint, err := control.ParseEndpoint(cmp.Or(*f.kubeletCSIEndpoint, *f.csiEndpoint, *f.endpoint))
 		if err != nil {
 			return fmt.Errorf("--kubelet-csi-endpoint: %w", err)
 		}
@@ -132,8 +143,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	}
 	p, err := plugin.New(plugin.Options{
 		StateDir:     *f.stateDir,
-		DriverName:   *f.driverName,
-		NodeID:       *f.nodeID,
+		Identity:     f.identity(),
 		StatTimeout:  *f.statTimeout,
 		Capabilities: capabilities,
 		Logger:       log,
@@ -141,7 +151,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	if err != nil {
 		return err
 	}
-	srv, err := plugin.NewServer(p, plugin.ServerOptions{Endpoint: *f.endpoint, CSIEndpoint: *f.csiEndpoint, ControlEndpoint: *f.control, Logger: log})
+	srv, err := plugin.NewServer(p, plugin.ServerOptions{ServerOptions: f.sockets(log), CSIEndpoint: *f.csiEndpoint})
 	if err != nil {
 		return err
 	}
@@ -150,7 +160,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	return serveReal(ctx, srv, registration)
 }
 
-// runSimulated serves the simulated mode (package driver) until ctx ends: volumes are records in
+// runSimulated serves the simulated mode (package simulated) until ctx ends: volumes are records in
 // the state folder and nothing is mounted.
 func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
 	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint"); err != nil {
@@ -160,10 +170,9 @@ func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1al
 	if err != nil {
 		return err
 	}
-	d, err := driver.New(driver.Options{
+	d, err := simulated.New(simulated.Options{
 		StateDir:     *f.stateDir,
-		DriverName:   *f.driverName,
-		NodeID:       *f.nodeID,
+		Identity:     f.identity(),
 		StagingRoot:  *f.stagingRoot,
 		HealMounters: splitList(*f.healMounters),
 		Capabilities: capabilities,
@@ -174,7 +183,7 @@ func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1al
 	if err != nil {
 		return err
 	}
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: *f.endpoint, ControlEndpoint: *f.control, Logger: log})
+	srv, err := simulated.NewServer(d, f.sockets(log))
 	if err != nil {
 		return err
 	}
@@ -187,7 +196,7 @@ func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1al
 // the driver registered with kubelet meanwhile. The registration socket appears once the CSI
 // socket listens (NewServer listened already), since kubelet dials the CSI socket as soon as it
 // registers the driver.
-func serveReal(ctx context.Context, srv *plugin.Server, registration *driverkit.KubeletRegistration) error {
+func serveReal(ctx context.Context, srv *control.Server, registration *driverkit.KubeletRegistration) error {
 	if registration == nil {
 		return srv.Start(ctx)
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 func capabilityWith(m csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
@@ -21,7 +23,7 @@ func capabilityWith(m csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapabilit
 // mount nothing.
 func newControllerPlugin(t *testing.T, stateDir, nodeID string) *controllerServer {
 	t.Helper()
-	p, err := New(Options{StateDir: stateDir, NodeID: nodeID, MounterCommand: []string{"/bin/false"}})
+	p, err := New(Options{StateDir: stateDir, Identity: control.Identity{NodeID: nodeID}, MounterCommand: []string{"/bin/false"}})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -18,12 +18,12 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/volume-healer/volume-healer/driverkit"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // VolumeStatus is one volume as the control interface reports it. Its JSON carries the fields
-// of the simulated driver's driver.Volume under the same names, so that driver.ControlClient
-// reads it, plus what only real mounts have.
+// of the simulated driver's simulated.Volume under the same names, so that a control.Client of
+// either mode's volume reads it, plus what only real mounts have.
 type VolumeStatus struct {
 	// ID is the volume ID.
 	ID string `json:"id"`
@@ -32,7 +32,7 @@ type VolumeStatus struct {
 	// Condition is what the checks observed (GET), or the condition the volume was just put
 	// in (PUT): healthy, gone (the mount is dead, gone or wrong), readonly, hung or lost
 	// (the backing folder is gone).
-	Condition driver.Condition `json:"condition"`
+	Condition control.Condition `json:"condition"`
 	// Staged tells whether the volume is staged on this node.
 	Staged bool `json:"staged"`
 	// StagingTargetPath is where it is staged, or was before the control unstaged it.
@@ -92,7 +92,7 @@ func (p *Plugin) Volumes(ctx context.Context) ([]VolumeStatus, error) {
 	out := make([]VolumeStatus, 0, len(ids))
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		vs, err := p.VolumeStatus(ctx, id)
-		if errors.Is(err, ErrVolumeNotFound) {
+		if errors.Is(err, control.ErrVolumeNotFound) {
 			continue // deleted meanwhile
 		}
 		if err != nil {
@@ -130,7 +130,7 @@ func (p *Plugin) describe(id string) (vs VolumeStatus, r *record, err error) {
 	}
 	r, staged := p.record(id)
 	if !found && !staged {
-		return VolumeStatus{}, nil, fmt.Errorf("%w: %q", ErrVolumeNotFound, id)
+		return VolumeStatus{}, nil, fmt.Errorf("%w: %q", control.ErrVolumeNotFound, id)
 	}
 	vs = VolumeStatus{ID: id, Staged: staged, BackingPath: p.store.backing(id)}
 	if found {
@@ -155,24 +155,24 @@ func (p *Plugin) describe(id string) (vs VolumeStatus, r *record, err error) {
 	return vs, r, nil
 }
 
-// conditionOf sums findings up as one of the simulated driver's conditions, the worst first.
-func conditionOf(findings []driverkit.Finding) driver.Condition {
+// conditionOf sums findings up as one of the control interface's conditions, the worst first.
+func conditionOf(findings []driverkit.Finding) control.Condition {
 	has := func(match func(driverkit.Finding) bool) bool { return slices.ContainsFunc(findings, match) }
 	switch {
 	case has(func(f driverkit.Finding) bool { return f.Status == csi.VolumeHealthErrorType_DATA_LOSS }):
-		return driver.Lost
+		return control.Lost
 	case has(func(f driverkit.Finding) bool { return f.Reason == driverkit.ReasonMountHung }):
-		return driver.Hung
+		return control.Hung
 	case has(func(f driverkit.Finding) bool { return f.Status == csi.VolumeHealthErrorType_INACCESSIBLE }):
-		return driver.Gone
+		return control.Gone
 	case len(findings) > 0:
-		return driver.ReadOnly
+		return control.ReadOnly
 	}
-	return driver.Healthy
+	return control.Healthy
 }
 
 // lockWait is how long a control request waits for a volume's lock: longer than a probe of a
-// hung volume holds it, shorter than driver.ControlClient's timeout.
+// hung volume holds it, shorter than control.Client's timeout.
 const lockWait = 8 * time.Second
 
 // lockVolume takes the volume's lock for a control request, waiting for a probe or heal in
@@ -189,7 +189,7 @@ func (p *Plugin) lockVolume(ctx context.Context, id string) (unlock func(), err 
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: volume %q stayed busy for %s", ErrBusy, id, lockWait)
+			return nil, fmt.Errorf("%w: volume %q stayed busy for %s", control.ErrBusy, id, lockWait)
 		}
 	}
 }
@@ -209,12 +209,12 @@ func (p *Plugin) lockVolume(ctx context.Context, id string) (unlock func(), err 
 // The answer reports the volume in the condition it was put in, without checking it: a check
 // of a hung mount would leave a stat blocked, and the kit answers later checks of the path
 // MountHung at once while one is.
-func (p *Plugin) SetCondition(ctx context.Context, id string, c driver.Condition, hang time.Duration) (VolumeStatus, error) {
-	if _, err := driver.ParseCondition(string(c)); err != nil {
-		return VolumeStatus{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+func (p *Plugin) SetCondition(ctx context.Context, id string, c control.Condition, hang time.Duration) (VolumeStatus, error) {
+	if _, err := control.ParseCondition(string(c)); err != nil {
+		return VolumeStatus{}, fmt.Errorf("%w: %w", control.ErrInvalidRequest, err)
 	}
 	if hang < 0 {
-		return VolumeStatus{}, fmt.Errorf("%w: hang must not be negative, got %s", ErrInvalidRequest, hang)
+		return VolumeStatus{}, fmt.Errorf("%w: hang must not be negative, got %s", control.ErrInvalidRequest, hang)
 	}
 	if _, _, err := p.describe(id); err != nil {
 		return VolumeStatus{}, err
@@ -227,8 +227,8 @@ func (p *Plugin) SetCondition(ctx context.Context, id string, c driver.Condition
 	log := klog.FromContext(ctx).WithValues("volume", id, "condition", c)
 
 	r, staged := p.record(id)
-	if !staged && c != driver.Lost && c != driver.Healthy {
-		return VolumeStatus{}, fmt.Errorf("%w: volume %q is not staged on this node, so it has no mount to break", ErrInvalidRequest, id)
+	if !staged && c != control.Lost && c != control.Healthy {
+		return VolumeStatus{}, fmt.Errorf("%w: volume %q is not staged on this node, so it has no mount to break", control.ErrInvalidRequest, id)
 	}
 	if err := p.restore(ctx, id, r); err != nil {
 		return VolumeStatus{}, err
@@ -238,15 +238,15 @@ func (p *Plugin) SetCondition(ctx context.Context, id string, c driver.Condition
 		r, _ = p.record(id)
 	}
 	switch c {
-	case driver.Gone:
+	case control.Gone:
 		err = p.stopMounter(r, false)
-	case driver.ReadOnly:
+	case control.ReadOnly:
 		if err = unix.Mount("", r.StagingPath, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			err = fmt.Errorf("remount %s read-only: %w", r.StagingPath, err)
 		}
-	case driver.Hung:
+	case control.Hung:
 		err = p.freeze(r, hang)
-	case driver.Lost:
+	case control.Lost:
 		if err = os.RemoveAll(p.store.backing(id)); err != nil {
 			err = fmt.Errorf("%w: remove the backing folder of volume %q: %w", ErrState, id, err)
 		}
@@ -303,7 +303,7 @@ func (p *Plugin) freeze(r *record, hang time.Duration) error {
 		return err
 	}
 	if !sent {
-		return fmt.Errorf("%w: volume %q has no running mounter to stop", ErrInvalidRequest, r.VolumeID)
+		return fmt.Errorf("%w: volume %q has no running mounter to stop", control.ErrInvalidRequest, r.VolumeID)
 	}
 	// The signal is delivered to the mounter's threads one by one: until all are stopped, one
 	// may still answer a request, and the mount would not look frozen yet.
@@ -383,7 +383,7 @@ func (p *Plugin) SetStaged(ctx context.Context, id string, staged bool) (VolumeS
 		}
 	default:
 		if !found || m.Parked == nil {
-			return VolumeStatus{}, fmt.Errorf("%w: volume %q was not staged here before; stage it with NodeStageVolume", ErrInvalidRequest, id)
+			return VolumeStatus{}, fmt.Errorf("%w: volume %q was not staged here before; stage it with NodeStageVolume", control.ErrInvalidRequest, id)
 		}
 		parked := m.Parked
 		next := &record{VolumeID: id, StagingPath: parked.StagingPath, VolumeContext: parked.VolumeContext}

@@ -17,7 +17,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/driverkit"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/plugin"
 )
 
@@ -97,7 +97,7 @@ func TestPluginKilledAlone(t *testing.T) {
 	}
 
 	p = e.start()
-	if vs := p.status(v.id); vs.MounterPID != old || !vs.MounterRunning || vs.Condition != driver.Healthy {
+	if vs := p.status(v.id); vs.MounterPID != old || !vs.MounterRunning || vs.Condition != control.Healthy {
 		t.Errorf("after the restart the control reports %+v, want the healthy volume with mounter %d", vs, old)
 	}
 	if probe, err := p.healer.ProbeVolume(ctx(t), &healerv1alpha1.ProbeVolumeRequest{VolumeId: v.id}); err != nil || len(probe.GetHealthStatuses()) > 0 {
@@ -129,7 +129,7 @@ func TestFaults(t *testing.T) {
 		if _, err := os.ReadDir(v.target); !deadMount(err) {
 			t.Fatalf("listing the target: %v, want ENOTCONN or ECONNABORTED", err)
 		}
-		expectCondition(t, p, v, driver.Gone)
+		expectCondition(t, p, v, control.Gone)
 		expectProbe(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected, true)
 		expectCSIHealth(t, p, v, csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected)
 		expectHealed(t, p, v)
@@ -145,7 +145,7 @@ func TestFaults(t *testing.T) {
 		if err := writeRead(v.target, "f", "x"); !errors.Is(err, syscall.EROFS) {
 			t.Fatalf("write through the target: %v, want EROFS", err)
 		}
-		expectCondition(t, p, v, driver.ReadOnly)
+		expectCondition(t, p, v, control.ReadOnly)
 		expectProbe(t, p, v, csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount, true)
 		expectCSIHealth(t, p, v, csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount)
 		expectHealed(t, p, v)
@@ -189,7 +189,7 @@ func TestFaults(t *testing.T) {
 		if _, err := os.ReadDir(v.target); err == nil {
 			t.Errorf("listing the target of a volume whose data is gone succeeded")
 		}
-		expectCondition(t, p, v, driver.Lost)
+		expectCondition(t, p, v, control.Lost)
 		expectProbe(t, p, v, csi.VolumeHealthErrorType_DATA_LOSS, driverkit.ReasonDataLoss, false)
 		_, err := p.healer.HealVolume(ctx(t), &healerv1alpha1.HealVolumeRequest{VolumeId: v.id})
 		if status.Code(err) != codes.FailedPrecondition {
@@ -246,7 +246,7 @@ func expectCSIHealth(t *testing.T, p *proc, v *volume, s csi.VolumeHealthErrorTy
 }
 
 // expectCondition checks what the control interface observes.
-func expectCondition(t *testing.T, p *proc, v *volume, want driver.Condition) {
+func expectCondition(t *testing.T, p *proc, v *volume, want control.Condition) {
 	t.Helper()
 	if vs := p.status(v.id); vs.Condition != want {
 		t.Errorf("the control reports condition %q, want %q (findings %+v)", vs.Condition, want, vs.Findings)
@@ -266,7 +266,7 @@ func expectHealed(t *testing.T, p *proc, v *volume) {
 	if err := writeRead(v.target, "after-heal", strings.Repeat("healed ", 100)); err != nil {
 		t.Fatalf("write through the target after the heal: %v", err)
 	}
-	expectCondition(t, p, v, driver.Healthy)
+	expectCondition(t, p, v, control.Healthy)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -25,8 +25,9 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/volume-healer/volume-healer/api/healer/sanity"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/plugin"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -151,7 +152,7 @@ type proc struct {
 	controller csi.ControllerClient
 	node       csi.NodeClient
 	healer     healerv1alpha1.HealerClient
-	control    *driver.ControlClient
+	control    *sanity.HTTPControl
 	http       *http.Client
 	stateDir   string
 
@@ -216,10 +217,10 @@ func (e *env) startAs(name, nodeID string) *proc {
 	csiConn, addonsConn := dial(p.csiEndpoint), dial(p.addonsEndpoint)
 	p.identity, p.controller, p.node = csi.NewIdentityClient(csiConn), csi.NewControllerClient(csiConn), csi.NewNodeClient(csiConn)
 	p.healer = healerv1alpha1.NewHealerClient(addonsConn)
-	if p.control, err = driver.NewControlClient(p.controlEndpoint); err != nil {
+	if p.control, err = sanity.NewHTTPControl(p.controlEndpoint); err != nil {
 		t.Fatal(err)
 	}
-	ctlPath, _ := driver.ParseEndpoint(p.controlEndpoint)
+	ctlPath, _ := control.ParseEndpoint(p.controlEndpoint)
 	p.http = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

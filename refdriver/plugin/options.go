@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // Options configure a Plugin. Zero values take the defaults documented on each field.
@@ -21,16 +22,9 @@ type Options struct {
 	// Required.
 	StateDir string
 
-	// DriverName is the name reported by GetPluginInfo and GetIdentity, and the prefix of the
-	// mount source of every staging mount. Default: "healer.example.com".
-	DriverName string
-
-	// VendorVersion is reported by GetPluginInfo and GetIdentity. Default: "v0.0.0-reference".
-	VendorVersion string
-
-	// NodeID is reported by NodeGetInfo and in the CSI-Addons identity manifest.
-	// Default: "node-1".
-	NodeID string
+	// Identity is the plugin's name, version and node; the driver name is also the prefix of
+	// the mount source of every staging mount.
+	control.Identity
 
 	// StatTimeout bounds the stat that finds hung mounts (driverkit.CheckerOptions.StatTimeout).
 	// Default: 5s.
@@ -61,29 +55,21 @@ type Options struct {
 
 func (o *Options) setDefaults() error {
 	if o.StateDir == "" {
-		return fmt.Errorf("%w: StateDir is required", ErrInvalidOptions)
+		return fmt.Errorf("%w: StateDir is required", control.ErrInvalidOptions)
 	}
-	if o.DriverName == "" {
-		o.DriverName = "healer.example.com"
-	}
-	if o.VendorVersion == "" {
-		o.VendorVersion = "v0.0.0-reference"
-	}
-	if o.NodeID == "" {
-		o.NodeID = "node-1"
-	}
+	o.Identity = o.Identity.WithDefaults()
 	if o.StatTimeout == 0 {
 		o.StatTimeout = 5 * time.Second
 	}
 	if o.MounterCommand == nil {
 		exe, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("%w: find this program to run it as the mounter: %w", ErrInvalidOptions, err)
+			return fmt.Errorf("%w: find this program to run it as the mounter: %w", control.ErrInvalidOptions, err)
 		}
 		o.MounterCommand = []string{exe, "mounter"}
 	}
 	if len(o.MounterCommand) == 0 || o.MounterCommand[0] == "" {
-		return fmt.Errorf("%w: MounterCommand names no program", ErrInvalidOptions)
+		return fmt.Errorf("%w: MounterCommand names no program", control.ErrInvalidOptions)
 	}
 	if o.MounterOutput == nil {
 		o.MounterOutput = os.Stderr
@@ -96,7 +82,7 @@ func (o *Options) setDefaults() error {
 	}
 	for name, d := range map[string]time.Duration{"StatTimeout": o.StatTimeout, "ReadyTimeout": o.ReadyTimeout, "StopTimeout": o.StopTimeout} {
 		if d < 0 {
-			return fmt.Errorf("%w: %s must not be negative, got %s", ErrInvalidOptions, name, d)
+			return fmt.Errorf("%w: %s must not be negative, got %s", control.ErrInvalidOptions, name, d)
 		}
 	}
 	if o.Logger.GetSink() == nil {

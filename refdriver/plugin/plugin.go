@@ -7,8 +7,8 @@
 // volume-healer exists for. It is healed through package driverkit, which serves the Healer
 // service on the CSI-Addons socket.
 //
-// Faults can be applied on purpose through an HTTP control interface (ControlHandler), the same
-// paths and bodies as the simulated driver's (package driver), so that `healerctl sanity
+// Faults can be applied on purpose through the HTTP control interface (ControlHandler, package
+// control), the paths and bodies the simulated mode serves too, so that `healerctl sanity
 // --control` and tests drive both modes alike; here each fault is real: a killed, frozen or
 // read-only mounter, a removed backing folder.
 //
@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // Plugin is one node's reference driver with real mounts.
@@ -38,7 +39,7 @@ type Plugin struct {
 	store    store
 	locks    *driverkit.Locks
 	checker  *driverkit.Checker
-	counters *counters
+	counters *control.Recorder
 
 	// createMu serialises CreateVolume and DeleteVolume, which the volume locks do not cover.
 	createMu sync.Mutex
@@ -65,7 +66,7 @@ func New(opts Options) (*Plugin, error) {
 		store:    store{dir: opts.StateDir},
 		locks:    &driverkit.Locks{},
 		checker:  driverkit.NewChecker(driverkit.CheckerOptions{StatTimeout: opts.StatTimeout}),
-		counters: newCounters(),
+		counters: control.NewRecorder(),
 		children: map[int]*child{},
 		resumes:  map[string]*time.Timer{},
 	}

@@ -17,7 +17,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/driverkit"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 func TestVolumeIDFor(t *testing.T) {
@@ -78,14 +78,14 @@ func TestConditionOf(t *testing.T) {
 	}
 	tests := map[string]struct {
 		findings []driverkit.Finding
-		want     driver.Condition
+		want     control.Condition
 	}{
-		"nothing wrong":       {want: driver.Healthy},
-		"a dead mount":        {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected)}, want: driver.Gone},
-		"a hung mount":        {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountHung)}, want: driver.Hung},
-		"a read-only mount":   {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount)}, want: driver.ReadOnly},
-		"lost over gone":      {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountGone), finding(csi.VolumeHealthErrorType_DATA_LOSS, driverkit.ReasonDataLoss)}, want: driver.Lost},
-		"hung over read-only": {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount), finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountHung)}, want: driver.Hung},
+		"nothing wrong":       {want: control.Healthy},
+		"a dead mount":        {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountDisconnected)}, want: control.Gone},
+		"a hung mount":        {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountHung)}, want: control.Hung},
+		"a read-only mount":   {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount)}, want: control.ReadOnly},
+		"lost over gone":      {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountGone), finding(csi.VolumeHealthErrorType_DATA_LOSS, driverkit.ReasonDataLoss)}, want: control.Lost},
+		"hung over read-only": {findings: []driverkit.Finding{finding(csi.VolumeHealthErrorType_DEGRADED, driverkit.ReasonReadOnlyMount), finding(csi.VolumeHealthErrorType_INACCESSIBLE, driverkit.ReasonMountHung)}, want: control.Hung},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -164,10 +164,9 @@ func TestStoreKeepsRecords(t *testing.T) {
 }
 
 func TestCountersCountVolumeCalls(t *testing.T) {
-	n := newCounters()
-	intercept := n.interceptor()
+	p := &Plugin{counters: control.NewRecorder()}
 	call := func(method string, req any, err error) {
-		_, _ = intercept(context.Background(), req, &grpc.UnaryServerInfo{FullMethod: method},
+		_, _ = p.countCalls(context.Background(), req, &grpc.UnaryServerInfo{FullMethod: method},
 			func(context.Context, any) (any, error) { return nil, err })
 	}
 	probe := &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"}
@@ -175,14 +174,14 @@ func TestCountersCountVolumeCalls(t *testing.T) {
 	call("/healer.v1alpha1.Healer/ProbeVolume", probe, status.Error(codes.Aborted, "busy"))
 	call("/csi.v1.Node/NodeGetInfo", &csi.NodeGetInfoRequest{}, nil)
 
-	c := n.snapshot()
+	c := p.counters.Counters()
 	if c.Calls["ProbeVolume"] != 2 || c.Calls["NodeGetInfo"] != 1 {
 		t.Errorf("Calls = %v, want 2 ProbeVolume and 1 NodeGetInfo", c.Calls)
 	}
 	if c.VolumeCalls["vol-1"]["ProbeVolume"] != 2 || c.Aborted["vol-1"] != 1 || c.InFlight != 0 {
 		t.Errorf("counters = %+v, want 2 probes of vol-1, 1 aborted, none in flight", c)
 	}
-	if log := n.log(); len(log) != 2 || log[0].End.IsZero() {
+	if log := p.counters.Calls(); len(log) != 2 || log[0].End.IsZero() {
 		t.Errorf("call log = %+v, want 2 ended calls", log)
 	}
 }

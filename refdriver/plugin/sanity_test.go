@@ -9,7 +9,6 @@ import (
 	csisanity "github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 
 	"github.com/volume-healer/volume-healer/api/healer/sanity"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
 )
 
 // TestCSISanity runs csi-sanity's identity, controller and node checks against the plugin's CSI
@@ -45,7 +44,7 @@ func TestHealerSanity(t *testing.T) {
 	report, err := sanity.Run(ctx(t), sanity.Options{
 		Endpoint: p.addonsEndpoint,
 		VolumeID: v.id,
-		Control:  driver.SanityControl{Client: p.control},
+		Control:  p.control,
 		Out:      &out,
 	})
 	t.Logf("healerctl sanity:\n%s", out.String())

@@ -13,7 +13,8 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
@@ -30,7 +31,7 @@ type realNode struct {
 	*harness.RealNode
 	// ctl reaches the control socket of the node's driver, whichever start it is: one client
 	// for the whole demo, so that its connections are reused.
-	ctl *driver.ControlClient
+	ctl *simulated.ControlClient
 	// dir holds the node's kubelet root, its driver's state and its logs.
 	dir  string
 	vols []*realVolume
@@ -100,7 +101,7 @@ func realDemo(s *harness.Script, dir string, o options) error {
 		if ok, why := allHandled(ctx, cluster.Client); !ok {
 			return false, why
 		}
-		return view.count(st, driver.Healthy) == view.volumes() && view.workloads(st, stateWriting) == view.volumes(), "not every volume healthy and written to yet"
+		return view.count(st, control.Healthy) == view.volumes() && view.workloads(st, stateWriting) == view.volumes(), "not every volume healthy and written to yet"
 	}); err != nil {
 		return fmt.Errorf("%w (controller log: %s)", err, ctrl.LogPath)
 	}
@@ -241,7 +242,7 @@ func restartStory(s *harness.Script, f *harness.Fixture, victim *realNode, view 
 	}
 
 	step("On %s, the data of %s is removed from its backing store: that volume is lost", victim.Node(), lost.PV)
-	lost.SetCondition(s, driver.Lost, 0)
+	lost.SetCondition(s, control.Lost, 0)
 
 	step("The node plugin on %s is killed, as an OOM kill or a crash kills its container: the driver's process group, "+
 		"with its %d FUSE mounters, is gone", victim.Node(), len(victim.vols))
@@ -258,7 +259,7 @@ func restartStory(s *harness.Script, f *harness.Fixture, victim *realNode, view 
 		return res, err
 	}
 	if err := view.watch(ctx, 30*time.Second, "the killed node's mounts and workloads to fail", events, func(st []nodeState) (bool, string) {
-		dead := view.nodeCount(st, victim, driver.Gone)
+		dead := view.nodeCount(st, victim, control.Gone)
 		failing := 0
 		for _, v := range victim.vols {
 			if len(v.workload.FailuresSince(res.killedAt)) > 0 {
@@ -285,7 +286,7 @@ func restartStory(s *harness.Script, f *harness.Fixture, victim *realNode, view 
 		}
 		var waiting []string
 		for _, v := range healable {
-			if c := view.condition(st, victim, v); c != driver.Healthy {
+			if c := view.condition(st, victim, v); c != control.Healthy {
 				waiting = append(waiting, fmt.Sprintf("%s %s", v.PV, c))
 			}
 		}
@@ -301,7 +302,7 @@ func restartStory(s *harness.Script, f *harness.Fixture, victim *realNode, view 
 	}
 	st := view.observe(ctx)
 	for _, v := range healable {
-		if view.condition(st, victim, v) == driver.Healthy {
+		if view.condition(st, victim, v) == control.Healthy {
 			res.healed++
 		}
 	}
@@ -356,7 +357,7 @@ func periodicStory(s *harness.Script, f *harness.Fixture, n *realNode, view *rea
 	if err := remountReadOnly(ctx, readOnly); err != nil {
 		return res, err
 	}
-	frozen.SetCondition(s, driver.Hung, 0)
+	frozen.SetCondition(s, control.Hung, 0)
 	f.AnnotateClass(realClass, annotations.Schedule, o.schedule)
 
 	broken := []*realVolume{readOnly, frozen}
@@ -365,7 +366,7 @@ func periodicStory(s *harness.Script, f *harness.Fixture, n *realNode, view *rea
 	err := view.watch(ctx, o.timeout, "the periodic sweep to heal "+readOnly.PV+" and "+frozen.PV, events, func(st []nodeState) (bool, string) {
 		var waiting []string
 		for _, v := range broken {
-			if c := view.condition(st, n, v); c != driver.Healthy {
+			if c := view.condition(st, n, v); c != control.Healthy {
 				waiting = append(waiting, fmt.Sprintf("%s %s", v.PV, c))
 				continue
 			}
@@ -436,8 +437,8 @@ func realSummary(ctx context.Context, nodes []*realNode, victim *realNode, r res
 	if err != nil {
 		broken = append(broken, fmt.Sprintf("read the call log of %s: %v", victim.Node(), err))
 	}
-	healedLost := slices.ContainsFunc(calls, func(c driver.Call) bool { return c.RPC == "HealVolume" && c.VolumeID == lost.Handle })
-	if cond, err := lost.Control.Volume(ctx, lost.Handle); err != nil || cond.Condition != driver.Lost || healedLost {
+	healedLost := slices.ContainsFunc(calls, func(c control.Call) bool { return c.RPC == "HealVolume" && c.VolumeID == lost.Handle })
+	if cond, err := lost.Control.Volume(ctx, lost.Handle); err != nil || cond.Condition != control.Lost || healedLost {
 		broken = append(broken, fmt.Sprintf("the lost volume %s was healed or touched (condition %s, healed %t, %v)", lost.PV, cond.Condition, healedLost, err))
 	} else {
 		fmt.Printf("  %s: data lost, left alone (no heal call); Event %s on the PVC for a human\n", lost.PVC, healer.ReasonVolumeDataLoss)
@@ -455,8 +456,8 @@ func realSummary(ctx context.Context, nodes []*realNode, victim *realNode, r res
 func remountReadOnly(ctx context.Context, v *realVolume) error {
 	var last error
 	for range 100 {
-		if _, last = v.Control.SetCondition(ctx, v.Handle, driver.ReadOnly, 0); last == nil {
-			v.BrokenAt, v.Broken = time.Now(), driver.ReadOnly
+		if _, last = v.Control.SetCondition(ctx, v.Handle, control.ReadOnly, 0); last == nil {
+			v.BrokenAt, v.Broken = time.Now(), control.ReadOnly
 			return nil
 		}
 		if !strings.Contains(last.Error(), "device or resource busy") {

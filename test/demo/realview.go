@@ -9,7 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
@@ -54,7 +55,7 @@ type nodeState struct {
 	// staging mounts itself.
 	byStat bool
 	// conds are the volumes' conditions by volume ID.
-	conds map[string]driver.Condition
+	conds map[string]control.Condition
 	// workloads are the workloads' states by volume ID.
 	workloads map[string]string
 	// probes and heals count the calls the node's current driver process served; -1 when down.
@@ -67,8 +68,8 @@ func (v *realView) observe(ctx context.Context) []nodeState {
 	now := time.Now()
 	out := make([]nodeState, 0, len(v.nodes))
 	for _, n := range v.nodes {
-		st := nodeState{node: n, conds: map[string]driver.Condition{}, workloads: map[string]string{}, probes: -1, heals: -1}
-		var vols []driver.Volume
+		st := nodeState{node: n, conds: map[string]control.Condition{}, workloads: map[string]string{}, probes: -1, heals: -1}
+		var vols []simulated.Volume
 		var err error
 		if n.Running() {
 			vols, err = n.ctl.Volumes(ctx)
@@ -97,7 +98,7 @@ func (v *realView) observe(ctx context.Context) []nodeState {
 // statMount checks a mount as any program on the node would, with statfs(2): a stat(2) of a FUSE
 // mount may be answered from the kernel's attribute cache without reaching the mounter, a statfs
 // always reaches it.
-func statMount(path string) driver.Condition {
+func statMount(path string) control.Condition {
 	done := make(chan error, 1)
 	go func() {
 		var st syscall.Statfs_t
@@ -107,16 +108,16 @@ func statMount(path string) driver.Condition {
 	case err := <-done:
 		switch {
 		case err == nil:
-			return driver.Healthy
+			return control.Healthy
 		case errors.Is(err, syscall.ENOTCONN), errors.Is(err, syscall.ECONNABORTED):
 			// ECONNABORTED: the call was in flight when the mounter died.
-			return driver.Gone
+			return control.Gone
 		default:
-			return driver.Condition("error: " + err.Error())
+			return control.Condition("error: " + err.Error())
 		}
 	case <-time.After(statTimeout):
 		// The goroutine ends when the mount answers or its mounter goes.
-		return driver.Hung
+		return control.Hung
 	}
 }
 
@@ -159,7 +160,7 @@ func (v *realView) table(states []nodeState) string {
 	fmt.Fprintf(w, "  \tNODE\tPLUGIN\tHEALTHY\tDISCONNECTED\tREADONLY\tHUNG\tLOST\tWRITING\tFAILING\tSTALLED\tPROBES\tHEALS\n")
 	var down []string
 	for _, st := range states {
-		conds := map[driver.Condition]int{}
+		conds := map[control.Condition]int{}
 		for _, c := range st.conds {
 			conds[c]++
 		}
@@ -173,7 +174,7 @@ func (v *realView) table(states []nodeState) string {
 			down = append(down, st.node.Node())
 		}
 		fmt.Fprintf(w, "  \t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", st.node.Node(), plugin,
-			conds[driver.Healthy], conds[driver.Gone], conds[driver.ReadOnly], conds[driver.Hung], conds[driver.Lost],
+			conds[control.Healthy], conds[control.Gone], conds[control.ReadOnly], conds[control.Hung], conds[control.Lost],
 			work[stateWriting], work[stateFailing], work[stateStalled], probes, heals)
 	}
 	_ = w.Flush()
@@ -193,7 +194,7 @@ func (v *realView) volumes() int {
 }
 
 // count counts the volumes of every node in condition c.
-func (v *realView) count(states []nodeState, c driver.Condition) int {
+func (v *realView) count(states []nodeState, c control.Condition) int {
 	n := 0
 	for _, st := range states {
 		n += v.nodeCount(states, st.node, c)
@@ -202,7 +203,7 @@ func (v *realView) count(states []nodeState, c driver.Condition) int {
 }
 
 // nodeCount counts the volumes of node in condition c.
-func (v *realView) nodeCount(states []nodeState, node *realNode, c driver.Condition) int {
+func (v *realView) nodeCount(states []nodeState, node *realNode, c control.Condition) int {
 	n := 0
 	for _, vol := range node.vols {
 		if v.condition(states, node, vol) == c {
@@ -213,7 +214,7 @@ func (v *realView) nodeCount(states []nodeState, node *realNode, c driver.Condit
 }
 
 // condition is the volume's condition in the observation, "" when it was not seen.
-func (v *realView) condition(states []nodeState, node *realNode, vol *realVolume) driver.Condition {
+func (v *realView) condition(states []nodeState, node *realNode, vol *realVolume) control.Condition {
 	for _, st := range states {
 		if st.node == node {
 			return st.conds[vol.Handle]

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -76,15 +76,15 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 		return err
 	}
 	for _, v := range broken {
-		v.SetCondition(s, driver.Gone, 0)
+		v.SetCondition(s, control.Gone, 0)
 	}
-	lost[0].SetCondition(s, driver.Lost, 0)
+	lost[0].SetCondition(s, control.Lost, 0)
 	restartedAt := time.Now()
 	if err := victim.Start(ctx); err != nil {
 		return err
 	}
 
-	healed := func() bool { return countCondition(ctx, broken, driver.Healthy) == len(broken) }
+	healed := func() bool { return countCondition(ctx, broken, control.Healthy) == len(broken) }
 	err = watch(ctx, o.timeout, plugins, vols, events, healed)
 	healTime := time.Since(restartedAt)
 	if err != nil {
@@ -102,7 +102,7 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 		}
 	}
 	step("A mount on %s turns read-only; StorageClass %s gets a periodic schedule of %s", other.Node(), degraded[0].StorageClass, o.schedule)
-	degraded[0].SetCondition(s, driver.ReadOnly, 0)
+	degraded[0].SetCondition(s, control.ReadOnly, 0)
 	var sc storagev1.StorageClass
 	if err := cluster.Client.Get(ctx, client.ObjectKey{Name: degraded[0].StorageClass}, &sc); err != nil {
 		return err
@@ -112,7 +112,7 @@ func simulatedDemo(s *harness.Script, dir string, o options) error {
 		return err
 	}
 	if err := watch(ctx, o.timeout, plugins, vols, events, func() bool {
-		return countCondition(ctx, degraded, driver.Healthy) == 1
+		return countCondition(ctx, degraded, control.Healthy) == 1
 	}); err != nil {
 		return fmt.Errorf("periodic sweep: %w (controller log: %s)", err, ctrl.LogPath)
 	}
@@ -180,7 +180,7 @@ func stateTable(plugins []*harness.Plugin, vols []*harness.Volume) string {
 	w := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "  \tNODE\tHEALTHY\tGONE\tREADONLY\tLOST\tPROBES\tHEALS\n")
 	for _, p := range plugins {
-		counts := map[driver.Condition]int{}
+		counts := map[control.Condition]int{}
 		for _, v := range vols {
 			if v.Node != p.Node() {
 				continue
@@ -190,14 +190,14 @@ func stateTable(plugins []*harness.Plugin, vols []*harness.Volume) string {
 			}
 		}
 		c := p.Driver().Counters()
-		fmt.Fprintf(w, "  \t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Node(), counts[driver.Healthy], counts[driver.Gone],
-			counts[driver.ReadOnly], counts[driver.Lost], c.Calls["ProbeVolume"], c.Calls["HealVolume"])
+		fmt.Fprintf(w, "  \t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Node(), counts[control.Healthy], counts[control.Gone],
+			counts[control.ReadOnly], counts[control.Lost], c.Calls["ProbeVolume"], c.Calls["HealVolume"])
 	}
 	_ = w.Flush()
 	return b.String()
 }
 
-func countCondition(ctx context.Context, vols []*harness.Volume, cond driver.Condition) int {
+func countCondition(ctx context.Context, vols []*harness.Volume, cond control.Condition) int {
 	n := 0
 	for _, v := range vols {
 		if vol, err := v.Control.Volume(ctx, v.Handle); err == nil && vol.Condition == cond {
@@ -218,11 +218,11 @@ func summary(ctx context.Context, plugins []*harness.Plugin, vols, broken, lost,
 			maxPerVolume = max(maxPerVolume, m)
 		}
 	}
-	healthy := countCondition(ctx, vols, driver.Healthy)
+	healthy := countCondition(ctx, vols, control.Healthy)
 	fmt.Printf("  volumes: %d (%d healthy now)\n", len(vols), healthy)
-	fmt.Printf("  broken by the restart: %d, healed: %d\n", len(broken), countCondition(ctx, broken, driver.Healthy))
-	fmt.Printf("  read-only found by the periodic sweep: %d, healed: %d\n", len(degraded), countCondition(ctx, degraded, driver.Healthy))
-	fmt.Printf("  data loss: %d, left for a human (Event VolumeDataLoss on the PVC)\n", countCondition(ctx, lost, driver.Lost))
+	fmt.Printf("  broken by the restart: %d, healed: %d\n", len(broken), countCondition(ctx, broken, control.Healthy))
+	fmt.Printf("  read-only found by the periodic sweep: %d, healed: %d\n", len(degraded), countCondition(ctx, degraded, control.Healthy))
+	fmt.Printf("  data loss: %d, left for a human (Event VolumeDataLoss on the PVC)\n", countCondition(ctx, lost, control.Lost))
 	fmt.Printf("  probe calls: %d, heal calls: %d, most calls on one volume at once: %d\n", probes, heals, maxPerVolume)
 	fmt.Printf("  time from the node plugin restart to its last heal: %s\n", healTime.Round(10*time.Millisecond))
 }

@@ -41,7 +41,8 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -90,17 +91,17 @@ func TestFailingHealFiresAlert(t *testing.T) {
 	// The node plugin: the reference driver with a volume whose mount hangs for 2s on every call,
 	// behind the real sidecar, which runs as the node plugin's ServiceAccount.
 	socket := filepath.Join(dir, "csi-addons.sock")
-	drv, err := driver.New(driver.Options{StateDir: filepath.Join(dir, "driver"), DriverName: driverName, NodeID: nodeName, SeedVolumes: []string{}})
+	drv, err := simulated.New(simulated.Options{StateDir: filepath.Join(dir, "driver"), Identity: control.Identity{DriverName: driverName, NodeID: nodeName}, SeedVolumes: []string{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := drv.AddVolume(driver.VolumeSpec{ID: volumeHandle, Mounter: "rbd-nbd", VolumeContext: map[string]string{"clusterID": "rook-ceph", "pool": "replicapool"}}); err != nil {
+	if _, err := drv.AddVolume(simulated.VolumeSpec{ID: volumeHandle, Mounter: "rbd-nbd", VolumeContext: map[string]string{"clusterID": "rook-ceph", "pool": "replicapool"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := drv.SetCondition(volumeHandle, driver.Hung, 2*time.Second); err != nil {
+	if _, err := drv.SetCondition(volumeHandle, control.Hung, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := driver.NewServer(drv, driver.ServerOptions{Endpoint: "unix://" + socket})
+	srv, err := simulated.NewServer(drv, simulated.ServerOptions{Endpoint: "unix://" + socket})
 	if err != nil {
 		t.Fatal(err)
 	}

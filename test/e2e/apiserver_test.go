@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -38,7 +38,7 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 	f.sweepsFinished([]*node{first, second}, time.Minute)
 
 	for _, v := range firstVols {
-		v.SetCondition(t, driver.Hung, 500*time.Millisecond)
+		v.SetCondition(t, control.Hung, 500*time.Millisecond)
 	}
 	restartedAt := time.Now()
 	first.restart()
@@ -69,16 +69,16 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 	}
 	second.startDriver()
 	for _, v := range secondVols[:4] {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
-	detaching.SetCondition(t, driver.Gone, 0)
+	detaching.SetCondition(t, control.Gone, 0)
 	second.startSidecar(false)
 	// The first sweep goes on without the apiserver (the sidecars answer from their caches) until
 	// every volume is healed.
 	harness.Eventually(t, 2*time.Minute, "every volume of "+first.name+" to be healed with the apiserver down", func() (bool, string) {
 		healthy := 0
 		for _, v := range firstVols {
-			if v.Condition(t) == driver.Healthy {
+			if v.Condition(t) == control.Healthy {
 				healthy++
 			}
 		}
@@ -95,7 +95,7 @@ func TestAPIServerRestartMidSweep(t *testing.T) {
 
 	// A volume breaks after the restart, and an operator asks for a sweep of its PVC.
 	late := firstVols[0]
-	late.SetCondition(t, driver.ReadOnly, 0)
+	late.SetCondition(t, control.ReadOnly, 0)
 	request := "after-apiserver-restart"
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{annotations.SweepRequest: request}}})
 	if _, err := f.Clientset.CoreV1().PersistentVolumeClaims(f.AppNS).Patch(f.Ctx(), late.PVC, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {

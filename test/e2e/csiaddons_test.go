@@ -26,7 +26,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -356,7 +356,7 @@ func TestCSIAddonsNodeDeleted(t *testing.T) {
 
 	// The pod is replaced; the mounters died with the old one.
 	for _, v := range gone {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	p.replace()
 	f.SweepFinished(p.name, time.Minute)
@@ -407,7 +407,7 @@ func TestHealerSidecarBeforeCSIAddonsSidecar(t *testing.T) {
 	})
 
 	for _, v := range gone {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	if err := p.stopSidecar(); err != nil {
 		t.Fatal(err)
@@ -494,7 +494,7 @@ func TestDriverRestartUnderCSIAddonsSidecar(t *testing.T) {
 
 			// The driver container restarts; its mounters die with it.
 			for _, v := range gone {
-				v.SetCondition(t, driver.Gone, 0)
+				v.SetCondition(t, control.Gone, 0)
 			}
 			marker := f.AddonsNode(p.name).Annotations[annotations.HealerRestart]
 			if err := p.stopDriver(); err != nil {

@@ -10,7 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -59,9 +59,9 @@ func TestLeaderKilledMidSweep(t *testing.T) {
 
 	healed := vols[:len(vols)-1]
 	for _, v := range healed {
-		v.SetCondition(t, driver.Hung, 400*time.Millisecond)
+		v.SetCondition(t, control.Hung, 400*time.Millisecond)
 	}
-	detaching.SetCondition(t, driver.Gone, 0)
+	detaching.SetCondition(t, control.Gone, 0)
 	restartedAt := time.Now()
 	for _, n := range nodes {
 		n.restart()
@@ -159,7 +159,7 @@ func TestLeaderCutOffMidHeal(t *testing.T) {
 	time.Sleep(time.Until(cutAt.Add(4 * time.Second)))
 	hungAt := time.Now()
 	for _, v := range vols {
-		v.SetCondition(t, driver.Hung, time.Hour)
+		v.SetCondition(t, control.Hung, time.Hour)
 	}
 	harness.Eventually(t, 5*time.Second, "the cut-off leader to hold calls on hung volumes", func() (bool, string) {
 		held := inFlightSince(t, n, hungAt)
@@ -175,7 +175,7 @@ func TestLeaderCutOffMidHeal(t *testing.T) {
 	}
 	// From now on a call on these volumes returns soon: the new leader can heal them.
 	for _, v := range vols {
-		v.SetCondition(t, driver.Hung, 300*time.Millisecond)
+		v.SetCondition(t, control.Hung, 300*time.Millisecond)
 	}
 
 	harness.Eventually(t, time.Minute, "the standby to take the Lease over", func() (bool, string) {
@@ -185,7 +185,7 @@ func TestLeaderCutOffMidHeal(t *testing.T) {
 	})
 	harness.Eventually(t, 2*time.Minute, "the new leader to heal every volume", func() (bool, string) {
 		for _, v := range vols {
-			if c := v.Condition(t); c != driver.Healthy {
+			if c := v.Condition(t); c != control.Healthy {
 				return false, fmt.Sprintf("%s is %s", v.PV, c)
 			}
 		}
@@ -219,7 +219,7 @@ func TestLeaderCutOffMidHeal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cut []driver.Call
+	var cut []control.Call
 	var firstNew time.Time
 	for _, c := range calls {
 		switch {

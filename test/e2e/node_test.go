@@ -14,7 +14,8 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -31,7 +32,7 @@ type node struct {
 	stateDir string
 	sockDir  string
 	logDir   string
-	control  *driver.ControlClient
+	control  *simulated.ControlClient
 	// volumes are added to the driver at each start if it does not know them yet.
 	volumes []*volume
 	// sidecarArgs are more flags for the sidecar; with --tls-cert-file it serves TLS, else it
@@ -50,8 +51,8 @@ type node struct {
 	startedAt time.Time
 	// pastCalls and pastCounters hold what the drivers of earlier starts served, read just before
 	// each was stopped.
-	pastCalls    []driver.Call
-	pastCounters []driver.Counters
+	pastCalls    []control.Call
+	pastCounters []control.Counters
 }
 
 // newNode creates the Node object and a node whose plugin has not started yet.
@@ -63,7 +64,7 @@ func (f *fixture) newNode(name string) *node {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	control, err := driver.NewControlClient("unix://" + filepath.Join(sockDir, "control.sock"))
+	control, err := simulated.NewControlClient("unix://" + filepath.Join(sockDir, "control.sock"))
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func (n *node) launchDriver() error {
 		return err
 	}
 	n.driver = proc
-	var have []driver.Volume
+	var have []simulated.Volume
 	err = harness.WaitFor(n.f.Ctx(), time.Minute, "the driver on "+n.name+" to answer on its control socket", func() (bool, string) {
 		if !proc.Running() {
 			return true, "exited" // reported below
@@ -298,11 +299,11 @@ func (n *node) sidecarProc() *harness.Process {
 
 // record returns every call the node's drivers served, over all starts, and the counters of each
 // driver process. The running driver must answer.
-func (n *node) record() ([]driver.Call, []driver.Counters, error) {
+func (n *node) record() ([]control.Call, []control.Counters, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	calls := append([]driver.Call(nil), n.pastCalls...)
-	counters := append([]driver.Counters(nil), n.pastCounters...)
+	calls := append([]control.Call(nil), n.pastCalls...)
+	counters := append([]control.Counters(nil), n.pastCounters...)
 	if n.driver == nil || !n.driver.Running() {
 		return calls, counters, nil
 	}

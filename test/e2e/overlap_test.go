@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -50,9 +50,9 @@ func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 		// take long enough to overlap.
 		for i, v := range vols[n][:5] {
 			if i%2 == 0 {
-				v.SetCondition(t, driver.Hung, 500*time.Millisecond)
+				v.SetCondition(t, control.Hung, 500*time.Millisecond)
 			} else {
-				v.SetCondition(t, driver.Gone, 0)
+				v.SetCondition(t, control.Gone, 0)
 			}
 		}
 		healed = append(healed, vols[n][:5]...)
@@ -60,10 +60,10 @@ func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	}
 	// A volume of the third node breaks without a restart: only a periodic sweep finds it.
 	lone := vols[nodes[2]][0]
-	lone.SetCondition(t, driver.ReadOnly, 0)
+	lone.SetCondition(t, control.ReadOnly, 0)
 	healed = append(healed, lone)
 	// detaching is broken too, and must stay so.
-	detaching.SetCondition(t, driver.Gone, 0)
+	detaching.SetCondition(t, control.Gone, 0)
 
 	f.sweepsFinished(nodes[:2], 2*time.Minute)
 	periodicDuring := c.Metric("volume_healer_sweeps_started_total", map[string]string{"trigger": "schedule"}) - periodicBefore
@@ -73,7 +73,7 @@ func TestOverlappingRestartAndPeriodicSweeps(t *testing.T) {
 	harness.Eventually(t, time.Minute, "every broken healable volume to be healthy", func() (bool, string) {
 		var broken []string
 		for _, v := range healed {
-			if v.Condition(t) != driver.Healthy {
+			if v.Condition(t) != control.Healthy {
 				broken = append(broken, v.PV)
 			}
 		}

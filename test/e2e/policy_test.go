@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/volume-healer/volume-healer/policy"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -52,7 +52,7 @@ func TestPolicyChangedMidRun(t *testing.T) {
 
 	broken := vols[:3]
 	for _, v := range append(broken, detaching) {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	n.restart()
 	f.SweepFinished(n.name, time.Minute)
@@ -140,10 +140,10 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 
 	// Slow volumes keep the restart sweep running while the last bad policy arrives.
 	for _, v := range goldVols {
-		v.SetCondition(t, driver.Hung, 700*time.Millisecond)
+		v.SetCondition(t, control.Hung, 700*time.Millisecond)
 	}
 	for _, v := range silverVols {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	n.restart()
 	harness.Eventually(t, 30*time.Second, "the restart sweep to call the driver", func() (bool, string) {
@@ -158,7 +158,7 @@ func TestBadPolicyPushedMidRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(calls, func(c driver.Call) bool { return c.RPC == "HealVolume" && c.Start.After(rejectedAt) }) {
+	if !slices.ContainsFunc(calls, func(c control.Call) bool { return c.RPC == "HealVolume" && c.Start.After(rejectedAt) }) {
 		t.Errorf("no heal started after the last bad policy was rejected: the sweep was over before the push, so the push was not mid-sweep")
 	}
 	// The good policy skips silver volumes before probing them.
@@ -179,7 +179,7 @@ func probedSince(t *testing.T, n *node, vols []*volume) {
 		t.Fatal(err)
 	}
 	for _, v := range vols {
-		if !slices.ContainsFunc(calls, func(c driver.Call) bool {
+		if !slices.ContainsFunc(calls, func(c control.Call) bool {
 			return c.VolumeID == v.Handle && c.RPC == "ProbeVolume" && !c.Start.Before(v.BrokenAt)
 		}) {
 			t.Errorf("%s got no ProbeVolume call since it broke", v.PV)

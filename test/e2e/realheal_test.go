@@ -18,7 +18,7 @@ import (
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -106,7 +106,7 @@ func TestRealHeal(t *testing.T) {
 	}
 
 	// (b)-(d) and data loss, found by a manual sweep of the node.
-	broken := map[*volume]driver.Condition{vols[2]: driver.Gone, vols[3]: driver.ReadOnly, vols[4]: driver.Hung, vols[5]: driver.Lost}
+	broken := map[*volume]control.Condition{vols[2]: control.Gone, vols[3]: control.ReadOnly, vols[4]: control.Hung, vols[5]: control.Lost}
 	for v, c := range broken {
 		v.SetCondition(t, c, 0)
 	}

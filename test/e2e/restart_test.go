@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // TestRestartFlow is the controller's main job, with every part a process: a node plugin restarts
@@ -38,14 +38,14 @@ func TestRestartFlow(t *testing.T) {
 
 	// The mounters die with the plugin: the volumes are broken when the new plugin starts.
 	for _, v := range append(gone, detaching...) {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
-	readOnly[0].SetCondition(t, driver.ReadOnly, 0)
+	readOnly[0].SetCondition(t, control.ReadOnly, 0)
 	for _, v := range hung {
-		v.SetCondition(t, driver.Hung, 300*time.Millisecond)
+		v.SetCondition(t, control.Hung, 300*time.Millisecond)
 	}
-	lost[0].SetCondition(t, driver.Lost, 0)
-	krbdGone[0].SetCondition(t, driver.Gone, 0)
+	lost[0].SetCondition(t, control.Lost, 0)
+	krbdGone[0].SetCondition(t, control.Gone, 0)
 	n.restart()
 	f.SweepFinished(n.name, 2*time.Minute)
 	c.MustRun()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // TestDaemonSetRollout restarts the node plugins of 50 nodes at once, as a DaemonSet rollout does:
@@ -61,13 +61,13 @@ func TestDaemonSetRollout(t *testing.T) {
 		}
 	}
 	for _, v := range append(append([]*volume{}, dead...), detaching...) {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	for _, v := range slow {
-		v.SetCondition(t, driver.Hung, 300*time.Millisecond)
+		v.SetCondition(t, control.Hung, 300*time.Millisecond)
 	}
 	for _, v := range unhealable {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	rolledAt := time.Now()
 	inParallel(t, nodes, func(n *node) error { return n.launchSidecar(true) })

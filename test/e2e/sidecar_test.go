@@ -8,7 +8,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -45,7 +45,7 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	// The hung sidecar: its node plugin restarts with slow volumes (1s, inside the 2s deadline)
 	// and the sidecar freezes while the restart sweep's calls are in flight.
 	for _, v := range hungVols {
-		v.SetCondition(t, driver.Hung, time.Second)
+		v.SetCondition(t, control.Hung, time.Second)
 	}
 	hungNode.restart()
 	waitInFlight(t, hungNode)
@@ -57,9 +57,9 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	// While it is frozen, the other node plugin restarts with broken volumes; its sweep needs
 	// the budget slots the frozen sidecar's calls held.
 	for _, v := range killedVols[:4] {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
-	detaching.SetCondition(t, driver.Gone, 0)
+	detaching.SetCondition(t, control.Gone, 0)
 	killedNode.restart()
 	f.SweepFinished(killedNode.name, 2*time.Minute)
 	if !frozen.Running() {
@@ -81,7 +81,7 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	// The killed sidecar: its node plugin restarts with slow volumes and the sidecar dies with
 	// calls in flight, then comes back while its restart is pending.
 	for _, v := range killedVols[:4] {
-		v.SetCondition(t, driver.Hung, time.Second)
+		v.SetCondition(t, control.Hung, time.Second)
 	}
 	killedNode.restart()
 	waitInFlight(t, killedNode)
@@ -142,7 +142,7 @@ func TestSidecarReplacedWhileCallsRetry(t *testing.T) {
 	f.SweepFinished(n.name, time.Minute)
 
 	for _, v := range vols {
-		v.SetCondition(t, driver.Hung, time.Second)
+		v.SetCondition(t, control.Hung, time.Second)
 	}
 	n.restart()
 	waitInFlight(t, n)
@@ -188,7 +188,7 @@ func TestRestartSweptOnceTheSidecarAnswers(t *testing.T) {
 	f.sweepsFinished([]*node{n}, time.Minute)
 
 	for _, v := range vols {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 	n.restart()
 	frozen := n.sidecarProc()

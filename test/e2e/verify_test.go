@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // budgets are the controller's limits on calls in flight.
@@ -68,8 +68,8 @@ type peaks struct {
 func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 	t := f.t
 	t.Helper()
-	var all []driver.Call
-	byVolume := map[string][]driver.Call{}
+	var all []control.Call
+	byVolume := map[string][]control.Call{}
 	var p peaks
 	for _, n := range nodes {
 		calls, counters, err := n.record()
@@ -86,7 +86,7 @@ func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 				t.Errorf("node %s: volume %s: %d calls were turned away as busy: a second call came while one was in flight", n.name, id, count)
 			}
 		}
-		var held []driver.Call
+		var held []control.Call
 		for _, c := range calls {
 			byVolume[c.VolumeID] = append(byVolume[c.VolumeID], c)
 			if !c.Abandoned {
@@ -121,7 +121,7 @@ func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 		return count
 	}
 	for _, v := range o.healed {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s (broken %s, healable) is %s, want healthy", v.PV, v.Broken, c)
 		}
 		if since(v, v.BrokenAt, "HealVolume") == 0 {
@@ -152,7 +152,7 @@ func (f *fixture) verify(nodes []*node, b budgets, o outcome) peaks {
 // mostAtOnce returns the most calls that were in flight at the same moment. A call still in flight
 // (no end yet) counts as running until now; a call that ends at the moment another starts does not
 // overlap it.
-func mostAtOnce(calls []driver.Call) int {
+func mostAtOnce(calls []control.Call) int {
 	type edge struct {
 		at    time.Time
 		delta int
@@ -183,20 +183,20 @@ func mostAtOnce(calls []driver.Call) int {
 // TestMostAtOnce checks the overlap count the budget checks rest on; it needs no cluster.
 func TestMostAtOnce(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(1_700_000_000, 0).Add(time.Duration(ms) * time.Millisecond) }
-	call := func(from, to int) driver.Call { return driver.Call{Start: at(from), End: at(to)} }
+	call := func(from, to int) control.Call { return control.Call{Start: at(from), End: at(to)} }
 	tests := map[string]struct {
-		calls []driver.Call
+		calls []control.Call
 		want  int
 	}{
 		"no calls":                             {nil, 0},
-		"one call":                             {[]driver.Call{call(0, 10)}, 1},
-		"one after the other":                  {[]driver.Call{call(0, 10), call(20, 30)}, 1},
-		"one ends as the next starts":          {[]driver.Call{call(0, 10), call(10, 20)}, 1},
-		"two overlapping":                      {[]driver.Call{call(0, 10), call(5, 15)}, 2},
-		"three at once inside a long one":      {[]driver.Call{call(0, 100), call(10, 20), call(15, 30), call(18, 19), call(40, 50)}, 4},
-		"unordered":                            {[]driver.Call{call(40, 50), call(0, 45), call(30, 60)}, 3},
-		"a call still in flight runs to now":   {[]driver.Call{{Start: at(0)}, call(1_000, 2_000)}, 2},
-		"identical start and end of two calls": {[]driver.Call{call(0, 10), call(0, 10)}, 2},
+		"one call":                             {[]control.Call{call(0, 10)}, 1},
+		"one after the other":                  {[]control.Call{call(0, 10), call(20, 30)}, 1},
+		"one ends as the next starts":          {[]control.Call{call(0, 10), call(10, 20)}, 1},
+		"two overlapping":                      {[]control.Call{call(0, 10), call(5, 15)}, 2},
+		"three at once inside a long one":      {[]control.Call{call(0, 100), call(10, 20), call(15, 30), call(18, 19), call(40, 50)}, 4},
+		"unordered":                            {[]control.Call{call(40, 50), call(0, 45), call(30, 60)}, 3},
+		"a call still in flight runs to now":   {[]control.Call{{Start: at(0)}, call(1_000, 2_000)}, 2},
+		"identical start and end of two calls": {[]control.Call{call(0, 10), call(0, 10)}, 2},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -18,7 +18,8 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 )
 
@@ -38,7 +39,7 @@ type DriverServer struct {
 }
 
 // ServeDriver serves d on the UNIX socket at path, replacing a socket file left there.
-func ServeDriver(d *driver.Driver, path string, o DriverServerOptions) (*DriverServer, error) {
+func ServeDriver(d *simulated.Driver, path string, o DriverServerOptions) (*DriverServer, error) {
 	lis, err := listenUnix(path)
 	if err != nil {
 		return nil, err
@@ -167,10 +168,10 @@ type Plugin struct {
 	sockDir  string // a temporary folder for the socket, removed by Close
 
 	mu      sync.Mutex
-	volumes []driver.VolumeSpec
+	volumes []simulated.VolumeSpec
 	addr    string
 	starts  int
-	drv     *driver.Driver
+	drv     *simulated.Driver
 	srv     *DriverServer
 	sc      *Sidecar
 }
@@ -207,7 +208,7 @@ func NewPlugin(o PluginOptions) (*Plugin, error) {
 func (p *Plugin) Node() string { return p.opts.Node }
 
 // AddVolumes gives the driver volumes: each start adds those it does not hold yet.
-func (p *Plugin) AddVolumes(specs ...driver.VolumeSpec) {
+func (p *Plugin) AddVolumes(specs ...simulated.VolumeSpec) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.volumes = append(p.volumes, specs...)
@@ -238,7 +239,7 @@ func (p *Plugin) start(ctx context.Context) (*Sidecar, error) {
 	if p.sc != nil {
 		return nil, fmt.Errorf("the node plugin on %s started twice", p.opts.Node)
 	}
-	d, err := driver.New(driver.Options{StateDir: p.stateDir, DriverName: p.opts.Driver, NodeID: p.opts.Node, SeedVolumes: []string{}})
+	d, err := simulated.New(simulated.Options{StateDir: p.stateDir, Identity: control.Identity{DriverName: p.opts.Driver, NodeID: p.opts.Node}, SeedVolumes: []string{}})
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +331,7 @@ func (p *Plugin) Close() error {
 }
 
 // Driver is the driver of the current (or last) start; nil before the first.
-func (p *Plugin) Driver() *driver.Driver {
+func (p *Plugin) Driver() *simulated.Driver {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.drv
@@ -341,18 +342,18 @@ func (p *Plugin) Control() DriverControl { return pluginControl{p} }
 
 type pluginControl struct{ p *Plugin }
 
-func (c pluginControl) Volume(_ context.Context, id string) (driver.Volume, error) {
+func (c pluginControl) Volume(_ context.Context, id string) (simulated.Volume, error) {
 	d := c.p.Driver()
 	if d == nil {
-		return driver.Volume{}, errNotStarted
+		return simulated.Volume{}, errNotStarted
 	}
 	return d.Volume(id)
 }
 
-func (c pluginControl) SetCondition(_ context.Context, id string, cond driver.Condition, hang time.Duration) (driver.Volume, error) {
+func (c pluginControl) SetCondition(_ context.Context, id string, cond control.Condition, hang time.Duration) (simulated.Volume, error) {
 	d := c.p.Driver()
 	if d == nil {
-		return driver.Volume{}, errNotStarted
+		return simulated.Volume{}, errNotStarted
 	}
 	return d.SetCondition(id, cond, hang)
 }

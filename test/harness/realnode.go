@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
@@ -115,8 +115,8 @@ func (n *RealNode) Node() string { return n.opts.Node }
 func (n *RealNode) Kubelet() *kubelet.Kubelet { return n.kubelet }
 
 // Control reaches the driver's control socket (the current start's: the client dials per call).
-func (n *RealNode) Control() *driver.ControlClient {
-	c, err := driver.NewControlClient("unix://" + n.control)
+func (n *RealNode) Control() *simulated.ControlClient {
+	c, err := simulated.NewControlClient("unix://" + n.control)
 	if err != nil {
 		// The endpoint is built here and always valid.
 		panic(err)

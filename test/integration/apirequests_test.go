@@ -22,7 +22,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -72,7 +72,7 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols[:broken] {
-			v.SetCondition(t, driver.Gone, 0)
+			v.SetCondition(t, control.Gone, 0)
 		}
 	})
 	marker := trigger.RestartMarker(f.AddonsNode(p.Node()))
@@ -119,7 +119,7 @@ func TestAPIRequestsPerRestartSweep(t *testing.T) {
 		t.Errorf("%d ProbeVolume calls in the restart sweep of %d volumes", got, n)
 	}
 	for _, v := range vols[:broken] {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the sweep, want healthy", v.PV, c)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -40,7 +40,7 @@ func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 	})
 	f.SweepFinished(p.Node(), time.Minute)
 
-	p.restart(func() { stuck.SetCondition(t, driver.Hung, hang) })
+	p.restart(func() { stuck.SetCondition(t, control.Hung, hang) })
 	harness.Eventually(t, time.Minute, "a "+healer.ReasonVolumeHealFailed+" Event on "+stuck.PVC, func() (bool, string) {
 		_, n := f.PVCEvents(stuck, healer.ReasonVolumeHealFailed)
 		return n > 0, fmt.Sprintf("%d heal calls so far", len(p.calls.callTimes(stuck, "HealVolume")))
@@ -66,7 +66,7 @@ func TestFailingHealBacksOffAndIsReported(t *testing.T) {
 	}
 	t.Logf("%d heals, gaps %v", len(heals), gaps)
 
-	if c := stuck.Condition(t); c != driver.Hung {
+	if c := stuck.Condition(t); c != control.Hung {
 		t.Errorf("%s is %s, want it still hung: the driver never finished a heal", stuck.PV, c)
 	}
 	st, ok := f.PVCStatus(stuck)

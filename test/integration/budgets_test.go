@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // TestBudgetsHoldDuringRollout restarts the node plugins of four nodes at once, as a DaemonSet
@@ -45,7 +45,7 @@ func TestBudgetsHoldDuringRollout(t *testing.T) {
 		p.stop()
 	}
 	for _, v := range vols {
-		v.SetCondition(t, driver.Hung, 200*time.Millisecond)
+		v.SetCondition(t, control.Hung, 200*time.Millisecond)
 	}
 	for _, p := range plugins {
 		p.start()
@@ -55,7 +55,7 @@ func TestBudgetsHoldDuringRollout(t *testing.T) {
 	}
 
 	for _, v := range vols {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the rollout's sweeps, want healthy", v.PV, c)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -49,7 +49,7 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols {
-			v.SetCondition(t, driver.Hung, 400*time.Millisecond)
+			v.SetCondition(t, control.Hung, 400*time.Millisecond)
 		}
 	})
 	heals := func() int {
@@ -71,7 +71,7 @@ func TestLeaderFailoverFinishesTheRestartSweepOnce(t *testing.T) {
 
 	f.SweepFinished(p.Node(), 2*time.Minute)
 	for _, v := range vols {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the failover, want healthy", v.PV, c)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -27,8 +27,8 @@ func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 	f.SweepFinished(p.Node(), time.Minute)
 
 	// A mount of each class turns read-only; no restart announces it.
-	inClass[0].SetCondition(t, driver.ReadOnly, 0)
-	outside[0].SetCondition(t, driver.ReadOnly, 0)
+	inClass[0].SetCondition(t, control.ReadOnly, 0)
+	outside[0].SetCondition(t, control.ReadOnly, 0)
 	annotatedAt := time.Now()
 	f.AnnotateClass(scheduled, annotations.Schedule, "@every 5s")
 
@@ -38,7 +38,7 @@ func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 				return false, fmt.Sprintf("%s probed %d times since the schedule was set", v.PV, n)
 			}
 		}
-		if c := inClass[0].Condition(t); c != driver.Healthy {
+		if c := inClass[0].Condition(t); c != control.Healthy {
 			return false, fmt.Sprintf("%s is %s", inClass[0].PV, c)
 		}
 		return true, ""
@@ -51,7 +51,7 @@ func TestCronScheduleSweepsOnlyItsStorageClass(t *testing.T) {
 			}
 		}
 	}
-	if c := outside[0].Condition(t); c != driver.ReadOnly {
+	if c := outside[0].Condition(t); c != control.ReadOnly {
 		t.Errorf("%s (StorageClass %s) is %s; no sweep should have touched it", outside[0].PV, other, c)
 	}
 	// "@every 5s" first fires 4 to 5 seconds after it is set: a call sooner came from something else.

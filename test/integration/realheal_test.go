@@ -13,7 +13,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
@@ -112,7 +112,7 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 	// Later, without a restart: one mounter killed, one mount turned read-only, one mounter
 	// frozen, each under a running workload. A periodic sweep finds and repairs them, and the
 	// workloads write again.
-	faults := map[int]driver.Condition{0: driver.Gone, 1: driver.ReadOnly, 2: driver.Hung}
+	faults := map[int]control.Condition{0: control.Gone, 1: control.ReadOnly, 2: control.Hung}
 	faultAt := time.Now()
 	for i, c := range faults {
 		setFault(t, vols[i], c)
@@ -120,7 +120,7 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for i, c := range faults {
-		if c == driver.Hung {
+		if c == control.Hung {
 			// I/O on a frozen mounter does not fail: it never returns.
 			if stalled(workloads[i], faultAt, 2*time.Second) {
 				continue
@@ -136,7 +136,7 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 		if _, err := workloads[i].WaitOK(waitCtx, time.Now()); err != nil {
 			t.Fatalf("workload %s did not get its I/O back after its volume turned %s: %v", workloads[i].Name(), faults[i], err)
 		}
-		if c := vols[i].Condition(t); c != driver.Healthy {
+		if c := vols[i].Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the periodic sweep, want healthy", vols[i].PV, c)
 		}
 	}
@@ -150,7 +150,7 @@ func TestRealHealAfterCrashLoop(t *testing.T) {
 // setFault breaks the volume for real through its driver. A read-only remount fails while the
 // workload holds the file open for writing, which it does for a moment in each iteration: the
 // fault is tried again then.
-func setFault(t *testing.T, v *volume, c driver.Condition) {
+func setFault(t *testing.T, v *volume, c control.Condition) {
 	t.Helper()
 	harness.Eventually(t, 10*time.Second, "volume "+v.PV+" to turn "+string(c), func() (bool, string) {
 		_, err := v.Control.SetCondition(t.Context(), v.Handle, c, 0)
@@ -179,13 +179,13 @@ func stalled(w *kubelet.Workload, since time.Time, quiet time.Duration) bool {
 }
 
 // overlapping describes two calls on one volume that the driver served at the same time, or "".
-func overlapping(calls []driver.Call) string {
-	byVolume := map[string][]driver.Call{}
+func overlapping(calls []control.Call) string {
+	byVolume := map[string][]control.Call{}
 	for _, c := range calls {
 		byVolume[c.VolumeID] = append(byVolume[c.VolumeID], c)
 	}
 	for id, cs := range byVolume {
-		slices.SortFunc(cs, func(a, b driver.Call) int { return a.Start.Compare(b.Start) })
+		slices.SortFunc(cs, func(a, b control.Call) int { return a.Start.Compare(b.Start) })
 		for i := 1; i < len(cs); i++ {
 			prev := cs[i-1]
 			if prev.End.IsZero() || cs[i].Start.Before(prev.End) {

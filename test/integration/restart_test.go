@@ -7,7 +7,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -35,12 +35,12 @@ func TestRestartHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
 	healable := append(append([]*volume{}, gone...), readOnly...)
 	p.restart(func() {
 		for _, v := range gone {
-			v.SetCondition(t, driver.Gone, 0)
+			v.SetCondition(t, control.Gone, 0)
 		}
-		readOnly[0].SetCondition(t, driver.ReadOnly, 0)
-		krbdBroken[0].SetCondition(t, driver.Gone, 0)
-		krbdBroken[1].SetCondition(t, driver.ReadOnly, 0)
-		lost.SetCondition(t, driver.Lost, 0)
+		readOnly[0].SetCondition(t, control.ReadOnly, 0)
+		krbdBroken[0].SetCondition(t, control.Gone, 0)
+		krbdBroken[1].SetCondition(t, control.ReadOnly, 0)
+		lost.SetCondition(t, control.Lost, 0)
 	})
 	marker := f.SweepFinished(p.Node(), time.Minute)
 	counters := p.Driver().Counters()
@@ -49,7 +49,7 @@ func TestRestartHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
 		if n := counters.VolumeCalls[v.Handle]["HealVolume"]; n == 0 {
 			t.Errorf("%s (broken, rbd-nbd) got no HealVolume call", v.PV)
 		}
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s (broken, rbd-nbd) is %s after the restart sweep, want healthy", v.PV, c)
 		}
 		f.WaitPVCEvent(v, healer.ReasonVolumeHealed)
@@ -60,9 +60,9 @@ func TestRestartHealsExactlyTheBrokenHealableVolumes(t *testing.T) {
 	}
 	// 9 volumes: 3 healed; 3 found broken and left alone (2 krbd, the lost one); 3 healthy.
 	f.WaitSweepMessage(p.Node(), fmt.Sprintf("%d volumes:", len(p.volumes)), "3 healed", "3 unhealthy left alone", "0 failed")
-	leftAlone := map[*volume]driver.Condition{lost: driver.Lost, krbdBroken[0]: driver.Gone, krbdBroken[1]: driver.ReadOnly}
+	leftAlone := map[*volume]control.Condition{lost: control.Lost, krbdBroken[0]: control.Gone, krbdBroken[1]: control.ReadOnly}
 	for _, v := range healthy {
-		leftAlone[v] = driver.Healthy
+		leftAlone[v] = control.Healthy
 	}
 	for v, want := range leftAlone {
 		if n := counters.VolumeCalls[v.Handle]["HealVolume"]; n != 0 {
@@ -103,13 +103,13 @@ func TestDetachingVolumeIsNotTouched(t *testing.T) {
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols {
-			v.SetCondition(t, driver.Gone, 0)
+			v.SetCondition(t, control.Gone, 0)
 		}
 	})
 	f.SweepFinished(p.Node(), time.Minute)
 
 	for _, v := range others {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the restart sweep, want healthy", v.PV, c)
 		}
 	}
@@ -118,7 +118,7 @@ func TestDetachingVolumeIsNotTouched(t *testing.T) {
 			t.Errorf("the detaching volume %s got %d %s calls", detaching.PV, n, rpc)
 		}
 	}
-	if c := detaching.Condition(t); c != driver.Gone {
+	if c := detaching.Condition(t); c != control.Gone {
 		t.Errorf("the detaching volume %s is %s, want it left gone", detaching.PV, c)
 	}
 	f.WaitSweepMessage(p.Node(), "3 volumes:", "3 healed", "1 skipped")
@@ -142,7 +142,7 @@ func TestVolumeDetachingMidSweepIsNotTouched(t *testing.T) {
 	restartedAt := time.Now()
 	p.restart(func() {
 		for _, v := range vols {
-			v.SetCondition(t, driver.Hung, 400*time.Millisecond)
+			v.SetCondition(t, control.Hung, 400*time.Millisecond)
 		}
 	})
 	harness.Eventually(t, 30*time.Second, "the sweep to heal its first volume", func() (bool, string) {
@@ -159,7 +159,7 @@ func TestVolumeDetachingMidSweepIsNotTouched(t *testing.T) {
 		}
 	}
 	for _, v := range vols[:len(vols)-1] {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the restart sweep, want healthy", v.PV, c)
 		}
 	}
@@ -181,7 +181,7 @@ func TestDryRunCallsNothing(t *testing.T) {
 
 	p.restart(func() {
 		for _, v := range broken {
-			v.SetCondition(t, driver.Gone, 0)
+			v.SetCondition(t, control.Gone, 0)
 		}
 	})
 	f.SweepFinished(p.Node(), time.Minute)
@@ -195,7 +195,7 @@ func TestDryRunCallsNothing(t *testing.T) {
 		}
 	}
 	for _, v := range broken {
-		if c := v.Condition(t); c != driver.Gone {
+		if c := v.Condition(t); c != control.Gone {
 			t.Errorf("dry run: %s is %s, want it left gone", v.PV, c)
 		}
 	}

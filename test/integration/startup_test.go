@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // TestRestartBeforeControllerStartIsSwept starts a node plugin whose restart broke volumes while no
@@ -21,7 +21,7 @@ func TestRestartBeforeControllerStartIsSwept(t *testing.T) {
 	f.CreateVolumes(p.volumes, true)
 	p.start()
 	for _, v := range broken {
-		v.SetCondition(t, driver.Gone, 0)
+		v.SetCondition(t, control.Gone, 0)
 	}
 
 	startController(t, "startup", map[string]string{"RESTART_DEBOUNCE": "0s"})
@@ -29,7 +29,7 @@ func TestRestartBeforeControllerStartIsSwept(t *testing.T) {
 
 	counters := p.Driver().Counters()
 	for _, v := range broken {
-		if c := v.Condition(t); c != driver.Healthy {
+		if c := v.Condition(t); c != control.Healthy {
 			t.Errorf("%s is %s after the first sweep, want healed", v.PV, c)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -200,9 +200,9 @@ func newNodePlugin(c *cluster, name string, vols []volume, calls *callStats, log
 	if err != nil {
 		return nil, err
 	}
-	specs := make([]driver.VolumeSpec, len(vols))
+	specs := make([]simulated.VolumeSpec, len(vols))
 	for i, v := range vols {
-		specs[i] = driver.VolumeSpec{ID: v.handle, Mounter: c.mounter(v), VolumeContext: c.pvTemplates[v.class].Spec.CSI.VolumeAttributes}
+		specs[i] = simulated.VolumeSpec{ID: v.handle, Mounter: c.mounter(v), VolumeContext: c.pvTemplates[v.class].Spec.CSI.VolumeAttributes}
 	}
 	hp.AddVolumes(specs...)
 	p.Plugin = hp

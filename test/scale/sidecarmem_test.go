@@ -21,7 +21,8 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -164,12 +165,12 @@ func startMeasuredDriver(t *testing.T, vols []volume) string {
 	for i, v := range vols {
 		handles[i] = v.handle
 	}
-	d, err := driver.New(driver.Options{StateDir: t.TempDir(), DriverName: driverName, SeedVolumes: handles})
+	d, err := simulated.New(simulated.Options{StateDir: t.TempDir(), Identity: control.Identity{DriverName: driverName}, SeedVolumes: handles})
 	if err != nil {
 		t.Fatal(err)
 	}
 	endpoint := "unix://" + filepath.Join(sockDir, "csi-addons.sock")
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: endpoint})
+	srv, err := simulated.NewServer(d, simulated.ServerOptions{Endpoint: endpoint})
 	if err != nil {
 		t.Fatal(err)
 	}

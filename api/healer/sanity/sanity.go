@@ -6,6 +6,8 @@
 // Some promises can only be verified on a broken volume (a heal repairs it; a lost volume stays
 // lost). Breaking a volume on purpose is not part of the protocol, so the caller supplies a
 // VolumeControl for it; without one, those checks are skipped, and the report says so.
+// HTTPControl is the VolumeControl of a driver in another process that serves the control
+// endpoint (control.go), a small HTTP protocol any driver's test build can serve.
 //
 // It speaks only the wire protocol (api/healer/v1alpha1): like all of api/ it links no package of
 // volume-healer outside api/ and driverkit/ (the controller's, the sidecar's, test/) and no
@@ -44,8 +46,9 @@ const (
 	Lost Fault = "lost"
 )
 
-// VolumeControl breaks and restores volumes of the driver under test. The reference driver's
-// control interface provides it; a driver's own test build may too.
+// VolumeControl breaks and restores volumes of the driver under test. HTTPControl provides it
+// over the control endpoint; a test that runs the driver in its own process may provide it
+// through the driver's Go API.
 type VolumeControl interface {
 	// SetFault puts the volume in fault f; hang is how long calls block for Hung.
 	SetFault(ctx context.Context, volumeID string, f Fault, hang time.Duration) error

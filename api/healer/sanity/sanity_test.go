@@ -19,7 +19,8 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/healer/sanity"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 )
 
 // allChecks is every check a run against a complete driver with a control reports.
@@ -44,10 +45,10 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-func newDriver(t *testing.T, opts driver.Options) *driver.Driver {
+func newDriver(t *testing.T, opts simulated.Options) *simulated.Driver {
 	t.Helper()
 	opts.StateDir = t.TempDir()
-	d, err := driver.New(opts)
+	d, err := simulated.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,12 +57,12 @@ func newDriver(t *testing.T, opts driver.Options) *driver.Driver {
 
 // startReference serves the reference driver as it runs in production: its own server, a
 // control socket, and sanity talking to both over real sockets.
-func startReference(t *testing.T, d *driver.Driver) (endpoint string, control sanity.VolumeControl) {
+func startReference(t *testing.T, d *simulated.Driver) (endpoint string, ctl sanity.VolumeControl) {
 	t.Helper()
 	dir := socketDir(t)
 	endpoint = "unix://" + filepath.Join(dir, "csi-addons.sock")
 	controlEndpoint := "unix://" + filepath.Join(dir, "control.sock")
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: endpoint, ControlEndpoint: controlEndpoint})
+	srv, err := simulated.NewServer(d, simulated.ServerOptions{Endpoint: endpoint, ControlEndpoint: controlEndpoint})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,11 +75,11 @@ func startReference(t *testing.T, d *driver.Driver) (endpoint string, control sa
 			t.Errorf("driver server: %v", err)
 		}
 	})
-	c, err := driver.NewControlClient(controlEndpoint)
+	ctl, err = sanity.NewHTTPControl(controlEndpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return endpoint, httpControl{c}
+	return endpoint, ctl
 }
 
 // startCustom serves identity and healer implementations (faulty ones, typically) on a socket.
@@ -97,24 +98,11 @@ func startCustom(t *testing.T, id identity.IdentityServer, h healerv1alpha1.Heal
 	return "unix://" + path
 }
 
-// httpControl drives the reference driver through its control socket, as healerctl does.
-type httpControl struct{ c *driver.ControlClient }
-
-func (h httpControl) SetFault(ctx context.Context, id string, f sanity.Fault, hang time.Duration) error {
-	_, err := h.c.SetCondition(ctx, id, driver.Condition(f), hang)
-	return err
-}
-
-func (h httpControl) SetStaged(ctx context.Context, id string, staged bool) error {
-	_, err := h.c.SetStaged(ctx, id, staged)
-	return err
-}
-
 // directControl drives an in-process reference driver through its Go API.
-type directControl struct{ d *driver.Driver }
+type directControl struct{ d *simulated.Driver }
 
 func (c directControl) SetFault(_ context.Context, id string, f sanity.Fault, hang time.Duration) error {
-	_, err := c.d.SetCondition(id, driver.Condition(f), hang)
+	_, err := c.d.SetCondition(id, control.Condition(f), hang)
 	return err
 }
 
@@ -150,10 +138,10 @@ func names(report sanity.Report, o sanity.Outcome) []string {
 }
 
 func TestReferenceDriverPassesEveryCheck(t *testing.T) {
-	d := newDriver(t, driver.Options{})
-	endpoint, control := startReference(t, d)
+	d := newDriver(t, simulated.Options{})
+	endpoint, ctl := startReference(t, d)
 
-	report, out := run(t, sanity.Options{Endpoint: endpoint, Control: control})
+	report, out := run(t, sanity.Options{Endpoint: endpoint, Control: ctl})
 	if !report.Passed() || report.Count(sanity.Skip) != 0 {
 		t.Fatalf("failed %v, skipped %v; want every check to pass:\n%s", names(report, sanity.Fail), names(report, sanity.Skip), out)
 	}
@@ -171,7 +159,7 @@ func TestReferenceDriverPassesEveryCheck(t *testing.T) {
 	}
 	// The run leaves the volume as it found it.
 	v, err := d.Volume("vol-1")
-	if err != nil || v.Condition != driver.Healthy || !v.Staged {
+	if err != nil || v.Condition != control.Healthy || !v.Staged {
 		t.Errorf("vol-1 after the run = %+v, %v; want healthy and staged", v, err)
 	}
 	// Sanity never sends two calls on a volume at once, except in the check that means to.
@@ -182,7 +170,7 @@ func TestReferenceDriverPassesEveryCheck(t *testing.T) {
 }
 
 func TestWithoutControlBrokenVolumeChecksAreSkippedLoudly(t *testing.T) {
-	d := newDriver(t, driver.Options{})
+	d := newDriver(t, simulated.Options{})
 	endpoint, _ := startReference(t, d)
 
 	report, out := run(t, sanity.Options{Endpoint: endpoint, VolumeID: "vol-3"})
@@ -209,25 +197,25 @@ func TestWithoutControlBrokenVolumeChecksAreSkippedLoudly(t *testing.T) {
 
 func TestDriverVariants(t *testing.T) {
 	tests := map[string]struct {
-		opts        driver.Options
-		addVolume   *driver.VolumeSpec
+		opts        simulated.Options
+		addVolume   *simulated.VolumeSpec
 		volume      string
 		wantSkipped []string
 	}{
 		"a volume the driver cannot heal": {
-			addVolume:   &driver.VolumeSpec{ID: "krbd-1", Mounter: "krbd"},
+			addVolume:   &simulated.VolumeSpec{ID: "krbd-1", Mounter: "krbd"},
 			volume:      "krbd-1",
 			wantSkipped: []string{sanity.CheckHealBrokenVolume, sanity.CheckHealDataLoss},
 		},
 		"a driver that only probes and lists": {
-			opts: driver.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{
+			opts: simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{
 				healerv1alpha1.HealerCapability_RPC_PROBE, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES,
 			}},
 			wantSkipped: []string{sanity.CheckHealEmptyVolumeID, sanity.CheckHealUnknownVolume, sanity.CheckHealHealthyVolume,
 				sanity.CheckHealBrokenVolume, sanity.CheckHealDataLoss},
 		},
 		"a driver that cannot list, given a volume": {
-			opts: driver.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{
+			opts: simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{
 				healerv1alpha1.HealerCapability_RPC_PROBE, healerv1alpha1.HealerCapability_RPC_HEAL,
 			}},
 			volume:      "vol-2",
@@ -301,7 +289,7 @@ func TestFaultyDriversFailTheBrokenCheck(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			d := newDriver(t, driver.Options{})
+			d := newDriver(t, simulated.Options{})
 			id, h := d.IdentityServer(), d.HealerServer()
 			if tt.identity != nil {
 				id = tt.identity(id)

@@ -1,4 +1,4 @@
-package driver
+package control
 
 import (
 	"context"
@@ -18,7 +18,8 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// ServerOptions configure a Server. Zero values take the defaults documented on each field.
+// ServerOptions configure the sockets of a reference driver, in either mode. Zero values take
+// the defaults documented on each field.
 type ServerOptions struct {
 	// Endpoint is the CSI-Addons socket to serve Identity and Healer on, "unix:///path".
 	// Required.
@@ -37,20 +38,25 @@ type ServerOptions struct {
 	Logger logr.Logger
 }
 
-// Server serves a Driver on UNIX sockets.
+// Server serves a driver's gRPC servers and its control interface on UNIX sockets.
 type Server struct {
-	opts    ServerOptions
-	grpc    *grpc.Server
-	lis     net.Listener
-	control *http.Server
-	ctlLis  net.Listener
+	opts      ServerOptions
+	servers   []*grpc.Server
+	listeners []net.Listener
+	names     []string
+	control   *http.Server
+	ctlLis    net.Listener
 }
 
-// NewServer listens on the sockets at once, so that clients can connect as soon as it returns;
-// Start then serves them. A socket file left behind by an earlier run is replaced.
-func NewServer(d *Driver, opts ServerOptions) (*Server, error) {
+// NewServer checks opts and listens on opts.ControlEndpoint, when set, for control. The mode
+// then adds its gRPC servers with Add; clients can connect to each socket as soon as it is
+// added, and Start serves them all. Socket files left by an earlier run are replaced.
+func NewServer(opts ServerOptions, control http.Handler) (*Server, error) {
 	if opts.Endpoint == "" {
 		return nil, fmt.Errorf("%w: Endpoint is required", ErrInvalidOptions)
+	}
+	if _, err := ParseEndpoint(opts.Endpoint); err != nil {
+		return nil, err
 	}
 	if opts.ShutdownTimeout == 0 {
 		opts.ShutdownTimeout = 5 * time.Second
@@ -59,25 +65,42 @@ func NewServer(d *Driver, opts ServerOptions) (*Server, error) {
 		opts.Logger = logr.Discard()
 	}
 	s := &Server{opts: opts}
-	var err error
-	if s.lis, err = listenUnix(opts.Endpoint); err != nil {
-		return nil, err
-	}
 	if opts.ControlEndpoint != "" {
-		if s.ctlLis, err = listenUnix(opts.ControlEndpoint); err != nil {
-			_ = s.lis.Close()
+		lis, err := listenUnix(opts.ControlEndpoint)
+		if err != nil {
 			return nil, err
 		}
-		s.control = &http.Server{Handler: d.ControlHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.ctlLis = lis
+		s.control = &http.Server{Handler: control, ReadHeaderTimeout: 10 * time.Second}
 	}
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.withLogger))
-	d.Register(s.grpc)
 	return s, nil
 }
 
-// withLogger gives each call a logger with the method name, so that handlers log through
-// klog.FromContext.
-func (s *Server) withLogger(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// Add listens on the socket at endpoint ("unix:///path") for srv.
+func (s *Server) Add(srv *grpc.Server, endpoint string) error {
+	lis, err := listenUnix(endpoint)
+	if err != nil {
+		return err
+	}
+	s.servers = append(s.servers, srv)
+	s.listeners = append(s.listeners, lis)
+	s.names = append(s.names, endpoint)
+	return nil
+}
+
+// Close closes the sockets of a Server that will not be started, as when setting it up failed.
+func (s *Server) Close() {
+	for _, lis := range s.listeners {
+		_ = lis.Close()
+	}
+	if s.ctlLis != nil {
+		_ = s.ctlLis.Close()
+	}
+}
+
+// LogCalls is a gRPC interceptor that gives each call ServerOptions.Logger with the method
+// name, so that handlers log through klog.FromContext.
+func (s *Server) LogCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	log := s.opts.Logger.WithValues("method", info.FullMethod)
 	return handler(klog.NewContext(ctx, log), req)
 }
@@ -87,13 +110,15 @@ func (s *Server) withLogger(ctx context.Context, req any, info *grpc.UnaryServer
 // ctx, and removes the socket files.
 func (s *Server) Start(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		// ErrServerStopped means ctx was done before serving began: a shutdown, not a failure.
-		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return fmt.Errorf("serve %s: %w", s.opts.Endpoint, err)
-		}
-		return nil
-	})
+	for i, srv := range s.servers {
+		g.Go(func() error {
+			// ErrServerStopped means ctx was done before serving began: a shutdown, not a failure.
+			if err := srv.Serve(s.listeners[i]); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("serve %s: %w", s.names[i], err)
+			}
+			return nil
+		})
+	}
 	if s.control != nil {
 		g.Go(func() error {
 			if err := s.control.Serve(s.ctlLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -111,21 +136,21 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 func (s *Server) shutdown() {
-	stopped := make(chan struct{})
-	go func() {
-		s.grpc.GracefulStop()
-		close(stopped)
-	}()
-	timer := time.NewTimer(s.opts.ShutdownTimeout)
-	defer timer.Stop()
-	select {
-	case <-stopped:
-	case <-timer.C:
-		s.grpc.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	for _, srv := range s.servers {
+		stopped := make(chan struct{})
+		go func() {
+			srv.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			srv.Stop()
+		}
 	}
 	if s.control != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
-		defer cancel()
 		if err := s.control.Shutdown(ctx); err != nil {
 			_ = s.control.Close()
 		}

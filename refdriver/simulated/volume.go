@@ -1,4 +1,4 @@
-package driver
+package simulated
 
 import (
 	"encoding/json"
@@ -11,39 +11,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
+
+	"github.com/volume-healer/volume-healer/api/healer/sanity"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
-
-// Condition is the simulated state of a volume's mount on this node.
-type Condition string
-
-// The conditions a volume can be put in. The health each one reports is in health().
-const (
-	// Healthy: the mount works.
-	Healthy Condition = "healthy"
-	// Gone: the mount vanished, as when a userspace mounter died with the node plugin.
-	// Reported as INACCESSIBLE, reason MountGone. A heal remounts it.
-	Gone Condition = "gone"
-	// ReadOnly: the mount turned read-only after I/O errors. Reported as DEGRADED, reason
-	// ReadOnlyMount. A heal remounts it read-write.
-	ReadOnly Condition = "readonly"
-	// Hung: every probe and heal blocks for the volume's hang duration first, like a call that
-	// touches a mount whose mounter stopped answering. After the wait, a probe reports
-	// INACCESSIBLE, reason MountHung, and a heal repairs it.
-	Hung Condition = "hung"
-	// Lost: the data is gone for good. Reported as DATA_LOSS, reason DataLoss. A heal cannot
-	// repair it and reports DATA_LOSS again.
-	Lost Condition = "lost"
-)
-
-// ParseCondition returns the Condition named s, or ErrInvalidVolume.
-func ParseCondition(s string) (Condition, error) {
-	switch c := Condition(s); c {
-	case Healthy, Gone, ReadOnly, Hung, Lost:
-		return c, nil
-	}
-	return "", fmt.Errorf("%w: unknown condition %q (want healthy, gone, readonly, hung or lost)", ErrInvalidVolume, s)
-}
 
 // MounterKey is the volume context key that names the mounter of a volume, as Ceph CSI uses it.
 // Whether a volume is healable depends on it (Options.HealMounters).
@@ -54,10 +25,13 @@ const MounterKey = "mounter"
 type Volume struct {
 	// ID is the CSI volume ID (a PV's spec.csi.volumeHandle).
 	ID string `json:"id"`
-	// Condition is the simulated state of the mount.
-	Condition Condition `json:"condition"`
+	// Condition is the simulated state of the mount. Probes report it as health() says:
+	// gone as INACCESSIBLE (MountGone), readonly as DEGRADED (ReadOnlyMount), lost as
+	// DATA_LOSS (DataLoss); a hung volume blocks every probe and heal for Hang first, then
+	// reports INACCESSIBLE (MountHung). A heal repairs all but lost.
+	Condition control.Condition `json:"condition"`
 	// Hang is how long calls block while Condition is Hung.
-	Hang Duration `json:"hang,omitempty"`
+	Hang sanity.Duration `json:"hang,omitempty"`
 	// Staged tells whether the volume is staged on this node. Calls for a volume that is not
 	// staged fail with FAILED_PRECONDITION, and ListStagedVolumes leaves it out.
 	Staged bool `json:"staged"`
@@ -70,7 +44,7 @@ type Volume struct {
 	// mounter.
 	VolumeContext map[string]string `json:"volumeContext,omitempty"`
 	// RecheckAfter, when positive, is returned as recheck_after by probes and heals.
-	RecheckAfter Duration `json:"recheckAfter,omitempty"`
+	RecheckAfter sanity.Duration `json:"recheckAfter,omitempty"`
 }
 
 func (v *Volume) clone() Volume {
@@ -93,28 +67,6 @@ type VolumeSpec struct {
 	VolumeContext map[string]string `json:"volumeContext,omitempty"`
 	// PublishTargetPaths are reported by ListStagedVolumes.
 	PublishTargetPaths []string `json:"publishTargetPaths,omitempty"`
-}
-
-// Duration is a time.Duration that reads and writes JSON as a Go duration string ("2.5s").
-type Duration time.Duration
-
-// MarshalJSON writes the duration as a string such as "1m30s".
-func (d Duration) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(d).String())
-}
-
-// UnmarshalJSON reads a duration string such as "1m30s".
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string such as \"2s\": %w", err)
-	}
-	parsed, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("duration: %w", err)
-	}
-	*d = Duration(parsed)
-	return nil
 }
 
 // store keeps one JSON file per volume in dir. Each write replaces the file atomically (write
@@ -157,7 +109,7 @@ func (s store) load() (vols map[string]*Volume, fresh bool, err error) {
 		if v.ID == "" {
 			return nil, false, fmt.Errorf("%w: %s has no volume id", ErrState, path)
 		}
-		if _, err := ParseCondition(string(v.Condition)); err != nil {
+		if _, err := control.ParseCondition(string(v.Condition)); err != nil {
 			return nil, false, fmt.Errorf("%w: %s: %w", ErrState, path, err)
 		}
 		vols[v.ID] = &v

@@ -1,4 +1,4 @@
-package driver
+package simulated
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // healerServer implements the Healer service. ProbeVolume and HealVolume make their checks in
@@ -37,7 +38,7 @@ type healerServer struct {
 // GetHealerCapabilities advertises the RPCs this driver serves and the attribute
 // "healMounters", which a policy can read to decide which volumes are worth a heal.
 func (s *healerServer) GetHealerCapabilities(context.Context, *healerv1alpha1.GetHealerCapabilitiesRequest) (*healerv1alpha1.GetHealerCapabilitiesResponse, error) {
-	s.d.counters.call("GetHealerCapabilities")
+	s.d.counters.Count("GetHealerCapabilities")
 	resp := &healerv1alpha1.GetHealerCapabilitiesResponse{
 		Attributes: map[string]string{"healMounters": strings.Join(s.d.opts.HealMounters, ",")},
 	}
@@ -87,14 +88,14 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 	}
 	log := klog.FromContext(ctx).WithValues("volume", v.ID)
 	switch v.Condition {
-	case Healthy:
+	case control.Healthy:
 		log.V(2).Info("Heal found the volume healthy")
-	case Lost:
+	case control.Lost:
 		log.Info("Heal cannot repair a volume whose data is lost")
 	default:
 		id, before := v.ID, v.Condition
 		// A real driver restarts the mounter and mounts the volume again here.
-		v, err = s.d.update(id, func(v *Volume) { v.Condition, v.Hang = Healthy, 0 })
+		v, err = s.d.update(id, func(v *Volume) { v.Condition, v.Hang = control.Healthy, 0 })
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "record heal of volume %q: %v", id, err)
 		}
@@ -110,7 +111,7 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 // first volume of the next page, so that volumes added or removed between two pages neither
 // repeat nor shift the others.
 func (s *healerServer) ListStagedVolumes(_ context.Context, req *healerv1alpha1.ListStagedVolumesRequest) (*healerv1alpha1.ListStagedVolumesResponse, error) {
-	s.d.counters.call("ListStagedVolumes")
+	s.d.counters.Count("ListStagedVolumes")
 	if !s.d.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
 		return nil, status.Error(codes.Unimplemented, "this driver does not advertise LIST_VOLUMES")
 	}
@@ -150,14 +151,14 @@ func (s *healerServer) ListStagedVolumes(_ context.Context, req *healerv1alpha1.
 // begin makes checks 1 to 5 for a volume RPC and returns the volume with its lock held;
 // release unlocks it and ends the call's in-flight count.
 func (s *healerServer) begin(ctx context.Context, rpc string, capability healerv1alpha1.HealerCapability_RPC_Type, volumeID, stagingPath string) (v Volume, release func(), err error) {
-	s.d.counters.call(rpc)
+	s.d.counters.Count(rpc)
 	if !s.d.serves(capability) {
 		return Volume{}, nil, status.Errorf(codes.Unimplemented, "this driver does not advertise %s", capability)
 	}
 	if volumeID == "" {
 		return Volume{}, nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
-	leave := s.d.counters.enter(ctx, rpc, volumeID)
+	leave := s.d.counters.Enter(ctx, rpc, volumeID)
 
 	v, err = s.d.Volume(volumeID)
 	if err != nil {
@@ -166,7 +167,7 @@ func (s *healerServer) begin(ctx context.Context, rpc string, capability healerv
 	}
 	unlock, ok := s.d.tryLock(volumeID)
 	if !ok {
-		s.d.counters.aborted(volumeID)
+		s.d.counters.Aborted(volumeID)
 		leave()
 		return Volume{}, nil, status.Errorf(codes.Aborted, "an operation on volume %q is in flight; retry later", volumeID)
 	}
@@ -191,7 +192,7 @@ func (s *healerServer) begin(ctx context.Context, rpc string, capability healerv
 // caller gives up. It returns the volume as it is after the wait, since the control interface
 // may have changed it meanwhile.
 func (s *healerServer) touchMount(ctx context.Context, v Volume) (Volume, error) {
-	if v.Condition != Hung {
+	if v.Condition != control.Hung {
 		return v, nil
 	}
 	select {
@@ -201,7 +202,7 @@ func (s *healerServer) touchMount(ctx context.Context, v Volume) (Volume, error)
 	}
 	id := v.ID
 	v, err := s.d.Volume(id)
-	if errors.Is(err, ErrVolumeNotFound) {
+	if errors.Is(err, control.ErrVolumeNotFound) {
 		return Volume{}, status.Errorf(codes.NotFound, "volume %q was removed during the call", id)
 	}
 	return v, err
@@ -214,16 +215,16 @@ func health(v Volume) []*csi.VolumeHealth_VolumeHealthEntry {
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: t, Reason: reason, Message: msg}}
 	}
 	switch v.Condition {
-	case Gone:
+	case control.Gone:
 		return entry(csi.VolumeHealthErrorType_INACCESSIBLE, "MountGone",
 			fmt.Sprintf("nothing is mounted at %s: the mounter is gone", v.StagingTargetPath))
-	case ReadOnly:
+	case control.ReadOnly:
 		return entry(csi.VolumeHealthErrorType_DEGRADED, "ReadOnlyMount",
 			fmt.Sprintf("%s is mounted read-only after I/O errors", v.StagingTargetPath))
-	case Hung:
+	case control.Hung:
 		return entry(csi.VolumeHealthErrorType_INACCESSIBLE, "MountHung",
 			fmt.Sprintf("the mount at %s took %s to answer", v.StagingTargetPath, time.Duration(v.Hang)))
-	case Lost:
+	case control.Lost:
 		return entry(csi.VolumeHealthErrorType_DATA_LOSS, "DataLoss",
 			fmt.Sprintf("the data of volume %s is lost; restore it from a snapshot or backup", v.ID))
 	}

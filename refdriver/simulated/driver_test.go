@@ -1,4 +1,4 @@
-package driver_test
+package simulated_test
 
 import (
 	"context"
@@ -20,15 +20,16 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
-	"github.com/volume-healer/volume-healer/refdriver/driver"
+	"github.com/volume-healer/volume-healer/refdriver/control"
+	"github.com/volume-healer/volume-healer/refdriver/simulated"
 )
 
 // node is one reference driver served on real UNIX sockets, with clients for both.
 type node struct {
-	d        *driver.Driver
+	d        *simulated.Driver
 	healer   healerv1alpha1.HealerClient
 	identity identity.IdentityClient
-	control  *driver.ControlClient
+	control  *simulated.ControlClient
 	stateDir string
 	endpoint string
 	stop     func()
@@ -46,19 +47,19 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-func startNode(t *testing.T, opts driver.Options) *node {
+func startNode(t *testing.T, opts simulated.Options) *node {
 	t.Helper()
 	if opts.StateDir == "" {
 		opts.StateDir = t.TempDir()
 	}
-	d, err := driver.New(opts)
+	d, err := simulated.New(opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	sock := socketDir(t)
 	endpoint := "unix://" + filepath.Join(sock, "csi-addons.sock")
 	controlEndpoint := "unix://" + filepath.Join(sock, "control.sock")
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: endpoint, ControlEndpoint: controlEndpoint, ShutdownTimeout: time.Second})
+	srv, err := simulated.NewServer(d, simulated.ServerOptions{Endpoint: endpoint, ControlEndpoint: controlEndpoint, ShutdownTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}
@@ -70,7 +71,7 @@ func startNode(t *testing.T, opts driver.Options) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	control, err := driver.NewControlClient(controlEndpoint)
+	control, err := simulated.NewControlClient(controlEndpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func must[T any](t *testing.T) func(T, error) T {
 func TestProbeVolume(t *testing.T) {
 	stagingVol1 := healerv1alpha1.StagingTargetPath(healerv1alpha1.DefaultKubeletCSIPluginDir, "healer.example.com", "vol-1")
 	tests := map[string]struct {
-		setup        func(t *testing.T, d *driver.Driver)
+		setup        func(t *testing.T, d *simulated.Driver)
 		req          *healerv1alpha1.ProbeVolumeRequest
 		wantCode     codes.Code
 		wantHealth   []healthEntry
@@ -150,39 +151,39 @@ func TestProbeVolume(t *testing.T) {
 			wantHealable: true,
 		},
 		"gone mount is INACCESSIBLE": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.SetCondition("vol-1", driver.Gone, 0))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.SetCondition("vol-1", control.Gone, 0))
 			},
 			req:          &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"},
 			wantHealth:   []healthEntry{{csi.VolumeHealthErrorType_INACCESSIBLE, "MountGone"}},
 			wantHealable: true,
 		},
 		"read-only mount is DEGRADED": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.SetCondition("vol-1", driver.ReadOnly, 0))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.SetCondition("vol-1", control.ReadOnly, 0))
 			},
 			req:          &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"},
 			wantHealth:   []healthEntry{{csi.VolumeHealthErrorType_DEGRADED, "ReadOnlyMount"}},
 			wantHealable: true,
 		},
 		"lost volume is DATA_LOSS": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.SetCondition("vol-1", driver.Lost, 0))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.SetCondition("vol-1", control.Lost, 0))
 			},
 			req:          &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"},
 			wantHealth:   []healthEntry{{csi.VolumeHealthErrorType_DATA_LOSS, "DataLoss"}},
 			wantHealable: true,
 		},
 		"kernel-mounted volume is not healable": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.AddVolume(driver.VolumeSpec{ID: "krbd-1", Mounter: "krbd"}))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.AddVolume(simulated.VolumeSpec{ID: "krbd-1", Mounter: "krbd"}))
 			},
 			req:          &healerv1alpha1.ProbeVolumeRequest{VolumeId: "krbd-1"},
 			wantHealable: false,
 		},
 		"recheck_after is passed on": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.SetRecheckAfter("vol-1", 30*time.Second))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.SetRecheckAfter("vol-1", 30*time.Second))
 			},
 			req:          &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"},
 			wantHealable: true,
@@ -197,8 +198,8 @@ func TestProbeVolume(t *testing.T) {
 			wantCode: codes.NotFound,
 		},
 		"volume not staged here is FAILED_PRECONDITION": {
-			setup: func(t *testing.T, d *driver.Driver) {
-				must[driver.Volume](t)(d.SetStaged("vol-1", false))
+			setup: func(t *testing.T, d *simulated.Driver) {
+				must[simulated.Volume](t)(d.SetStaged("vol-1", false))
 			},
 			req:      &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"},
 			wantCode: codes.FailedPrecondition,
@@ -210,7 +211,7 @@ func TestProbeVolume(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			n := startNode(t, driver.Options{})
+			n := startNode(t, simulated.Options{})
 			if tt.setup != nil {
 				tt.setup(t, n.d)
 			}
@@ -240,38 +241,38 @@ func TestProbeVolume(t *testing.T) {
 
 func TestHealVolume(t *testing.T) {
 	tests := map[string]struct {
-		opts          driver.Options
-		volume        driver.VolumeSpec
-		condition     driver.Condition
+		opts          simulated.Options
+		volume        simulated.VolumeSpec
+		condition     control.Condition
 		unstaged      bool
 		wantCode      codes.Code
 		wantHealth    []healthEntry
-		wantCondition driver.Condition
+		wantCondition control.Condition
 	}{
 		"gone mount is remounted": {
-			condition: driver.Gone, wantCondition: driver.Healthy,
+			condition: control.Gone, wantCondition: control.Healthy,
 		},
 		"read-only mount is remounted": {
-			condition: driver.ReadOnly, wantCondition: driver.Healthy,
+			condition: control.ReadOnly, wantCondition: control.Healthy,
 		},
 		"healthy volume is left alone": {
-			condition: driver.Healthy, wantCondition: driver.Healthy,
+			condition: control.Healthy, wantCondition: control.Healthy,
 		},
 		"lost volume stays lost and says so": {
-			condition:     driver.Lost,
+			condition:     control.Lost,
 			wantHealth:    []healthEntry{{csi.VolumeHealthErrorType_DATA_LOSS, "DataLoss"}},
-			wantCondition: driver.Lost,
+			wantCondition: control.Lost,
 		},
 		"kernel-mounted volume cannot be healed": {
-			volume:    driver.VolumeSpec{Mounter: "krbd"},
-			condition: driver.Gone, wantCode: codes.FailedPrecondition, wantCondition: driver.Gone,
+			volume:    simulated.VolumeSpec{Mounter: "krbd"},
+			condition: control.Gone, wantCode: codes.FailedPrecondition, wantCondition: control.Gone,
 		},
 		"volume not staged here is FAILED_PRECONDITION": {
-			condition: driver.Gone, unstaged: true, wantCode: codes.FailedPrecondition, wantCondition: driver.Gone,
+			condition: control.Gone, unstaged: true, wantCode: codes.FailedPrecondition, wantCondition: control.Gone,
 		},
 		"heal not advertised is UNIMPLEMENTED": {
-			opts:      driver.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE}},
-			condition: driver.Gone, wantCode: codes.Unimplemented, wantCondition: driver.Gone,
+			opts:      simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE}},
+			condition: control.Gone, wantCode: codes.Unimplemented, wantCondition: control.Gone,
 		},
 	}
 	for name, tt := range tests {
@@ -280,8 +281,8 @@ func TestHealVolume(t *testing.T) {
 			spec := tt.volume
 			spec.ID = "pvc-1"
 			spec.NotStaged = tt.unstaged
-			must[driver.Volume](t)(n.d.AddVolume(spec))
-			must[driver.Volume](t)(n.d.SetCondition("pvc-1", tt.condition, 0))
+			must[simulated.Volume](t)(n.d.AddVolume(spec))
+			must[simulated.Volume](t)(n.d.SetCondition("pvc-1", tt.condition, 0))
 
 			resp, err := n.healer.HealVolume(ctxT(t), &healerv1alpha1.HealVolumeRequest{VolumeId: "pvc-1"})
 			if got := status.Code(err); got != tt.wantCode {
@@ -293,7 +294,7 @@ func TestHealVolume(t *testing.T) {
 				}
 			}
 			// The outcome must be on disk, not only in memory: a restarted driver sees it.
-			var onDisk driver.Volume
+			var onDisk simulated.Volume
 			b, err := os.ReadFile(filepath.Join(n.stateDir, "volumes", "pvc-1.json"))
 			if err != nil {
 				t.Fatal(err)
@@ -312,9 +313,9 @@ func TestHealVolume(t *testing.T) {
 // and calls on other volumes go through. The fake clock decides when the hang ends.
 func TestHungVolumeHoldsTheVolumeLock(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Now())
-	n := startNode(t, driver.Options{Clock: clk})
+	n := startNode(t, simulated.Options{Clock: clk})
 	ctx := ctxT(t)
-	must[driver.Volume](t)(n.d.SetCondition("vol-1", driver.Hung, 10*time.Second))
+	must[simulated.Volume](t)(n.d.SetCondition("vol-1", control.Hung, 10*time.Second))
 
 	type answer struct {
 		resp *healerv1alpha1.ProbeVolumeResponse
@@ -378,8 +379,8 @@ func TestHungVolumeHoldsTheVolumeLock(t *testing.T) {
 // A caller that gives up on a hung volume frees the volume's lock.
 func TestCallerDeadlineReleasesHungVolume(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Now())
-	n := startNode(t, driver.Options{Clock: clk})
-	must[driver.Volume](t)(n.d.SetCondition("vol-1", driver.Hung, time.Hour))
+	n := startNode(t, simulated.Options{Clock: clk})
+	must[simulated.Volume](t)(n.d.SetCondition("vol-1", control.Hung, time.Hour))
 
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -387,7 +388,7 @@ func TestCallerDeadlineReleasesHungVolume(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("ProbeVolume of a hung volume with a short deadline: %v, want DEADLINE_EXCEEDED", err)
 	}
-	must[driver.Volume](t)(n.d.SetCondition("vol-1", driver.Healthy, 0))
+	must[simulated.Volume](t)(n.d.SetCondition("vol-1", control.Healthy, 0))
 	// The server notices the cancellation asynchronously; poll until the lock is free.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -406,7 +407,7 @@ func TestCallerDeadlineReleasesHungVolume(t *testing.T) {
 // Go API and the control interface alike.
 func TestCallLog(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Now())
-	n := startNode(t, driver.Options{Clock: clk})
+	n := startNode(t, simulated.Options{Clock: clk})
 	ctx := ctxT(t)
 	before := time.Now()
 	if _, err := n.healer.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-1"}); err != nil {
@@ -415,7 +416,7 @@ func TestCallLog(t *testing.T) {
 	if _, err := n.healer.HealVolume(ctx, &healerv1alpha1.HealVolumeRequest{VolumeId: "vol-2"}); err != nil {
 		t.Fatal(err)
 	}
-	must[driver.Volume](t)(n.d.SetCondition("vol-3", driver.Hung, time.Hour))
+	must[simulated.Volume](t)(n.d.SetCondition("vol-3", control.Hung, time.Hour))
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if _, err := n.healer.ProbeVolume(short, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "vol-3"}); status.Code(err) != codes.DeadlineExceeded {
@@ -439,7 +440,7 @@ func TestCallLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := map[string][]driver.Call{"Go API": n.d.Calls(), "control interface": fromControl}
+	logs := map[string][]control.Call{"Go API": n.d.Calls(), "control interface": fromControl}
 	for name, calls := range logs {
 		var got []entry
 		for i, c := range calls {
@@ -463,9 +464,9 @@ func TestCallLog(t *testing.T) {
 }
 
 func TestListStagedVolumes(t *testing.T) {
-	n := startNode(t, driver.Options{SeedVolumes: []string{"a", "b", "c", "d", "e"}})
+	n := startNode(t, simulated.Options{SeedVolumes: []string{"a", "b", "c", "d", "e"}})
 	ctx := ctxT(t)
-	must[driver.Volume](t)(n.d.SetStaged("c", false))
+	must[simulated.Volume](t)(n.d.SetStaged("c", false))
 
 	list := func(max int32, token string) (*healerv1alpha1.ListStagedVolumesResponse, error) {
 		return n.healer.ListStagedVolumes(ctx, &healerv1alpha1.ListStagedVolumesRequest{MaxEntries: max, StartingToken: token})
@@ -486,7 +487,7 @@ func TestListStagedVolumes(t *testing.T) {
 	if want := healerv1alpha1.StagingTargetPath(healerv1alpha1.DefaultKubeletCSIPluginDir, "healer.example.com", "a"); e.GetStagingTargetPath() != want {
 		t.Errorf("staging path = %s, want the kubelet layout %s", e.GetStagingTargetPath(), want)
 	}
-	if e.GetVolumeContext()[driver.MounterKey] != "rbd-nbd" {
+	if e.GetVolumeContext()[simulated.MounterKey] != "rbd-nbd" {
 		t.Errorf("volume context = %v, want the mounter", e.GetVolumeContext())
 	}
 
@@ -522,7 +523,7 @@ func TestListStagedVolumes(t *testing.T) {
 }
 
 func TestIdentityAndCapabilities(t *testing.T) {
-	n := startNode(t, driver.Options{DriverName: "rbd.csi.example.org", NodeID: "worker-7", HealMounters: []string{"rbd-nbd"}})
+	n := startNode(t, simulated.Options{Identity: control.Identity{DriverName: "rbd.csi.example.org", NodeID: "worker-7"}, HealMounters: []string{"rbd-nbd"}})
 	ctx := ctxT(t)
 
 	id := must[*identity.GetIdentityResponse](t)(n.identity.GetIdentity(ctx, &identity.GetIdentityRequest{}))
@@ -564,18 +565,18 @@ func TestIdentityAndCapabilities(t *testing.T) {
 // the very first start.
 func TestStateSurvivesRestart(t *testing.T) {
 	state := t.TempDir()
-	first := startNode(t, driver.Options{StateDir: state})
+	first := startNode(t, simulated.Options{StateDir: state})
 	if got := len(first.d.Volumes()); got != 5 {
 		t.Fatalf("first start has %d volumes, want the 5 default ones", got)
 	}
-	must[driver.Volume](t)(first.d.SetCondition("vol-2", driver.Gone, 0))
-	must[driver.Volume](t)(first.d.AddVolume(driver.VolumeSpec{ID: "ns/pvc 1", Mounter: "krbd", NotStaged: true}))
+	must[simulated.Volume](t)(first.d.SetCondition("vol-2", control.Gone, 0))
+	must[simulated.Volume](t)(first.d.AddVolume(simulated.VolumeSpec{ID: "ns/pvc 1", Mounter: "krbd", NotStaged: true}))
 	if err := first.d.RemoveVolume("vol-5"); err != nil {
 		t.Fatal(err)
 	}
 	first.stop()
 
-	second := startNode(t, driver.Options{StateDir: state, SeedVolumes: []string{"other"}})
+	second := startNode(t, simulated.Options{StateDir: state, SeedVolumes: []string{"other"}})
 	var got []string
 	for _, v := range second.d.Volumes() {
 		got = append(got, v.ID)
@@ -587,30 +588,30 @@ func TestStateSurvivesRestart(t *testing.T) {
 	if err != nil || len(resp.GetHealthStatuses()) == 0 {
 		t.Errorf("probe of vol-2 after restart = %v, %v; want it still gone", resp, err)
 	}
-	v := must[driver.Volume](t)(second.d.Volume("ns/pvc 1"))
+	v := must[simulated.Volume](t)(second.d.Volume("ns/pvc 1"))
 	if v.Staged || second.d.Healable(v) {
 		t.Errorf("ns/pvc 1 after restart: staged=%t healable=%t, want both false", v.Staged, second.d.Healable(v))
 	}
 }
 
 func TestControlInterface(t *testing.T) {
-	n := startNode(t, driver.Options{})
+	n := startNode(t, simulated.Options{})
 	ctx := ctxT(t)
 	c := n.control
 
-	added, err := c.AddVolume(ctx, driver.VolumeSpec{ID: "ns/pvc-9", Mounter: "fuse"})
+	added, err := c.AddVolume(ctx, simulated.VolumeSpec{ID: "ns/pvc-9", Mounter: "fuse"})
 	if err != nil {
 		t.Fatalf("AddVolume: %v", err)
 	}
-	if !added.Staged || added.VolumeContext[driver.MounterKey] != "fuse" {
+	if !added.Staged || added.VolumeContext[simulated.MounterKey] != "fuse" {
 		t.Errorf("added volume = %+v, want staged with mounter fuse", added)
 	}
-	if _, err := c.SetCondition(ctx, "ns/pvc-9", driver.Hung, 3*time.Second); err != nil {
+	if _, err := c.SetCondition(ctx, "ns/pvc-9", control.Hung, 3*time.Second); err != nil {
 		t.Fatalf("SetCondition: %v", err)
 	}
 	// The control interface changes the driver the RPCs see.
-	got := must[driver.Volume](t)(n.d.Volume("ns/pvc-9"))
-	if got.Condition != driver.Hung || time.Duration(got.Hang) != 3*time.Second {
+	got := must[simulated.Volume](t)(n.d.Volume("ns/pvc-9"))
+	if got.Condition != control.Hung || time.Duration(got.Hang) != 3*time.Second {
 		t.Errorf("after SetCondition: %s for %s, want hung for 3s", got.Condition, time.Duration(got.Hang))
 	}
 	if _, err := c.SetStaged(ctx, "ns/pvc-9", false); err != nil {
@@ -628,15 +629,15 @@ func TestControlInterface(t *testing.T) {
 		call func() error
 		want error
 	}{
-		"adding an existing volume":   {func() error { _, err := c.AddVolume(ctx, driver.VolumeSpec{ID: "vol-1"}); return err }, driver.ErrVolumeExists},
-		"adding a volume without id":  {func() error { _, err := c.AddVolume(ctx, driver.VolumeSpec{}); return err }, driver.ErrInvalidVolume},
-		"an unknown condition":        {func() error { _, err := c.SetCondition(ctx, "vol-1", "melted", 0); return err }, driver.ErrInvalidVolume},
-		"a negative hang":             {func() error { _, err := c.SetCondition(ctx, "vol-1", driver.Hung, -time.Second); return err }, driver.ErrInvalidVolume},
-		"breaking an unknown volume":  {func() error { _, err := c.SetCondition(ctx, "vol-404", driver.Gone, 0); return err }, driver.ErrVolumeNotFound},
-		"removing an unknown volume":  {func() error { return c.RemoveVolume(ctx, "vol-404") }, driver.ErrVolumeNotFound},
-		"reading an unknown volume":   {func() error { _, err := c.Volume(ctx, "vol-404"); return err }, driver.ErrVolumeNotFound},
-		"staging an unknown volume":   {func() error { _, err := c.SetStaged(ctx, "vol-404", true); return err }, driver.ErrVolumeNotFound},
-		"removing then reading again": {func() error { _ = c.RemoveVolume(ctx, "vol-3"); _, err := c.Volume(ctx, "vol-3"); return err }, driver.ErrVolumeNotFound},
+		"adding an existing volume":   {func() error { _, err := c.AddVolume(ctx, simulated.VolumeSpec{ID: "vol-1"}); return err }, control.ErrVolumeExists},
+		"adding a volume without id":  {func() error { _, err := c.AddVolume(ctx, simulated.VolumeSpec{}); return err }, control.ErrInvalidRequest},
+		"an unknown condition":        {func() error { _, err := c.SetCondition(ctx, "vol-1", "melted", 0); return err }, control.ErrInvalidRequest},
+		"a negative hang":             {func() error { _, err := c.SetCondition(ctx, "vol-1", control.Hung, -time.Second); return err }, control.ErrInvalidRequest},
+		"breaking an unknown volume":  {func() error { _, err := c.SetCondition(ctx, "vol-404", control.Gone, 0); return err }, control.ErrVolumeNotFound},
+		"removing an unknown volume":  {func() error { return c.RemoveVolume(ctx, "vol-404") }, control.ErrVolumeNotFound},
+		"reading an unknown volume":   {func() error { _, err := c.Volume(ctx, "vol-404"); return err }, control.ErrVolumeNotFound},
+		"staging an unknown volume":   {func() error { _, err := c.SetStaged(ctx, "vol-404", true); return err }, control.ErrVolumeNotFound},
+		"removing then reading again": {func() error { _ = c.RemoveVolume(ctx, "vol-3"); _, err := c.Volume(ctx, "vol-3"); return err }, control.ErrVolumeNotFound},
 	}
 	for name, tt := range errs {
 		t.Run(name, func(t *testing.T) {
@@ -666,14 +667,14 @@ func TestControlInterface(t *testing.T) {
 }
 
 func TestServerShutdown(t *testing.T) {
-	d, err := driver.New(driver.Options{StateDir: t.TempDir(), DefaultHang: time.Hour})
+	d, err := simulated.New(simulated.Options{StateDir: t.TempDir(), DefaultHang: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(socketDir(t), "csi-addons.sock")
 	// A socket file left by a driver that died must not keep a new one from starting.
 	abandonSocket(t, sock)
-	srv, err := driver.NewServer(d, driver.ServerOptions{Endpoint: "unix://" + sock, ShutdownTimeout: 200 * time.Millisecond})
+	srv, err := simulated.NewServer(d, simulated.ServerOptions{Endpoint: "unix://" + sock, ShutdownTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("NewServer over a stale socket: %v", err)
 	}
@@ -681,7 +682,7 @@ func TestServerShutdown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
 
-	must[driver.Volume](t)(d.SetCondition("vol-1", driver.Hung, 0))
+	must[simulated.Volume](t)(d.SetCondition("vol-1", control.Hung, 0))
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -728,7 +729,7 @@ func abandonSocket(t *testing.T, path string) {
 }
 
 func TestNewRejectsMissingStateDir(t *testing.T) {
-	if _, err := driver.New(driver.Options{}); !errors.Is(err, driver.ErrInvalidOptions) {
+	if _, err := simulated.New(simulated.Options{}); !errors.Is(err, control.ErrInvalidOptions) {
 		t.Errorf("New without StateDir = %v, want ErrInvalidOptions", err)
 	}
 }

@@ -1,18 +1,21 @@
-// Package driver is the reference implementation of the volume-healer Healer service: a
-// simulated CSI driver node plugin whose volumes can be broken on purpose and healed.
+// Package simulated is the reference driver's simulated mode, the reference implementation of
+// the volume-healer Healer service: a simulated CSI driver node plugin whose volumes can be
+// broken on purpose and healed, with nothing mounted.
 //
-// It serves the CSI-Addons Identity service and the Healer service on a UNIX socket (see
-// Server), keeps each volume's state in a JSON file so that the state survives a restart, holds
-// a per-volume lock (a second call on a busy volume gets ABORTED), and counts calls. Tests drive
+// It serves the CSI-Addons Identity service and the Healer service on a UNIX socket (NewServer),
+// keeps each volume's state in a JSON file so that the state survives a restart, holds a
+// per-volume lock (a second call on a busy volume gets ABORTED), and counts calls. Tests drive
 // it through the Go methods of Driver when it runs in the same process, or through the HTTP
-// control interface (ControlHandler, ControlClient) when it runs as a separate process.
+// control interface (ControlHandler, ControlClient; package control) when it runs as a separate
+// process.
 //
 // Driver authors: healer.go is the part to read. It shows the order of checks a Healer
 // implementation makes and which gRPC code each failure gets.
 //
-// It speaks only the wire protocol (api/healer): it must not import any package of the
-// controller or the sidecar.
-package driver
+// It speaks only the wire protocol (api/healer) and shares the control interface with the real
+// mode through package control: it must not import any package of the controller or the
+// sidecar, nor package plugin.
+package simulated
 
 import (
 	"cmp"
@@ -27,7 +30,9 @@ import (
 	"github.com/csi-addons/spec/lib/go/identity"
 	"google.golang.org/grpc"
 
+	"github.com/volume-healer/volume-healer/api/healer/sanity"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // Driver is one simulated CSI driver node plugin: one node's worth of volumes.
@@ -35,7 +40,7 @@ type Driver struct {
 	opts         Options
 	store        store
 	healMounters map[string]bool
-	counters     *counters
+	counters     *control.Recorder
 
 	mu      sync.Mutex
 	volumes map[string]*Volume
@@ -55,7 +60,7 @@ func New(opts Options) (*Driver, error) {
 		opts:         opts,
 		store:        store{dir: filepath.Join(opts.StateDir, "volumes")},
 		healMounters: map[string]bool{},
-		counters:     newCounters(),
+		counters:     control.NewRecorder(),
 		busy:         map[string]bool{},
 	}
 	for _, m := range opts.HealMounters {
@@ -116,7 +121,7 @@ func (d *Driver) Volume(id string) (Volume, error) {
 	defer d.mu.Unlock()
 	v, ok := d.volumes[id]
 	if !ok {
-		return Volume{}, fmt.Errorf("%w: %q", ErrVolumeNotFound, id)
+		return Volume{}, fmt.Errorf("%w: %q", control.ErrVolumeNotFound, id)
 	}
 	return v.clone(), nil
 }
@@ -130,12 +135,12 @@ func (d *Driver) Healable(v Volume) bool {
 // AddVolume adds a healthy volume, staged unless spec says otherwise.
 func (d *Driver) AddVolume(spec VolumeSpec) (Volume, error) {
 	if strings.TrimSpace(spec.ID) == "" {
-		return Volume{}, fmt.Errorf("%w: volume id is empty", ErrInvalidVolume)
+		return Volume{}, fmt.Errorf("%w: volume id is empty", control.ErrInvalidRequest)
 	}
 	mounter := cmp.Or(spec.Mounter, "rbd-nbd")
 	v := &Volume{
 		ID:                 spec.ID,
-		Condition:          Healthy,
+		Condition:          control.Healthy,
 		Staged:             !spec.NotStaged,
 		StagingTargetPath:  healerv1alpha1.StagingTargetPath(d.opts.StagingRoot, d.opts.DriverName, spec.ID),
 		PublishTargetPaths: slices.Clone(spec.PublishTargetPaths),
@@ -147,7 +152,7 @@ func (d *Driver) AddVolume(spec VolumeSpec) (Volume, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.volumes[v.ID]; ok {
-		return Volume{}, fmt.Errorf("%w: %q", ErrVolumeExists, v.ID)
+		return Volume{}, fmt.Errorf("%w: %q", control.ErrVolumeExists, v.ID)
 	}
 	if err := d.store.save(v); err != nil {
 		return Volume{}, err
@@ -162,7 +167,7 @@ func (d *Driver) RemoveVolume(id string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.volumes[id]; !ok {
-		return fmt.Errorf("%w: %q", ErrVolumeNotFound, id)
+		return fmt.Errorf("%w: %q", control.ErrVolumeNotFound, id)
 	}
 	if err := d.store.remove(id); err != nil {
 		return err
@@ -174,22 +179,22 @@ func (d *Driver) RemoveVolume(id string) error {
 
 // SetCondition breaks a volume (or makes it healthy again) on purpose. hang applies to Hung
 // only; zero means Options.DefaultHang. Calls already waiting on a hung volume keep waiting.
-func (d *Driver) SetCondition(id string, c Condition, hang time.Duration) (Volume, error) {
-	if _, err := ParseCondition(string(c)); err != nil {
+func (d *Driver) SetCondition(id string, c control.Condition, hang time.Duration) (Volume, error) {
+	if _, err := control.ParseCondition(string(c)); err != nil {
 		return Volume{}, err
 	}
 	if hang < 0 {
-		return Volume{}, fmt.Errorf("%w: hang must not be negative, got %s", ErrInvalidVolume, hang)
+		return Volume{}, fmt.Errorf("%w: hang must not be negative, got %s", control.ErrInvalidRequest, hang)
 	}
-	if c == Hung && hang == 0 {
+	if c == control.Hung && hang == 0 {
 		hang = d.opts.DefaultHang
 	}
-	if c != Hung {
+	if c != control.Hung {
 		hang = 0
 	}
 	return d.update(id, func(v *Volume) {
 		v.Condition = c
-		v.Hang = Duration(hang)
+		v.Hang = sanity.Duration(hang)
 	})
 }
 
@@ -202,26 +207,26 @@ func (d *Driver) SetStaged(id string, staged bool) (Volume, error) {
 // removes it.
 func (d *Driver) SetRecheckAfter(id string, after time.Duration) (Volume, error) {
 	if after < 0 {
-		return Volume{}, fmt.Errorf("%w: recheck after must not be negative, got %s", ErrInvalidVolume, after)
+		return Volume{}, fmt.Errorf("%w: recheck after must not be negative, got %s", control.ErrInvalidRequest, after)
 	}
-	return d.update(id, func(v *Volume) { v.RecheckAfter = Duration(after) })
+	return d.update(id, func(v *Volume) { v.RecheckAfter = sanity.Duration(after) })
 }
 
 // Counters returns a snapshot of the call counters.
-func (d *Driver) Counters() Counters {
-	return d.counters.snapshot()
+func (d *Driver) Counters() control.Counters {
+	return d.counters.Counters()
 }
 
 // Calls returns the call log: every ProbeVolume and HealVolume call since the driver started or
 // since ResetCounters (at most MaxCallLog, the most recent), oldest first.
-func (d *Driver) Calls() []Call {
-	return d.counters.log()
+func (d *Driver) Calls() []control.Call {
+	return d.counters.Calls()
 }
 
 // ResetCounters sets every counter back to zero and empties the call log; calls still in flight
 // stay counted as in flight.
 func (d *Driver) ResetCounters() {
-	d.counters.reset()
+	d.counters.Reset()
 }
 
 // update changes one volume and writes it to disk; the in-memory copy changes only when the
@@ -231,7 +236,7 @@ func (d *Driver) update(id string, change func(*Volume)) (Volume, error) {
 	defer d.mu.Unlock()
 	v, ok := d.volumes[id]
 	if !ok {
-		return Volume{}, fmt.Errorf("%w: %q", ErrVolumeNotFound, id)
+		return Volume{}, fmt.Errorf("%w: %q", control.ErrVolumeNotFound, id)
 	}
 	next := v.clone()
 	change(&next)

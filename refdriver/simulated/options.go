@@ -1,4 +1,4 @@
-package driver
+package simulated
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"k8s.io/utils/clock"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
 // Options configure a Driver. Zero values take the defaults documented on each field.
@@ -16,16 +17,9 @@ type Options struct {
 	// restart of the driver. Required.
 	StateDir string
 
-	// DriverName is the name reported by GetIdentity and used in staging paths.
-	// Default: "healer.example.com".
-	DriverName string
-
-	// VendorVersion is reported by GetIdentity. Default: "v0.0.0-reference".
-	VendorVersion string
-
-	// NodeID names the node this driver instance plays, reported in the identity manifest under
-	// "nodeID". Default: "node-1".
-	NodeID string
+	// Identity is the driver's name, version and node; the driver name is also used in
+	// staging paths.
+	control.Identity
 
 	// StagingRoot is the kubelet CSI plugin folder under which new volumes get their staging
 	// paths (<StagingRoot>/<DriverName>/<sha256(volume ID)>/globalmount). Nothing is mounted
@@ -59,17 +53,9 @@ type Options struct {
 
 func (o *Options) setDefaults() error {
 	if o.StateDir == "" {
-		return fmt.Errorf("%w: StateDir is required", ErrInvalidOptions)
+		return fmt.Errorf("%w: StateDir is required", control.ErrInvalidOptions)
 	}
-	if o.DriverName == "" {
-		o.DriverName = "healer.example.com"
-	}
-	if o.VendorVersion == "" {
-		o.VendorVersion = "v0.0.0-reference"
-	}
-	if o.NodeID == "" {
-		o.NodeID = "node-1"
-	}
+	o.Identity = o.Identity.WithDefaults()
 	if o.StagingRoot == "" {
 		o.StagingRoot = healerv1alpha1.DefaultKubeletCSIPluginDir
 	}
@@ -90,7 +76,7 @@ func (o *Options) setDefaults() error {
 		o.DefaultHang = 30 * time.Second
 	}
 	if o.DefaultHang < 0 {
-		return fmt.Errorf("%w: DefaultHang must not be negative, got %s", ErrInvalidOptions, o.DefaultHang)
+		return fmt.Errorf("%w: DefaultHang must not be negative, got %s", control.ErrInvalidOptions, o.DefaultHang)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}

@@ -1,4 +1,4 @@
-package driver
+package simulated
 
 import (
 	"context"
@@ -20,7 +20,7 @@ type identityServer struct {
 // GetIdentity reports the driver's name and version, and in the manifest the Healer protocol
 // version and the node this instance plays.
 func (s *identityServer) GetIdentity(context.Context, *identity.GetIdentityRequest) (*identity.GetIdentityResponse, error) {
-	s.d.counters.call("GetIdentity")
+	s.d.counters.Count("GetIdentity")
 	return &identity.GetIdentityResponse{
 		Name:          s.d.opts.DriverName,
 		VendorVersion: s.d.opts.VendorVersion,
@@ -33,7 +33,7 @@ func (s *identityServer) GetIdentity(context.Context, *identity.GetIdentityReque
 
 // GetCapabilities reports NODE_SERVICE: the healer operates on volumes staged on this node.
 func (s *identityServer) GetCapabilities(context.Context, *identity.GetCapabilitiesRequest) (*identity.GetCapabilitiesResponse, error) {
-	s.d.counters.call("GetCapabilities")
+	s.d.counters.Count("GetCapabilities")
 	return &identity.GetCapabilitiesResponse{
 		Capabilities: []*identity.Capability{{
 			Type: &identity.Capability_Service_{
@@ -45,6 +45,6 @@ func (s *identityServer) GetCapabilities(context.Context, *identity.GetCapabilit
 
 // Probe reports the driver ready: its state is loaded before it listens.
 func (s *identityServer) Probe(context.Context, *identity.ProbeRequest) (*identity.ProbeResponse, error) {
-	s.d.counters.call("Probe")
+	s.d.counters.Count("Probe")
 	return &identity.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }
