@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/volume-healer/volume-healer/scheduler"
@@ -98,8 +100,8 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 	return summary
 }
 
-// untilComplete tries an incomplete restart sweep again, with a doubling wait, until a try
-// reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
+// untilComplete tries an incomplete restart sweep again, after the waits of retryBackoff, until
+// a try reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
 // (a controller restart or a new leader sweeps it again, since its marker was never recorded),
 // or when the sweep is superseded (see superseded).
 func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary) Summary {
@@ -110,7 +112,7 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 	m := s.opts.Metrics
 	m.restartPending(sw.Driver, 1)
 	defer m.restartPending(sw.Driver, -1)
-	wait := s.opts.RetryBase
+	backoff := s.retryBackoff()
 	for try := 2; ; try++ {
 		if why := s.superseded(ctx, sw); why != "" {
 			logger.Info("Incomplete restart sweep stops: "+why, "marker", sw.Marker)
@@ -121,16 +123,17 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 			summary.Incomplete += "; " + why
 			return summary
 		}
-		logger.Info("Restart sweep incomplete; trying again", "why", summary.Incomplete, "retryIn", wait)
+		retryIn := backoff.Step()
+		logger.Info("Restart sweep incomplete; trying again", "why", summary.Incomplete, "retryIn", retryIn)
 		if source != nil {
 			s.event(source, corev1.EventTypeWarning, ReasonRestartSweepPending,
-				"Restart sweep of %s on node %s is incomplete (%s); trying again in %s", sw.Driver, sw.Node, summary.Incomplete, wait)
+				"Restart sweep of %s on node %s is incomplete (%s); trying again in %s", sw.Driver, sw.Node, summary.Incomplete, retryIn)
 		}
 		select {
 		case <-ctx.Done():
 			summary.Cancelled = true
 			return summary
-		case <-s.opts.Clock.After(wait):
+		case <-s.opts.Clock.After(retryIn):
 		}
 		m.restartRetried(sw.Driver)
 		summary = s.attempt(ctx, sw)
@@ -138,8 +141,13 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 			logger.Info("Restart sweep complete", "tries", try)
 			return summary
 		}
-		wait = min(2*wait, s.opts.RetryMax)
 	}
+}
+
+// retryBackoff spaces the tries of an incomplete restart sweep: RetryBase, doubling after each
+// try, at most RetryMax.
+func (s *Sweeper) retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: s.opts.RetryBase, Factor: 2, Cap: s.opts.RetryMax, Steps: math.MaxInt}
 }
 
 // superseded says why the restart that sw sweeps no longer needs its sweep, or "": its Node is
