@@ -9,6 +9,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
 // Metrics are the instruments of sweeps, probes and heals. A nil *Metrics records nothing.
@@ -235,4 +236,55 @@ func (m *Metrics) podsOnDeadMount(namespace, claim, driver string, on bool, at t
 	if _, had := m.deadMountSeen.LoadOrStore(key, true); !had {
 		m.deadMountSince.WithLabelValues(namespace, claim, driver).Set(float64(at.UnixNano()) / 1e9)
 	}
+}
+
+// Describe sends the descriptor of the unhealthy-volumes gauge; Sweeper is a prometheus.Collector.
+func (s *Sweeper) Describe(ch chan<- *prometheus.Desc) { ch <- unhealthyDesc }
+
+// Collect reports the volumes whose last probe found them unhealthy, by driver and health status,
+// computed from what the sweeper remembers when Prometheus scrapes.
+func (s *Sweeper) Collect(ch chan<- prometheus.Metric) {
+	for k, n := range s.mem.unhealthy() {
+		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
+	}
+}
+
+var unhealthyDesc = prometheus.NewDesc("volume_healer_volumes_unhealthy",
+	"Volumes whose last probe found them unhealthy, by driver and health status (DEGRADED, INACCESSIBLE, DATA_LOSS).",
+	[]string{"driver", "status"}, nil)
+
+// observe records how long a call of op (probe or heal) took.
+func (s *Sweeper) observe(op string, start time.Time) {
+	if m := s.opts.Metrics; m != nil {
+		m.callDuration.WithLabelValues(op).Observe(s.opts.Clock.Since(start).Seconds())
+	}
+}
+
+// count counts a probe or heal of driver by result.
+func (s *Sweeper) count(driver string, isProbe bool, result string) {
+	m := s.opts.Metrics
+	if m == nil {
+		return
+	}
+	if isProbe {
+		m.probes.WithLabelValues(driver, result).Inc()
+		return
+	}
+	m.heals.WithLabelValues(driver, result).Inc()
+}
+
+// setFailing sets or clears the failing-heal series of the volume's claim; clearing it clears the
+// claim's dead-mount series too.
+func (s *Sweeper) setFailing(v planner.Volume, failing bool) {
+	m := s.opts.Metrics
+	claim := v.ClaimName()
+	if m == nil || claim.Name == "" {
+		return
+	}
+	if failing {
+		m.healFailing.WithLabelValues(claim.Namespace, claim.Name, v.Driver).Set(1)
+		return
+	}
+	m.healFailing.DeleteLabelValues(claim.Namespace, claim.Name, v.Driver)
+	m.podsOnDeadMount(claim.Namespace, claim.Name, v.Driver, false, time.Time{})
 }

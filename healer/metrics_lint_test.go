@@ -114,12 +114,8 @@ func controllerMetrics(reg prometheus.Registerer) error {
 	evict.NewMetrics(reg)
 	trigger.NewMetrics(reg)
 	dispatch.NewMetrics(reg)
-	if _, err := policy.NewMetrics(reg); err != nil {
-		return err
-	}
-	if _, err := webhook.NewMetrics(reg); err != nil {
-		return err
-	}
+	policy.NewMetrics(reg)
+	webhook.NewMetrics(reg)
 	reg.MustRegister(versionmetrics.NewBuildInfo(version.Get()))
 	s := &Sweeper{mem: newMemory()}
 	s.mem.recordProbe("pv-1", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)

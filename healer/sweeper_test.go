@@ -218,7 +218,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	}
 	recorder := record.NewFakeRecorder(100)
 	s, err := New(Options{
-		Planner: planner.NewPlanner(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
+		Planner: planner.New(caches), Policy: engine, Sidecars: sc, Dispatcher: d,
 		Targets: targets, Client: c, Recorder: recorder, DryRun: dryRun,
 		RetryBase: 10 * time.Millisecond, RetryMax: 40 * time.Millisecond,
 	})

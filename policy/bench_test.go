@@ -130,11 +130,7 @@ func floorOf(rev *Revision, value ast.Value) func(ctx context.Context) error {
 func evaluatedEngine(tb testing.TB, modules []Module) *Engine {
 	tb.Helper()
 	ctx := context.Background()
-	m, err := NewMetrics(prometheus.NewRegistry())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	e, err := NewEngine(ctx, Options{Metrics: m, Compile: CompileOptions{DisableMemo: true}})
+	e, err := NewEngine(ctx, Options{Metrics: NewMetrics(prometheus.NewRegistry()), Compile: CompileOptions{DisableMemo: true}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -231,11 +227,7 @@ func benchLoop(b *testing.B, f func(i int) error) {
 // benchDecide measures Engine.Decide, metrics included, over inputs.
 func benchDecide(b *testing.B, modules []Module, inputs []Input, memo bool) {
 	ctx := context.Background()
-	m, err := NewMetrics(prometheus.NewRegistry())
-	if err != nil {
-		b.Fatal(err)
-	}
-	e, err := NewEngine(ctx, Options{Metrics: m, Compile: CompileOptions{DisableMemo: !memo}})
+	e, err := NewEngine(ctx, Options{Metrics: NewMetrics(prometheus.NewRegistry()), Compile: CompileOptions{DisableMemo: !memo}})
 	if err != nil {
 		b.Fatal(err)
 	}

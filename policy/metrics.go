@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,8 +19,9 @@ type Metrics struct {
 	rejected     prometheus.Gauge
 }
 
-// NewMetrics creates the policy metrics and registers them with reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+// NewMetrics creates the policy metrics and registers them with reg. It panics when reg holds
+// metrics of the same names already, as prometheus.Registerer.MustRegister does.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		evalDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "volume_healer_policy_evaluation_duration_seconds",
@@ -64,12 +64,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.memoHit = m.memoLookups.WithLabelValues("hit")
 	m.memoMiss = m.memoLookups.WithLabelValues("miss")
-	for _, c := range []prometheus.Collector{m.evalDuration, decisions, m.evalErrors, m.loadErrors, m.revision, m.memoLookups, m.rejected} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering policy metrics: %w", err)
-		}
-	}
-	return m, nil
+	reg.MustRegister(m.evalDuration, decisions, m.evalErrors, m.loadErrors, m.revision, m.memoLookups, m.rejected)
+	return m
 }
 
 func (m *Metrics) observeDecision(d Decision, err error, memoized bool, took time.Duration, memoOn bool) {

@@ -180,7 +180,7 @@ func capabilityNames(info *driverInfo) []string {
 func (d *driverClient) watch(ctx context.Context) {
 	const firstRetry, maxRetry = 200 * time.Millisecond, 10 * time.Second
 	log := klog.FromContext(ctx)
-	retry := firstRetry
+	retries := retryBackoff(firstRetry, maxRetry)
 	// stale: the ready connection, if any, has not been asked yet. lost: a ready connection
 	// went away since the last load.
 	stale, lost := true, false
@@ -197,20 +197,21 @@ func (d *driverClient) watch(ctx context.Context) {
 				break
 			}
 			if err := d.load(ctx); err != nil {
-				log.Error(err, "Cannot load the driver's identity and capabilities; retrying", "endpoint", d.endpoint, "retryIn", retry)
-				wctx, cancel := context.WithTimeout(ctx, retry)
+				retryIn := retries.Step()
+				log.Error(err, "Cannot load the driver's identity and capabilities; retrying", "endpoint", d.endpoint, "retryIn", retryIn)
+				wctx, cancel := context.WithTimeout(ctx, retryIn)
 				d.conn.WaitForStateChange(wctx, st)
 				cancel()
 				if ctx.Err() != nil {
 					return
 				}
-				retry = min(2*retry, maxRetry)
 				continue
 			}
 			if lost && d.onReconnect != nil {
 				d.onReconnect(d.cached())
 			}
-			stale, lost, retry = false, false, firstRetry
+			stale, lost = false, false
+			retries = retryBackoff(firstRetry, maxRetry)
 		}
 		if !d.conn.WaitForStateChange(ctx, st) {
 			return

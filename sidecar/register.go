@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -90,7 +92,7 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 	r.mu.Lock()
 	r.currentMarker = marker
 	r.mu.Unlock()
-	wait := r.backoff
+	retries := retryBackoff(r.backoff, r.maxBackoff)
 	for {
 		name, matches, err := r.registerCurrent(ctx, driverName, marker)
 		if err == nil {
@@ -106,16 +108,22 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 			r.converge(ctx, name, matches)
 			return name, nil
 		}
-		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", wait)
-		t := r.clock.NewTimer(wait)
+		retryIn := retries.Step()
+		log.Error(err, "Cannot register the CSIAddonsNode; retrying", "retryIn", retryIn)
+		t := r.clock.NewTimer(retryIn)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return "", ctx.Err()
 		case <-t.C():
 		}
-		wait = min(2*wait, r.maxBackoff)
 	}
+}
+
+// retryBackoff spaces the sidecar's retries of a call that failed: base, doubling after each
+// retry, at most ceiling.
+func retryBackoff(base, ceiling time.Duration) wait.Backoff {
+	return wait.Backoff{Duration: base, Factor: 2, Cap: ceiling, Steps: math.MaxInt}
 }
 
 // registerCurrent makes one attempt of run and, when it works, makes its object and marker the
@@ -143,19 +151,19 @@ func (r *registrar) keep(ctx context.Context, driverName string) {
 		return
 	}
 	log := klog.FromContext(ctx).WithValues("csiAddonsNode", klog.KRef(r.namespace, name))
-	wait := r.backoff
+	retries := retryBackoff(r.backoff, r.maxBackoff)
 	for ctx.Err() == nil {
 		w, err := r.watcher.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{},
 			client.InNamespace(r.namespace), client.MatchingFields{"metadata.name": name})
 		if err != nil {
-			log.Error(err, "Cannot watch the CSIAddonsNode; retrying", "retryIn", wait)
-			if !r.sleep(ctx, wait) {
+			retryIn := retries.Step()
+			log.Error(err, "Cannot watch the CSIAddonsNode; retrying", "retryIn", retryIn)
+			if !r.sleep(ctx, retryIn) {
 				return
 			}
-			wait = min(2*wait, r.maxBackoff)
 			continue
 		}
-		wait = r.backoff
+		retries = retryBackoff(r.backoff, r.maxBackoff)
 		// The object may have changed while no watch ran.
 		r.restore(ctx, driverName)
 		r.follow(ctx, w, driverName, name)

@@ -278,21 +278,21 @@ const (
 func (s *Sidecar) register(ctx context.Context) {
 	log := klog.FromContext(ctx)
 	var info *driverInfo
-	wait := s.opts.RegisterBackoff
+	retries := retryBackoff(s.opts.RegisterBackoff, s.opts.RegisterMaxBackoff)
 	for {
 		var err error
 		if info, err = s.driver.current(ctx); err == nil {
 			break
 		}
-		log.Info("Waiting for the driver before registering the CSIAddonsNode", "endpoint", s.opts.DriverEndpoint, "error", err.Error(), "retryIn", wait)
-		t := s.opts.Clock.NewTimer(wait)
+		retryIn := retries.Step()
+		log.Info("Waiting for the driver before registering the CSIAddonsNode", "endpoint", s.opts.DriverEndpoint, "error", err.Error(), "retryIn", retryIn)
+		t := s.opts.Clock.NewTimer(retryIn)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C():
 		}
-		wait = min(2*wait, s.opts.RegisterMaxBackoff)
 	}
 	// The sweep this start sets off finds the node's volumes read.
 	warmed := make(chan struct{})

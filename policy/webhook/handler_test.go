@@ -136,10 +136,7 @@ func TestHandlerJudgesPolicyChanges(t *testing.T) {
 	stored := policyConfigMap("site-policy", goodPolicy)
 	src := startSource(t, stored)
 	reg := prometheus.NewRegistry()
-	metrics, err := NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics := NewMetrics(reg)
 	h := NewHandler(src, metrics)
 	cm := metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 	unlabelled := policyConfigMap("draft", brokenPolicy)
@@ -238,10 +235,7 @@ func TestHandlerJudgesPolicyChanges(t *testing.T) {
 func TestHandlerRefusesWhatItCannotRead(t *testing.T) {
 	stored := policyConfigMap("site-policy", goodPolicy)
 	src := startSource(t, stored)
-	metrics, err := NewMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics := NewMetrics(prometheus.NewRegistry())
 	h := NewHandler(src, metrics)
 	cm := metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 	v1beta1 := bytes.Replace(reviewOf(t, admissionv1.Create, cm, stored, nil), []byte("admission.k8s.io/v1"), []byte("admission.k8s.io/v1beta1"), 1)

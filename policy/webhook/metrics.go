@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +24,9 @@ type Metrics struct {
 	duration prometheus.Histogram
 }
 
-// NewMetrics creates the webhook metrics and registers them with reg.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+// NewMetrics creates the webhook metrics and registers them with reg. It panics when reg holds
+// metrics of the same names already, as prometheus.Registerer.MustRegister does.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reviews := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "volume_healer_webhook_reviews_total",
 		Help: "Admission reviews of policy ConfigMaps answered, by result (allowed, denied, error).",
@@ -43,12 +43,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ResultAllowed, ResultDenied, ResultError} {
 		m.reviews[r] = reviews.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{reviews, m.duration} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering webhook metrics: %w", err)
-		}
-	}
-	return m, nil
+	reg.MustRegister(reviews, m.duration)
+	return m
 }
 
 func (m *Metrics) observe(result string, took time.Duration) {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 )
@@ -475,13 +477,14 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 }
 
 // backoff is the wait after a volume's failures-th consecutive failure: base * 2^(failures-1),
-// capped at BackoffMax.
+// capped at BackoffMax: the steps of a wait.Backoff, taken until the cap.
 func (d *Dispatcher) backoff(failures int) time.Duration {
-	wait := d.opts.BackoffBase
-	for i := 1; i < failures && wait < d.opts.BackoffMax; i++ {
-		wait *= 2
+	b := wait.Backoff{Duration: d.opts.BackoffBase, Factor: 2, Cap: d.opts.BackoffMax, Steps: math.MaxInt}
+	next := b.Step()
+	for i := 1; i < failures && next < d.opts.BackoffMax; i++ {
+		next = b.Step()
 	}
-	return min(wait, d.opts.BackoffMax)
+	return min(next, d.opts.BackoffMax)
 }
 
 // placeLocked puts a queued job where it waits: behind its volume's call in flight, in the

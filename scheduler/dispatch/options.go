@@ -125,7 +125,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
-			return o, fmt.Errorf("scheduler: Options.%s is %d; want 0 (default %d) or more", f.name, *f.v, f.def)
+			return o, fmt.Errorf("dispatch: Options.%s is %d; want 0 (default %d) or more", f.name, *f.v, f.def)
 		}
 		if *f.v == 0 {
 			*f.v = f.def
@@ -143,14 +143,14 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	for _, f := range durations {
 		if *f.v < 0 {
-			return o, fmt.Errorf("scheduler: Options.%s is %s; want 0 (default %s) or more", f.name, *f.v, f.def)
+			return o, fmt.Errorf("dispatch: Options.%s is %s; want 0 (default %s) or more", f.name, *f.v, f.def)
 		}
 		if *f.v == 0 {
 			*f.v = f.def
 		}
 	}
 	if o.BackoffMax < o.BackoffBase {
-		return o, fmt.Errorf("scheduler: Options.BackoffMax (%s) is below BackoffBase (%s)", o.BackoffMax, o.BackoffBase)
+		return o, fmt.Errorf("dispatch: Options.BackoffMax (%s) is below BackoffBase (%s)", o.BackoffMax, o.BackoffBase)
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}

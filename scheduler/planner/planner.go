@@ -220,8 +220,8 @@ type Planner struct {
 	terms *policyTerms
 }
 
-// NewPlanner returns a planner over c.
-func NewPlanner(c Caches) *Planner { return &Planner{c: c, terms: newPolicyTerms()} }
+// New returns a planner over c.
+func New(c Caches) *Planner { return &Planner{c: c, terms: newPolicyTerms()} }
 
 // AttachRequired reports whether the driver's volumes have VolumeAttachments. A driver without a
 // CSIDriver object is assumed to attach, as kubelet and the attach/detach controller assume.

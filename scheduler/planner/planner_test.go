@@ -43,7 +43,7 @@ func newTestPlanner(t *testing.T, objs ...any) *Planner {
 			t.Fatal(err)
 		}
 	}
-	return NewPlanner(c)
+	return New(c)
 }
 
 func TestPlannerGuards(t *testing.T) {
@@ -316,7 +316,7 @@ func TestPolicyInputTermsOverVariedVolumes(t *testing.T) {
 		}
 		add(va(name, "d", pick("n1", "n2", "n3"), true))
 	}
-	p := NewPlanner(c)
+	p := New(c)
 	driver := policy.DriverInfo{Name: "d", Healer: policy.HealerCapabilities{Probe: true, Attributes: map[string]string{"healMounters": "rbd-nbd"}}}
 	seen := 0
 	for _, node := range []string{"n1", "n2", "n3"} {

@@ -41,7 +41,7 @@ type Manual struct {
 // NewManual returns a Manual.
 func NewManual(opts ManualOptions) (*Manual, error) {
 	if opts.Sweeps == nil {
-		return nil, fmt.Errorf("scheduler: ManualOptions.Sweeps is required")
+		return nil, fmt.Errorf("trigger: ManualOptions.Sweeps is required")
 	}
 	return &Manual{opts: opts, started: map[string]string{}}, nil
 }

@@ -77,7 +77,7 @@ type entry struct {
 // NewPeriodic checks the configured schedules and returns a Periodic with no StorageClass yet.
 func NewPeriodic(opts PeriodicOptions) (*Periodic, error) {
 	if opts.Sweeps == nil {
-		return nil, fmt.Errorf("scheduler: PeriodicOptions.Sweeps is required")
+		return nil, fmt.Errorf("trigger: PeriodicOptions.Sweeps is required")
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}

@@ -118,7 +118,7 @@ type pendingRestart struct {
 // NewRestarts returns a Restarts with nothing pending.
 func NewRestarts(opts RestartOptions) (*Restarts, error) {
 	if opts.Sweeps == nil {
-		return nil, fmt.Errorf("scheduler: RestartOptions.Sweeps is required")
+		return nil, fmt.Errorf("trigger: RestartOptions.Sweeps is required")
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}

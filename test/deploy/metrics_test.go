@@ -39,12 +39,8 @@ func seriesNames(t *testing.T) map[string]string {
 			evict.NewMetrics(reg)
 			trigger.NewMetrics(reg)
 			dispatch.NewMetrics(reg)
-			if _, err := policy.NewMetrics(reg); err != nil {
-				return err
-			}
-			if _, err := webhook.NewMetrics(reg); err != nil {
-				return err
-			}
+			policy.NewMetrics(reg)
+			webhook.NewMetrics(reg)
 			return reg.Register(versionmetrics.NewBuildInfo(version.Get()))
 		},
 		func(reg prometheus.Registerer) error { sidecar.NewMetrics(reg); return nil },
@@ -84,7 +80,7 @@ func sweeper(t *testing.T) *healer.Sweeper {
 		t.Fatal(err)
 	}
 	s, err := healer.New(healer.Options{
-		Planner:    planner.NewPlanner(planner.Caches{}),
+		Planner:    planner.New(planner.Caches{}),
 		Policy:     idlePolicy{},
 		Sidecars:   probe.New(probe.Options{}),
 		Dispatcher: dispatcher,

@@ -47,11 +47,7 @@ func decisionInputs(s *shapes, n int, probed bool) []policy.Input {
 
 // decisionRateOf times the default policy's decisions over inputs, round robin, for about d.
 func decisionRateOf(ctx context.Context, name string, inputs []policy.Input, memo bool, d time.Duration) (decisionRate, error) {
-	m, err := policy.NewMetrics(prometheus.NewRegistry())
-	if err != nil {
-		return decisionRate{}, err
-	}
-	e, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: m})
+	e, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: policy.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		return decisionRate{}, err
 	}

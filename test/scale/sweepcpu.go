@@ -259,11 +259,7 @@ func (f *planningFixture) measure(ctx context.Context, memo bool, profile string
 		out.Namespaces = f.namespaces
 	}
 	reg := prometheus.NewRegistry()
-	pm, err := policy.NewMetrics(reg)
-	if err != nil {
-		return out, err
-	}
-	engine, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: pm})
+	engine, err := policy.NewEngine(ctx, policy.Options{Compile: policy.CompileOptions{DisableMemo: !memo}, Metrics: policy.NewMetrics(reg)})
 	if err != nil {
 		return out, err
 	}
@@ -275,7 +271,7 @@ func (f *planningFixture) measure(ctx context.Context, memo bool, profile string
 	}
 	dispatcher := &finishingDispatcher{}
 	sweeper, err := healer.New(healer.Options{
-		Planner:    planner.NewPlanner(f.caches),
+		Planner:    planner.New(f.caches),
 		Policy:     engine,
 		Sidecars:   &cachedCapabilities{cache: map[string]*probe.Capabilities{}},
 		Dispatcher: dispatcher,

@@ -240,10 +240,7 @@ type policyStage struct {
 // newPolicy builds the policy engine, on the built-in default until the ConfigMaps are read and
 // then on whatever they say, its ConfigMap source, and the admission webhook when it is enabled.
 func newPolicy(ctx context.Context, cfg *config.Config, k *kube, mgr manager.Manager) (*policyStage, error) {
-	policyMetrics, err := policy.NewMetrics(k.reg)
-	if err != nil {
-		return nil, err
-	}
+	policyMetrics := policy.NewMetrics(k.reg)
 	engine, err := policy.NewEngine(ctx, policy.Options{
 		Compile: policy.CompileOptions{EvalTimeout: cfg.Policy.EvaluationTimeout},
 		Metrics: policyMetrics,
@@ -270,10 +267,7 @@ func newPolicy(ctx context.Context, cfg *config.Config, k *kube, mgr manager.Man
 // addWebhook adds the admission webhook, which judges policy changes with the source's
 // ConfigMaps, on every replica, and its readiness check.
 func addWebhook(cfg *config.Config, reg prometheus.Registerer, mgr manager.Manager, source *policy.ConfigMapSource) error {
-	webhookMetrics, err := webhook.NewMetrics(reg)
-	if err != nil {
-		return err
-	}
+	webhookMetrics := webhook.NewMetrics(reg)
 	server, err := webhook.NewServer(webhook.Options{
 		Addr:     cfg.Webhook.BindAddress,
 		CertFile: cfg.Webhook.CertFile,
@@ -361,7 +355,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		return nil, err
 	}
 	a.sweeper, err = healer.New(healer.Options{
-		Planner:    planner.NewPlanner(plannerCaches),
+		Planner:    planner.New(plannerCaches),
 		Policy:     engine,
 		Sidecars:   sidecars,
 		Dispatcher: dispatcher,
