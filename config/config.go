@@ -43,6 +43,8 @@ type Config struct {
 	Budgets Budgets
 	// Timeouts bounds each call to a sidecar.
 	Timeouts Timeouts
+	// StagedList bounds one listing of a node's staged volumes.
+	StagedList StagedList
 	// Backoff spaces out retries of a volume whose calls fail.
 	Backoff Backoff
 	// DryRun makes the controller decide and report what it would heal without sending heal
@@ -191,6 +193,21 @@ type Timeouts struct {
 	Heal time.Duration
 }
 
+// StagedList bounds one listing of the volumes a sidecar's driver has staged on its node (drivers
+// without VolumeAttachments): a sidecar that sends more, or takes longer, fails that node's
+// listing, and the sweep goes on with the other nodes.
+type StagedList struct {
+	// MaxVolumes is the most volumes one listing may return, all its pages together. Default
+	// 10000.
+	MaxVolumes int
+	// MaxBytes is the most bytes on the wire of all the pages of one listing together. Default
+	// 4194304 (4 MiB).
+	MaxBytes int
+	// Timeout bounds one listing, all its pages together; each page is also bounded by
+	// Timeouts.Probe. Default 1m.
+	Timeout time.Duration
+}
+
 // Backoff spaces out retries of a volume whose probe or heal failed: the delay starts at Base
 // and doubles with each consecutive failure, up to Max.
 type Backoff struct {
@@ -279,6 +296,7 @@ func Default() Config {
 		Budgets:     Budgets{Global: 64, PerDriver: 32, PerNode: 4},
 		Remediation: Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5, ReprobeAfter: 30 * time.Second},
 		Timeouts:    Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
+		StagedList:  StagedList{MaxVolumes: 10000, MaxBytes: 4 << 20, Timeout: time.Minute},
 		Backoff:     Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
 			TLS:  SidecarTLS{Enabled: true},

@@ -334,6 +334,18 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_TIMEOUTS_HEAL": "-1s"},
 			want: []string{"timeouts.heal (env VOLUME_HEALER_TIMEOUTS_HEAL): -1s is not allowed", "> 0"},
 		},
+		"staged list without room for a volume": {
+			file: "stagedList:\n  maxVolumes: 0\n",
+			want: []string{"stagedList.maxVolumes (file ", "0 is not allowed", "must be an integer >= 1"},
+		},
+		"staged list bytes below one page of a volume": {
+			args: []string{"--staged-list-max-bytes=100"},
+			want: []string{"stagedList.maxBytes (flag --staged-list-max-bytes): 100 is not allowed", "must be an integer >= 4096"},
+		},
+		"staged list timeout not positive": {
+			env:  map[string]string{"VOLUME_HEALER_STAGED_LIST_TIMEOUT": "0s"},
+			want: []string{"stagedList.timeout (env VOLUME_HEALER_STAGED_LIST_TIMEOUT): 0s is not allowed", "> 0"},
+		},
 		"backoff base not positive": {
 			file: "backoff:\n  base: 0s\n",
 			want: []string{"backoff.base (file ", "0s is not allowed", "> 0"},
@@ -662,6 +674,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 		Restart:     Restart{Debounce: 0},
 		Budgets:     Budgets{Global: 1000, PerDriver: 100, PerNode: 1},
 		Timeouts:    Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
+		StagedList:  StagedList{MaxVolumes: 7, MaxBytes: 5000, Timeout: 90 * time.Second},
 		Backoff:     Backoff{Base: time.Second, Max: time.Second},
 		DryRun:      true,
 		Remediation: Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100, ReprobeAfter: 90 * time.Second},

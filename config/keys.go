@@ -195,6 +195,24 @@ var settings = []setting{
 		allowed: "a duration > 0; with leader election enabled, at most leaderElection.leaseDuration - leaderElection.retryPeriod - leaderElection.callMargin",
 	},
 	{
+		path:    "stagedList.maxVolumes",
+		field:   func(c *Config) any { return &c.StagedList.MaxVolumes },
+		help:    "Most volumes one listing of a node's staged volumes (drivers without VolumeAttachments) may return, all its pages together; a sidecar that sends more fails that node's listing, and the sweep goes on with the other nodes.",
+		allowed: "an integer >= 1",
+	},
+	{
+		path:    "stagedList.maxBytes",
+		field:   func(c *Config) any { return &c.StagedList.MaxBytes },
+		help:    "Most bytes on the wire of all the pages of one listing of a node's staged volumes; past it that node's listing fails.",
+		allowed: "an integer >= 4096",
+	},
+	{
+		path:    "stagedList.timeout",
+		field:   func(c *Config) any { return &c.StagedList.Timeout },
+		help:    "Deadline of one listing of a node's staged volumes, all its pages together (each page is also bounded by timeouts.probe); past it that node's listing fails.",
+		allowed: "a duration > 0",
+	},
+	{
 		path:    "backoff.base",
 		field:   func(c *Config) any { return &c.Backoff.Base },
 		help:    "Delay before retrying a volume after its first failure; it doubles with each further failure.",

@@ -205,6 +205,13 @@ func (c *Config) validate() []issue {
 		}
 	}
 
+	v.atLeastOne("stagedList.maxVolumes", c.StagedList.MaxVolumes)
+	if c.StagedList.MaxBytes < minStagedListBytes {
+		v.add("stagedList.maxBytes", strconv.Itoa(c.StagedList.MaxBytes), fmt.Sprintf(
+			"must be an integer >= %d: a smaller bound refuses the list of a node with a few volumes", minStagedListBytes))
+	}
+	v.positive("stagedList.timeout", c.StagedList.Timeout)
+
 	v.positive("backoff.base", c.Backoff.Base)
 	if c.Backoff.Base > 0 && c.Backoff.Max < c.Backoff.Base {
 		v.add("backoff.max", formatDuration(c.Backoff.Max),
@@ -240,6 +247,9 @@ func (c *Config) validate() []issue {
 	}
 	return v.issues
 }
+
+// minStagedListBytes is the least stagedList.maxBytes: room for about twenty volumes.
+const minStagedListBytes = 4096
 
 // cronForms says what a schedule may look like, for error messages.
 const cronForms = `must be a cron spec: five fields such as "0 */6 * * *", or a descriptor such as @hourly or @every 1h`
