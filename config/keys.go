@@ -165,6 +165,18 @@ var settings = []setting{
 		allowed: "true or false",
 	},
 	{
+		path:    "manualSweeps.perMinute",
+		field:   func(c *Config) any { return &c.ManualSweeps.PerMinute },
+		help:    "Most sweeps requested by annotation (docs/triggers.md) that start in any minute across the cluster; the others wait. Whoever may update a PVC may request one; an object has at most one requested sweep in flight and one waiting.",
+		allowed: "an integer >= 1",
+	},
+	{
+		path:    "manualSweeps.perNamespacePerMinute",
+		field:   func(c *Config) any { return &c.ManualSweeps.PerNamespacePerMinute },
+		help:    "Most sweeps requested on the objects of one namespace that start in any minute; cluster-scoped StorageClasses share one budget.",
+		allowed: "an integer >= 1 and <= manualSweeps.perMinute",
+	},
+	{
 		path:    "budgets.global",
 		field:   func(c *Config) any { return &c.Budgets.Global },
 		help:    "Most probe and heal calls in flight across the cluster.",

@@ -165,6 +165,15 @@ func (c *Config) validate() []issue {
 	v.notNegative("schedule.stagger", c.Schedule.Stagger)
 	v.notNegative("restart.debounce", c.Restart.Debounce)
 
+	ms := c.ManualSweeps
+	v.atLeastOne("manualSweeps.perMinute", ms.PerMinute)
+	v.atLeastOne("manualSweeps.perNamespacePerMinute", ms.PerNamespacePerMinute)
+	if ms.PerMinute >= 1 && ms.PerNamespacePerMinute > ms.PerMinute {
+		v.add("manualSweeps.perNamespacePerMinute", strconv.Itoa(ms.PerNamespacePerMinute),
+			fmt.Sprintf("must be <= manualSweeps.perMinute (%d): the cluster's budget is always spent first, so the namespace's could never be reached", ms.PerMinute),
+			"manualSweeps.perMinute")
+	}
+
 	b := c.Budgets
 	v.atLeastOne("budgets.global", b.Global)
 	v.atLeastOne("budgets.perDriver", b.PerDriver)
