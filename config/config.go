@@ -39,10 +39,14 @@ type Config struct {
 	Schedule Schedule
 	// Restart configures sweeps triggered by a node plugin restart.
 	Restart Restart
+	// ManualSweeps bounds the sweeps requested through annotations.
+	ManualSweeps ManualSweeps
 	// Budgets limits the probe and heal calls in flight.
 	Budgets Budgets
 	// Timeouts bounds each call to a sidecar.
 	Timeouts Timeouts
+	// StagedList bounds one listing of a node's staged volumes.
+	StagedList StagedList
 	// Backoff spaces out retries of a volume whose calls fail.
 	Backoff Backoff
 	// DryRun makes the controller decide and report what it would heal without sending heal
@@ -169,6 +173,18 @@ type Remediation struct {
 	ReprobeAfter time.Duration
 }
 
+// ManualSweeps bounds the sweeps requested by annotation: whoever may update a PVC may request
+// one of its volume. An object has at most one sweep in flight and one waiting, whatever the
+// number of requests; these bound how many start.
+type ManualSweeps struct {
+	// PerMinute is how many requested sweeps may start in any minute across the cluster.
+	// Default 20.
+	PerMinute int
+	// PerNamespacePerMinute is how many sweeps requested on one namespace's objects may start in
+	// any minute; at most PerMinute. Default 5.
+	PerNamespacePerMinute int
+}
+
 // Budgets limits the probe and heal calls in flight at once. Every limit is at least 1, and
 // PerNode <= PerDriver <= Global, since a larger inner limit could never be reached. A single
 // volume never has more than one call in flight; that limit is fixed and not configurable.
@@ -189,6 +205,21 @@ type Timeouts struct {
 	Probe time.Duration
 	// Heal is the deadline of one heal call. Default 45s.
 	Heal time.Duration
+}
+
+// StagedList bounds one listing of the volumes a sidecar's driver has staged on its node (drivers
+// without VolumeAttachments): a sidecar that sends more, or takes longer, fails that node's
+// listing, and the sweep goes on with the other nodes.
+type StagedList struct {
+	// MaxVolumes is the most volumes one listing may return, all its pages together. Default
+	// 10000.
+	MaxVolumes int
+	// MaxBytes is the most bytes on the wire of all the pages of one listing together. Default
+	// 4194304 (4 MiB).
+	MaxBytes int
+	// Timeout bounds one listing, all its pages together; each page is also bounded by
+	// Timeouts.Probe. Default 1m.
+	Timeout time.Duration
 }
 
 // Backoff spaces out retries of a volume whose probe or heal failed: the delay starts at Base
@@ -275,11 +306,13 @@ func Default() Config {
 			StorageClasses: map[string]string{},
 			Stagger:        5 * time.Minute,
 		},
-		Restart:     Restart{Debounce: 2 * time.Second},
-		Budgets:     Budgets{Global: 64, PerDriver: 32, PerNode: 4},
-		Remediation: Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5, ReprobeAfter: 30 * time.Second},
-		Timeouts:    Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
-		Backoff:     Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
+		Restart:      Restart{Debounce: 2 * time.Second},
+		ManualSweeps: ManualSweeps{PerMinute: 20, PerNamespacePerMinute: 5},
+		Budgets:      Budgets{Global: 64, PerDriver: 32, PerNode: 4},
+		Remediation:  Remediation{EvictionsPerMinute: 10, EvictionsPerNamespacePerMinute: 5, ReprobeAfter: 30 * time.Second},
+		Timeouts:     Timeouts{Probe: 10 * time.Second, Heal: 45 * time.Second},
+		StagedList:   StagedList{MaxVolumes: 10000, MaxBytes: 4 << 20, Timeout: time.Minute},
+		Backoff:      Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
 			TLS:  SidecarTLS{Enabled: true},
 			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token", Audience: healerv1alpha1.DefaultTokenAudience},

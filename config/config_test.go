@@ -334,6 +334,26 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_TIMEOUTS_HEAL": "-1s"},
 			want: []string{"timeouts.heal (env VOLUME_HEALER_TIMEOUTS_HEAL): -1s is not allowed", "> 0"},
 		},
+		"staged list without room for a volume": {
+			file: "stagedList:\n  maxVolumes: 0\n",
+			want: []string{"stagedList.maxVolumes (file ", "0 is not allowed", "must be an integer >= 1"},
+		},
+		"staged list bytes below one page of a volume": {
+			args: []string{"--staged-list-max-bytes=100"},
+			want: []string{"stagedList.maxBytes (flag --staged-list-max-bytes): 100 is not allowed", "must be an integer >= 4096"},
+		},
+		"staged list timeout not positive": {
+			env:  map[string]string{"VOLUME_HEALER_STAGED_LIST_TIMEOUT": "0s"},
+			want: []string{"stagedList.timeout (env VOLUME_HEALER_STAGED_LIST_TIMEOUT): 0s is not allowed", "> 0"},
+		},
+		"manual sweeps without a budget": {
+			file: "manualSweeps:\n  perMinute: 0\n",
+			want: []string{"manualSweeps.perMinute (file ", "0 is not allowed", "must be an integer >= 1"},
+		},
+		"manual sweeps of a namespace above the cluster's": {
+			args: []string{"--manual-sweeps-per-namespace-per-minute=21"},
+			want: []string{"manualSweeps.perNamespacePerMinute (flag --manual-sweeps-per-namespace-per-minute): 21 is not allowed", "must be <= manualSweeps.perMinute (20)"},
+		},
 		"backoff base not positive": {
 			file: "backoff:\n  base: 0s\n",
 			want: []string{"backoff.base (file ", "0s is not allowed", "> 0"},
@@ -659,12 +679,14 @@ func TestYAMLRoundTrip(t *testing.T) {
 			},
 			Stagger: 0,
 		},
-		Restart:     Restart{Debounce: 0},
-		Budgets:     Budgets{Global: 1000, PerDriver: 100, PerNode: 1},
-		Timeouts:    Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
-		Backoff:     Backoff{Base: time.Second, Max: time.Second},
-		DryRun:      true,
-		Remediation: Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100, ReprobeAfter: 90 * time.Second},
+		Restart:      Restart{Debounce: 0},
+		ManualSweeps: ManualSweeps{PerMinute: 9, PerNamespacePerMinute: 2},
+		Budgets:      Budgets{Global: 1000, PerDriver: 100, PerNode: 1},
+		Timeouts:     Timeouts{Probe: 3 * time.Second, Heal: time.Hour + time.Nanosecond},
+		StagedList:   StagedList{MaxVolumes: 7, MaxBytes: 5000, Timeout: 90 * time.Second},
+		Backoff:      Backoff{Base: time.Second, Max: time.Second},
+		DryRun:       true,
+		Remediation:  Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100, ReprobeAfter: 90 * time.Second},
 		Sidecar: Sidecar{
 			TLS: SidecarTLS{Enabled: true, CAFile: "true", CertFile: "# not a comment", KeyFile: "key: value",
 				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true},

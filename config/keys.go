@@ -165,6 +165,18 @@ var settings = []setting{
 		allowed: "true or false",
 	},
 	{
+		path:    "manualSweeps.perMinute",
+		field:   func(c *Config) any { return &c.ManualSweeps.PerMinute },
+		help:    "Most sweeps requested by annotation (docs/triggers.md) that start in any minute across the cluster; the others wait. Whoever may update a PVC may request one; an object has at most one requested sweep in flight and one waiting.",
+		allowed: "an integer >= 1",
+	},
+	{
+		path:    "manualSweeps.perNamespacePerMinute",
+		field:   func(c *Config) any { return &c.ManualSweeps.PerNamespacePerMinute },
+		help:    "Most sweeps requested on the objects of one namespace that start in any minute; cluster-scoped StorageClasses share one budget.",
+		allowed: "an integer >= 1 and <= manualSweeps.perMinute",
+	},
+	{
 		path:    "budgets.global",
 		field:   func(c *Config) any { return &c.Budgets.Global },
 		help:    "Most probe and heal calls in flight across the cluster.",
@@ -193,6 +205,24 @@ var settings = []setting{
 		field:   func(c *Config) any { return &c.Timeouts.Heal },
 		help:    "Deadline of one heal call to a sidecar.",
 		allowed: "a duration > 0; with leader election enabled, at most leaderElection.leaseDuration - leaderElection.retryPeriod - leaderElection.callMargin",
+	},
+	{
+		path:    "stagedList.maxVolumes",
+		field:   func(c *Config) any { return &c.StagedList.MaxVolumes },
+		help:    "Most volumes one listing of a node's staged volumes (drivers without VolumeAttachments) may return, all its pages together; a sidecar that sends more fails that node's listing, and the sweep goes on with the other nodes.",
+		allowed: "an integer >= 1",
+	},
+	{
+		path:    "stagedList.maxBytes",
+		field:   func(c *Config) any { return &c.StagedList.MaxBytes },
+		help:    "Most bytes on the wire of all the pages of one listing of a node's staged volumes; past it that node's listing fails.",
+		allowed: "an integer >= 4096",
+	},
+	{
+		path:    "stagedList.timeout",
+		field:   func(c *Config) any { return &c.StagedList.Timeout },
+		help:    "Deadline of one listing of a node's staged volumes, all its pages together (each page is also bounded by timeouts.probe); past it that node's listing fails.",
+		allowed: "a duration > 0",
 	},
 	{
 		path:    "backoff.base",

@@ -165,6 +165,15 @@ func (c *Config) validate() []issue {
 	v.notNegative("schedule.stagger", c.Schedule.Stagger)
 	v.notNegative("restart.debounce", c.Restart.Debounce)
 
+	ms := c.ManualSweeps
+	v.atLeastOne("manualSweeps.perMinute", ms.PerMinute)
+	v.atLeastOne("manualSweeps.perNamespacePerMinute", ms.PerNamespacePerMinute)
+	if ms.PerMinute >= 1 && ms.PerNamespacePerMinute > ms.PerMinute {
+		v.add("manualSweeps.perNamespacePerMinute", strconv.Itoa(ms.PerNamespacePerMinute),
+			fmt.Sprintf("must be <= manualSweeps.perMinute (%d): the cluster's budget is always spent first, so the namespace's could never be reached", ms.PerMinute),
+			"manualSweeps.perMinute")
+	}
+
 	b := c.Budgets
 	v.atLeastOne("budgets.global", b.Global)
 	v.atLeastOne("budgets.perDriver", b.PerDriver)
@@ -205,6 +214,13 @@ func (c *Config) validate() []issue {
 		}
 	}
 
+	v.atLeastOne("stagedList.maxVolumes", c.StagedList.MaxVolumes)
+	if c.StagedList.MaxBytes < minStagedListBytes {
+		v.add("stagedList.maxBytes", strconv.Itoa(c.StagedList.MaxBytes), fmt.Sprintf(
+			"must be an integer >= %d: a smaller bound refuses the list of a node with a few volumes", minStagedListBytes))
+	}
+	v.positive("stagedList.timeout", c.StagedList.Timeout)
+
 	v.positive("backoff.base", c.Backoff.Base)
 	if c.Backoff.Base > 0 && c.Backoff.Max < c.Backoff.Base {
 		v.add("backoff.max", formatDuration(c.Backoff.Max),
@@ -240,6 +256,9 @@ func (c *Config) validate() []issue {
 	}
 	return v.issues
 }
+
+// minStagedListBytes is the least stagedList.maxBytes: room for about twenty volumes.
+const minStagedListBytes = 4096
 
 // cronForms says what a schedule may look like, for error messages.
 const cronForms = `must be a cron spec: five fields such as "0 */6 * * *", or a descriptor such as @hourly or @every 1h`

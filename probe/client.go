@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/utils/clock"
 
@@ -136,6 +137,15 @@ type StagedVolume struct {
 	VolumeID string
 }
 
+// The bounds of one listing of a node's staged volumes, unless Options say otherwise. A node
+// stages a few hundred volumes at most (Kubernetes' default limit of pods per node is 110), and an
+// entry takes about 200 bytes on the wire; the configuration's stagedList keys default to these.
+const (
+	DefaultListMaxEntries = 10000
+	DefaultListMaxBytes   = 4 << 20
+	DefaultListTimeout    = time.Minute
+)
+
 // Options configure a Client.
 type Options struct {
 	// TLS is the client TLS configuration; nil dials without TLS (tests and demos only). Default nil.
@@ -159,6 +169,16 @@ type Options struct {
 	ProbeTimeout time.Duration
 	// HealTimeout bounds a heal. Default 2m.
 	HealTimeout time.Duration
+	// ListMaxEntries bounds the volumes one listing of a node's staged volumes may return, across
+	// all its pages; a sidecar that sends more fails that node's listing with ErrListTooLarge.
+	// Default DefaultListMaxEntries.
+	ListMaxEntries int
+	// ListMaxBytes bounds the size on the wire of all the pages of one listing together; past it
+	// the listing fails with ErrListTooLarge. Default DefaultListMaxBytes.
+	ListMaxBytes int
+	// ListTimeout bounds one listing of a node's staged volumes, all its pages together; each page
+	// is also bounded by ProbeTimeout. Default DefaultListTimeout.
+	ListTimeout time.Duration
 	// MaxMessageSize bounds responses. Default 4 MiB.
 	MaxMessageSize int
 	// CapabilityFailureTTL is how long a failed capabilities call of a sidecar is answered from
@@ -185,6 +205,15 @@ func (o *Options) defaults() {
 	}
 	if o.HealTimeout <= 0 {
 		o.HealTimeout = 2 * time.Minute
+	}
+	if o.ListMaxEntries <= 0 {
+		o.ListMaxEntries = DefaultListMaxEntries
+	}
+	if o.ListMaxBytes <= 0 {
+		o.ListMaxBytes = DefaultListMaxBytes
+	}
+	if o.ListTimeout <= 0 {
+		o.ListTimeout = DefaultListTimeout
 	}
 	if o.MaxMessageSize <= 0 {
 		o.MaxMessageSize = 4 << 20
@@ -472,18 +501,22 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 }
 
 // ListStaged lists the volumes the driver of t has staged on its node, following next tokens.
+// The whole listing is bounded by Options.ListMaxEntries, ListMaxBytes and ListTimeout, so that
+// one sidecar cannot fill the controller's memory or hold up a sweep of every node: past a bound
+// the listing fails, with ErrListTooLarge or ErrTimeout, and the caller knows only that this
+// node's volumes are unknown.
 func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, error) {
 	client, err := c.conn(t)
 	if err != nil {
 		return nil, err
 	}
+	listDeadline := time.Now().Add(c.opts.ListTimeout)
+	ctx, cancel := context.WithDeadline(ctx, listDeadline)
+	defer cancel()
 	var out []StagedVolume
 	token := ""
-	for page := 0; ; page++ {
-		// A sidecar that keeps returning next tokens would loop forever; no node stages this many pages.
-		if page > 10000 {
-			return nil, fmt.Errorf("%w: list of %s on node %s: more than 10000 pages", ErrMalformed, t.Driver, t.Node)
-		}
+	size := 0
+	for {
 		callCtx, end, err := c.callContext(ctx, t.Node, c.opts.ProbeTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, err)
@@ -491,7 +524,20 @@ func (c *Client) ListStaged(ctx context.Context, t Target) ([]StagedVolume, erro
 		resp, err := client.ListStagedVolumes(callCtx, &healerv1alpha1.NodeListStagedVolumesRequest{StartingToken: token})
 		end()
 		if err != nil {
-			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, Classify(err))
+			err = Classify(err)
+			// gRPC may report the deadline a moment before the context does.
+			if errors.Is(err, ErrTimeout) && !time.Now().Before(listDeadline) {
+				err = fmt.Errorf("%w: the whole listing took longer than %s (stagedList.timeout) after %d volumes: %w", ErrTimeout, c.opts.ListTimeout, len(out), err)
+			}
+			return nil, fmt.Errorf("list of %s on node %s: %w", t.Driver, t.Node, err)
+		}
+		if size += proto.Size(resp); size > c.opts.ListMaxBytes {
+			return nil, fmt.Errorf("%w: list of %s on node %s: more than %d bytes (stagedList.maxBytes) after %d volumes",
+				ErrListTooLarge, t.Driver, t.Node, c.opts.ListMaxBytes, len(out))
+		}
+		if len(out)+len(resp.GetEntries()) > c.opts.ListMaxEntries {
+			return nil, fmt.Errorf("%w: list of %s on node %s: more than %d volumes (stagedList.maxVolumes)",
+				ErrListTooLarge, t.Driver, t.Node, c.opts.ListMaxEntries)
 		}
 		for _, e := range resp.GetEntries() {
 			out = append(out, StagedVolume{PV: e.GetPvName(), VolumeID: e.GetVolumeId()})

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,8 @@ type fakeSidecar struct {
 	// capsHang holds each capabilities call this long, or until the caller gives up.
 	capsHang time.Duration
 	pages    map[string]*healerv1alpha1.NodeListStagedVolumesResponse
+	// list, when set, answers ListStagedVolumes instead of pages.
+	list func(ctx context.Context, token string) (*healerv1alpha1.NodeListStagedVolumesResponse, error)
 	// deadlines holds, per call seen, the time its deadline left it when it arrived.
 	deadlines []time.Duration
 }
@@ -96,6 +99,9 @@ func (f *fakeSidecar) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeP
 
 func (f *fakeSidecar) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.NodeListStagedVolumesRequest) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
 	f.seen(ctx)
+	if f.list != nil {
+		return f.list(ctx, req.GetStartingToken())
+	}
 	return f.pages[req.GetStartingToken()], nil
 }
 
@@ -358,6 +364,98 @@ func TestListStagedFollowsPages(t *testing.T) {
 	f.pages[""] = &healerv1alpha1.NodeListStagedVolumesResponse{NextToken: "loop"}
 	if _, err := c.ListStaged(context.Background(), target); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a repeating next token: error = %v, want ErrMalformed", err)
+	}
+}
+
+// pagesOf answers ListStagedVolumes with pages of entries entries each, volume IDs of idBytes
+// bytes, waiting wait before each page, and a next token after each page up to the last.
+func pagesOf(pages, entries, idBytes int, wait time.Duration) func(context.Context, string) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
+	id := strings.Repeat("v", idBytes)
+	return func(ctx context.Context, token string) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		n := 0
+		if token != "" {
+			n, _ = strconv.Atoi(token)
+		}
+		resp := &healerv1alpha1.NodeListStagedVolumesResponse{}
+		for i := range entries {
+			resp.Entries = append(resp.Entries, &healerv1alpha1.NodeListStagedVolumesResponse_Entry{VolumeId: fmt.Sprintf("%s-%d-%d", id, n, i)})
+		}
+		if n+1 < pages {
+			resp.NextToken = strconv.Itoa(n + 1)
+		}
+		return resp, nil
+	}
+}
+
+// TestListStagedBounds checks that a sidecar cannot make one listing of its node's staged volumes
+// grow past the bounds on entries, bytes and time: the listing fails with an error that names the
+// node and the bound, and a listing within the bounds is whole.
+func TestListStagedBounds(t *testing.T) {
+	tests := map[string]struct {
+		opts Options
+		list func(context.Context, string) (*healerv1alpha1.NodeListStagedVolumesResponse, error)
+		// want is empty for a listing within the bounds, else what the error must say.
+		want    []string
+		wantErr error
+		entries int
+	}{
+		"many pages within the bounds": {
+			opts:    Options{ListMaxEntries: 1000, ListMaxBytes: 1 << 20, ListTimeout: 10 * time.Second},
+			list:    pagesOf(20, 50, 10, 0),
+			entries: 1000,
+		},
+		"endless pages: too many entries": {
+			opts:    Options{ListMaxEntries: 1000, ListMaxBytes: 64 << 20, ListTimeout: time.Minute},
+			list:    pagesOf(100, 50, 10, 0),
+			want:    []string{"node node-a", "more than 1000 volumes", "stagedList.maxVolumes"},
+			wantErr: ErrListTooLarge,
+		},
+		"huge pages: too many bytes": {
+			opts:    Options{ListMaxEntries: 100000, ListMaxBytes: 1 << 20, ListTimeout: time.Minute},
+			list:    pagesOf(16, 4, 64<<10, 0),
+			want:    []string{"node node-a", "more than 1048576 bytes", "stagedList.maxBytes"},
+			wantErr: ErrListTooLarge,
+		},
+		"slow pages: the whole listing's deadline": {
+			opts:    Options{ListMaxEntries: 100000, ListMaxBytes: 64 << 20, ListTimeout: 500 * time.Millisecond, ProbeTimeout: 10 * time.Second},
+			list:    pagesOf(20, 1, 10, 100*time.Millisecond),
+			want:    []string{"node node-a", "500ms", "stagedList.timeout"},
+			wantErr: ErrTimeout,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			target, _ := serve(t, &fakeSidecar{list: tc.list})
+			c := New(tc.opts)
+			defer c.Close()
+			start := time.Now()
+			got, err := c.ListStaged(context.Background(), target)
+			if tc.want == nil {
+				if err != nil || len(got) != tc.entries {
+					t.Fatalf("ListStaged = %d volumes, %v; want %d volumes", len(got), err, tc.entries)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ListStaged = %d volumes and no error after %s; want the listing refused", len(got), time.Since(start).Round(time.Millisecond))
+			}
+			if !errors.Is(err, tc.wantErr) {
+				t.Errorf("error = %v; want %v", err, tc.wantErr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error = %v; want it to say %q", err, w)
+				}
+			}
+			if tc.opts.ListTimeout < time.Second && time.Since(start) > 3*tc.opts.ListTimeout {
+				t.Errorf("the listing took %s; want it cut at about %s", time.Since(start), tc.opts.ListTimeout)
+			}
+		})
 	}
 }
 

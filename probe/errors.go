@@ -31,6 +31,9 @@ var (
 	ErrTimeout = errors.New("call timed out")
 	// ErrMalformed: the response breaks the protocol. Retry with backoff; the driver needs fixing.
 	ErrMalformed = errors.New("malformed response")
+	// ErrListTooLarge: a sidecar's list of its node's staged volumes passed the client's bounds on
+	// volumes or bytes. Retry with backoff; the sidecar or its driver needs fixing.
+	ErrListTooLarge = errors.New("staged volume list too large")
 	// ErrNoEndpoint: the CSIAddonsNode does not say where its sidecar listens.
 	ErrNoEndpoint = errors.New("no sidecar endpoint")
 	// ErrCall: any other failure of the call (INTERNAL, UNKNOWN, ...). Retry with backoff.

@@ -5,7 +5,8 @@
 // of a broken policy fails instead of storing it. Every replica serves it, leader or not.
 //
 // The judgement is policy.ConfigMapSource.Check; this package speaks AdmissionReview v1 over
-// HTTPS (Handler, Server) and counts the reviews (Metrics). The ValidatingWebhookConfiguration
+// HTTPS (Handler, Server), bounds what any caller's reviews cost (Limits: size, reviews in
+// flight, time) and counts the reviews (Metrics). The ValidatingWebhookConfiguration
 // comes with deploy/; docs/policy.md explains its failurePolicy.
 //
 // It judges policies and never acts: it must not import scheduler, probe or healer.

@@ -21,9 +21,45 @@ import (
 // Path is where the webhook answers, as the ValidatingWebhookConfiguration names it.
 const Path = "/validate-policy"
 
-// maxReviewBytes bounds the body of a review: an update carries the ConfigMap twice, and the API
-// server stores objects of at most 1.5 MiB (etcd's default request size).
-const maxReviewBytes = 8 << 20
+// Defaults of Limits.
+const (
+	// DefaultMaxReviewBytes bounds the body of a review: an update carries the ConfigMap twice,
+	// and the API server stores objects of at most 1.5 MiB (etcd's default request size).
+	DefaultMaxReviewBytes = 8 << 20
+	// DefaultMaxInFlight is how many reviews are read and judged at once: a policy change is a
+	// rare, human act, and each review in flight may hold its body three times (read, decoded,
+	// compiled).
+	DefaultMaxInFlight = 4
+	// DefaultCheckTimeout bounds one review's judgement when the API server names no shorter
+	// timeout; the API server waits for a webhook at most 30 seconds.
+	DefaultCheckTimeout = 10 * time.Second
+)
+
+// Limits bound what reviews can cost, whoever sends them.
+type Limits struct {
+	// MaxReviewBytes is the largest review body read. A larger one is refused (413) unread when
+	// its Content-Length says so, else as soon as its bytes pass the bound. Default
+	// DefaultMaxReviewBytes.
+	MaxReviewBytes int64
+	// MaxInFlight is how many reviews are read and judged at once; another one is refused at once
+	// (429), and the API server applies the webhook's failurePolicy. Default DefaultMaxInFlight.
+	MaxInFlight int
+	// CheckTimeout bounds the judgement of one review, or the API server's ?timeout= when
+	// shorter; the judgement is cancelled too when the request ends. Default DefaultCheckTimeout.
+	CheckTimeout time.Duration
+}
+
+func (l *Limits) defaults() {
+	if l.MaxReviewBytes <= 0 {
+		l.MaxReviewBytes = DefaultMaxReviewBytes
+	}
+	if l.MaxInFlight <= 0 {
+		l.MaxInFlight = DefaultMaxInFlight
+	}
+	if l.CheckTimeout <= 0 {
+		l.CheckTimeout = DefaultCheckTimeout
+	}
+}
 
 // Checker judges a change to a policy ConfigMap: nil when the controller would accept the policy
 // set with it, an error wrapping policy.ErrRejected when it would not.
@@ -44,11 +80,16 @@ var configMapKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Con
 type Handler struct {
 	checker Checker
 	metrics *Metrics
+	limits  Limits
+	// slots holds one token per review being read or judged.
+	slots chan struct{}
 }
 
-// NewHandler returns a handler that judges with checker and counts in metrics (nil: no metrics).
-func NewHandler(checker Checker, metrics *Metrics) *Handler {
-	return &Handler{checker: checker, metrics: metrics}
+// NewHandler returns a handler that judges with checker within limits (zero fields: the
+// defaults) and counts in metrics (nil: no metrics).
+func NewHandler(checker Checker, metrics *Metrics, limits Limits) *Handler {
+	limits.defaults()
+	return &Handler{checker: checker, metrics: metrics, limits: limits, slots: make(chan struct{}, limits.MaxInFlight)}
 }
 
 // ServeHTTP implements http.Handler.
@@ -74,8 +115,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 		}
 	}
 	if rerr != nil {
-		klog.FromContext(r.Context()).Error(rerr.err, "Cannot judge an admission review; the API server applies the webhook's failurePolicy",
-			"code", rerr.code, "remote", r.RemoteAddr)
+		logger := klog.FromContext(r.Context())
+		if rerr.code == http.StatusTooManyRequests {
+			// A flood of reviews must not become a flood of logs; the metric counts them.
+			logger.V(2).Info("Refused an admission review; the API server applies the webhook's failurePolicy",
+				"error", rerr.err.Error(), "code", rerr.code, "remote", r.RemoteAddr)
+		} else {
+			logger.Error(rerr.err, "Cannot judge an admission review; the API server applies the webhook's failurePolicy",
+				"code", rerr.code, "remote", r.RemoteAddr)
+		}
 		http.Error(w, rerr.err.Error(), rerr.code)
 		return ResultError
 	}
@@ -87,19 +135,28 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) string {
 	return ResultDenied
 }
 
-// answer reads the review in r and judges its request.
+// answer reads the review in r and judges its request, if a slot is free: a review that would
+// pass Limits.MaxInFlight is refused before its body is read.
 func (h *Handler) answer(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, *requestError) {
-	review, rerr := readReview(w, r)
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		return nil, &requestError{http.StatusTooManyRequests, fmt.Errorf(
+			"%d admission reviews are being judged already, the most this replica takes at once; the API server applies the webhook's failurePolicy to this one", h.limits.MaxInFlight)}
+	}
+	review, rerr := readReview(w, r, h.limits.MaxReviewBytes)
 	if rerr != nil {
 		return nil, rerr
 	}
-	ctx := r.Context()
-	// The API server says how long it waits (?timeout=5s); a check past that helps no one.
-	if timeout, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+	// The judgement ends when the request does, at CheckTimeout at the latest, sooner when the
+	// API server says it waits less (?timeout=5s): a check past that helps no one.
+	timeout := h.limits.CheckTimeout
+	if t, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && t > 0 && t < timeout {
+		timeout = t
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
 	resp, rerr := h.review(ctx, review.Request)
 	if rerr != nil {
 		return nil, rerr
@@ -108,19 +165,28 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request) (*admissionv1.A
 	return &admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}, nil
 }
 
-// readReview reads an AdmissionReview v1 with a request from the body of r.
-func readReview(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, *requestError) {
+// readReview reads an AdmissionReview v1 with a request from the body of r, of at most limit
+// bytes.
+func readReview(w http.ResponseWriter, r *http.Request, limit int64) (*admissionv1.AdmissionReview, *requestError) {
 	if r.Method != http.MethodPost {
 		return nil, &requestError{http.StatusMethodNotAllowed, fmt.Errorf("%s %s: an AdmissionReview comes with POST", r.Method, r.URL.Path)}
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		return nil, &requestError{http.StatusUnsupportedMediaType, fmt.Errorf("content type %q: an AdmissionReview comes as application/json", r.Header.Get("Content-Type"))}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxReviewBytes))
+	tooLarge := func(size string) *requestError {
+		return &requestError{http.StatusRequestEntityTooLarge, fmt.Errorf(
+			"the AdmissionReview is %slarger than the %d bytes this webhook reads; no policy ConfigMap is that large (the API server stores objects of at most 1.5 MiB)", size, limit)}
+	}
+	// Refused unread when the request says its size.
+	if r.ContentLength > limit {
+		return nil, tooLarge(fmt.Sprintf("%d bytes, ", r.ContentLength))
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, &requestError{http.StatusRequestEntityTooLarge, fmt.Errorf("the AdmissionReview is larger than %d bytes", maxReviewBytes)}
+		var maxBytes *http.MaxBytesError
+		if errors.As(err, &maxBytes) {
+			return nil, tooLarge("")
 		}
 		return nil, &requestError{http.StatusBadRequest, fmt.Errorf("reading the AdmissionReview: %w", err)}
 	}

@@ -137,7 +137,7 @@ func TestHandlerJudgesPolicyChanges(t *testing.T) {
 	src := startSource(t, stored)
 	reg := prometheus.NewRegistry()
 	metrics := NewMetrics(reg)
-	h := NewHandler(src, metrics)
+	h := NewHandler(src, metrics, Limits{})
 	cm := metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 	unlabelled := policyConfigMap("draft", brokenPolicy)
 	unlabelled.Labels = nil
@@ -236,7 +236,7 @@ func TestHandlerRefusesWhatItCannotRead(t *testing.T) {
 	stored := policyConfigMap("site-policy", goodPolicy)
 	src := startSource(t, stored)
 	metrics := NewMetrics(prometheus.NewRegistry())
-	h := NewHandler(src, metrics)
+	h := NewHandler(src, metrics, Limits{})
 	cm := metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 	v1beta1 := bytes.Replace(reviewOf(t, admissionv1.Create, cm, stored, nil), []byte("admission.k8s.io/v1"), []byte("admission.k8s.io/v1beta1"), 1)
 
@@ -255,7 +255,7 @@ func TestHandlerRefusesWhatItCannotRead(t *testing.T) {
 		"a create without object": {body: reviewOf(t, admissionv1.Create, cm, nil, nil), code: http.StatusBadRequest, message: "object: missing"},
 		"a GET":                   {method: http.MethodGet, code: http.StatusMethodNotAllowed, message: "comes with POST"},
 		"YAML":                    {contentType: "application/yaml", body: []byte("apiVersion: admission.k8s.io/v1"), code: http.StatusUnsupportedMediaType, message: "application/json"},
-		"a body past the limit":   {body: bytes.Repeat([]byte(" "), maxReviewBytes+1), code: http.StatusRequestEntityTooLarge, message: "larger than"},
+		"a body past the limit":   {body: bytes.Repeat([]byte(" "), DefaultMaxReviewBytes+1), code: http.StatusRequestEntityTooLarge, message: "larger than"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -292,7 +292,7 @@ func TestHandlerBeforeThePoliciesAreRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := reviewOf(t, admissionv1.Create, metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, policyConfigMap("site-policy", goodPolicy), nil)
-	resp := post(t, NewHandler(src, nil), "application/json", body)
+	resp := post(t, NewHandler(src, nil, Limits{}), "application/json", body)
 	msg, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(msg), "have not been read yet") {
 		t.Errorf("HTTP %s %q, want 503 saying the policies are not read yet", resp.Status, msg)

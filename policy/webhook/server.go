@@ -31,6 +31,8 @@ type Options struct {
 	Checker Checker
 	// Metrics counts the reviews. Default nil: no metrics.
 	Metrics *Metrics
+	// Limits bound the size, number and time of the reviews. Default: Limits' defaults.
+	Limits Limits
 	// ShutdownTimeout bounds how long reviews in flight get once the server stops. Default
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -85,7 +87,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("webhook listener on %s: %w", s.opts.Addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(Path, NewHandler(s.opts.Checker, s.opts.Metrics))
+	mux.Handle(Path, NewHandler(s.opts.Checker, s.opts.Metrics, s.opts.Limits))
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

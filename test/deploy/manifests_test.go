@@ -732,7 +732,8 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 	}
 
 	// No NetworkPolicy of the rendering keeps the API server (outside any pod network) from the
-	// webhook's port.
+	// webhook's port, and one keeps everyone from the controller's other ports but metrics.
+	guarded := false
 	for _, o := range ofKind(s.objs, "NetworkPolicy") {
 		var np networkingv1.NetworkPolicy
 		convert(t, o, &np)
@@ -754,6 +755,24 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 		if !open {
 			t.Errorf("the NetworkPolicy %s selects the controller and does not admit anyone to the webhook's port", np.Name)
 		}
+		if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			continue
+		}
+		guarded = true
+		for _, rule := range np.Spec.Ingress {
+			if len(rule.Ports) == 0 {
+				t.Errorf("the NetworkPolicy %s admits %v to every port of the controller", np.Name, rule.From)
+			}
+			for _, p := range rule.Ports {
+				if p.Port == nil || p.EndPort != nil || (p.Port.String() != "webhook" && p.Port.String() != "metrics" &&
+					p.Port.IntVal != containerPorts["webhook"] && p.Port.IntVal != containerPorts["metrics"]) {
+					t.Errorf("the NetworkPolicy %s opens the controller's port %v; want the webhook's and the metrics' alone", np.Name, p.Port)
+				}
+			}
+		}
+	}
+	if !guarded {
+		t.Error("no NetworkPolicy selects the controller pods: every pod of the cluster may reach every port of the controller")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -22,8 +23,9 @@ import (
 // kustomize component through the ceph-csi-rbd example, and the Helm chart) and writes
 // CSIAddonsNodes as the node plugins of two nodes would, each with the projected token of its own
 // pod: the plugin of node A registers A's object; the plugin of node B can neither point A's
-// object at itself, nor create an object for A, nor move A's object to B; a token bound to no pod
-// is refused; the controller, in its own namespace, still marks the objects.
+// object at itself, nor create an object for A, nor move A's object to B, nor delete it where RBAC
+// allows deletes; a token bound to no pod is refused; the controller, in its own namespace, still
+// marks the objects; the plugin of node A deletes its own object.
 func TestNodePluginWritesOnlyItsNodesCSIAddonsNodes(t *testing.T) {
 	tool(t, "kustomize")
 	tool(t, "helm")
@@ -63,6 +65,7 @@ func checkNodeBinding(ctx context.Context, t *testing.T, c *cluster, ns, sa stri
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	grantDelete(ctx, t, c, ns, sa)
 	// A node plugin's client: the projected token of its pod on node, as kubelet mounts it.
 	pluginOf := func(node string) client.Client {
 		t.Helper()
@@ -128,6 +131,52 @@ func checkNodeBinding(ctx context.Context, t *testing.T, c *cluster, ns, sa stri
 	}
 	if got := stored.Annotations[annotations.Endpoint]; got != "10.0.0.11:9072" || stored.Spec.Driver.NodeID != "node-a" {
 		t.Errorf("node A's CSIAddonsNode names node %q and endpoint %q, want node-a and its own 10.0.0.11:9072", stored.Spec.Driver.NodeID, got)
+	}
+
+	// A node plugin that RBAC lets delete CSIAddonsNodes (the reference driver's chart grants it)
+	// deletes only its own node's: deleting node A's would drop A's pending restart.
+	wantDenied(t, "node B's plugin deleting node A's CSIAddonsNode", deleteAs(ctx, t, nodeB, stored.DeepCopy()),
+		`CSIAddonsNode `+ns+`/node-a-rbd is for node "node-a"; the node plugin of node "node-b" may not delete it`)
+	wantDenied(t, "a token bound to no pod deleting a CSIAddonsNode", deleteAs(ctx, t, unbound, stored.DeepCopy()),
+		"wrote with a token that names no node")
+	if err := c.env.Client.Get(ctx, key, &stored); err != nil {
+		t.Fatalf("node A's CSIAddonsNode after the refused deletes: %v", err)
+	}
+	if err := deleteAs(ctx, t, nodeA, stored.DeepCopy()); err != nil {
+		t.Errorf("node A's plugin deleting its own CSIAddonsNode: %v", err)
+	}
+	if err := c.env.Client.Get(ctx, key, &stored); !apierrors.IsNotFound(err) {
+		t.Errorf("node A's CSIAddonsNode after its own plugin deleted it: %v, want not found", err)
+	}
+}
+
+// grantDelete lets the ServiceAccount sa of ns delete CSIAddonsNodes there, as a driver's chart may.
+func grantDelete(ctx context.Context, t *testing.T, c *cluster, ns, sa string) {
+	t.Helper()
+	cs := c.env.Clientset
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "node-plugin-delete-csiaddonsnodes"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{csiaddonsv1alpha1.GroupVersion.Group}, Resources: []string{"csiaddonsnodes"}, Verbs: []string{"delete"}}}}
+	if _, err := cs.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: sa}}}
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deleteAs deletes obj with cl, trying again while RBAC has not yet seen grantDelete's binding.
+func deleteAs(ctx context.Context, t *testing.T, cl client.Client, obj client.Object) error {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := cl.Delete(ctx, obj)
+		if err == nil || !strings.Contains(err.Error(), "cannot delete resource") || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -92,8 +92,12 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	// A restart sweep that ended without recording its marker lets the next change of its
-	// CSIAddonsNode start another.
-	sweeps.ended = trig.restarts.Ended
+	// CSIAddonsNode start another; a manual sweep that ended lets its object's waiting request
+	// start.
+	sweeps.ended = func(sw scheduler.Sweep, recorded bool) {
+		trig.restarts.Ended(sw, recorded)
+		trig.manual.Ended(sw, recorded)
+	}
 	handlers, err := watchTriggers(ctx, caches.factory, caches.nodes, act.targets, act.sweeper, act.sidecars, trig)
 	if err != nil {
 		return err
@@ -453,7 +457,12 @@ func newTriggers(cfg *config.Config, k *kube, submit func(scheduler.Sweep)) (tri
 	if err != nil {
 		return triggers{}, err
 	}
-	manual, err := trigger.NewManual(trigger.ManualOptions{Metrics: schedMetrics, Sweeps: submit})
+	manual, err := trigger.NewManual(trigger.ManualOptions{
+		Metrics:               schedMetrics,
+		Sweeps:                submit,
+		PerMinute:             cfg.ManualSweeps.PerMinute,
+		PerNamespacePerMinute: cfg.ManualSweeps.PerNamespacePerMinute,
+	})
 	if err != nil {
 		return triggers{}, err
 	}
@@ -501,7 +510,7 @@ func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, 
 			return err
 		}
 	}
-	for _, r := range []manager.Runnable{act.dispatcher, sweeps, t.restarts, t.periodic} {
+	for _, r := range []manager.Runnable{act.dispatcher, sweeps, t.restarts, t.periodic, t.manual} {
 		if err := mgr.Add(r); err != nil {
 			return err
 		}

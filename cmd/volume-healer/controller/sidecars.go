@@ -27,7 +27,11 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
-		Guard:        guard,
+		// One sidecar's list of staged volumes fails its own node, past these bounds.
+		ListMaxEntries: cfg.StagedList.MaxVolumes,
+		ListMaxBytes:   cfg.StagedList.MaxBytes,
+		ListTimeout:    cfg.StagedList.Timeout,
+		Guard:          guard,
 	}
 	if cfg.Sidecar.Auth.TokenFile != "" {
 		opts.Tokens = newNodeTokens(accounts, cfg.Sidecar.Auth.TokenFile, cfg.Sidecar.Auth.Audience, clock.RealClock{})
