@@ -211,7 +211,7 @@ func errorReason(err error) string {
 	}{
 		{probe.ErrUnreachable, "unreachable"}, {probe.ErrNoEndpoint, "unreachable"}, {probe.ErrTimeout, "timeout"},
 		{probe.ErrRejected, "rejected"}, {probe.ErrBusy, "busy"}, {probe.ErrNotStaged, "not-staged"},
-		{probe.ErrUnsupported, "unsupported"}, {probe.ErrNotFound, "not-found"}, {probe.ErrMalformed, "malformed"},
+		{probe.ErrUnsupported, "unsupported"}, {probe.ErrNotFound, "not-found"}, {probe.ErrMalformed, "malformed"}, {probe.ErrListTooLarge, "malformed"},
 	} {
 		if errors.Is(err, r.err) {
 			return r.reason

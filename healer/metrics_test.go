@@ -16,13 +16,14 @@ func TestSidecarCallErrorReasons(t *testing.T) {
 		err  error
 		want string
 	}{
-		"sidecar down":          {fmt.Errorf("probe of pv on node: %w", probe.ErrUnreachable), "unreachable"},
-		"no endpoint published": {probe.ErrNoEndpoint, "unreachable"},
-		"hung driver":           {probe.ErrTimeout, "timeout"},
-		"token refused":         {probe.ErrRejected, "rejected"},
-		"volume busy":           {probe.ErrBusy, "busy"},
-		"bad answer":            {probe.ErrMalformed, "malformed"},
-		"anything else":         {errors.New("boom"), "other"},
+		"sidecar down":                {fmt.Errorf("probe of pv on node: %w", probe.ErrUnreachable), "unreachable"},
+		"no endpoint published":       {probe.ErrNoEndpoint, "unreachable"},
+		"staged list past its bounds": {fmt.Errorf("node-a: %w", probe.ErrListTooLarge), "malformed"},
+		"hung driver":                 {probe.ErrTimeout, "timeout"},
+		"token refused":               {probe.ErrRejected, "rejected"},
+		"volume busy":                 {probe.ErrBusy, "busy"},
+		"bad answer":                  {probe.ErrMalformed, "malformed"},
+		"anything else":               {errors.New("boom"), "other"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
