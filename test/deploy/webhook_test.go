@@ -107,7 +107,7 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 	broken := "package volumehealer\n\n# A brace short.\ndecision := {\"action\": \"skip\", \"reason\": \"Broken\"\n"
 	_, err := cms.Update(ctx, policyOf(broken), metav1.UpdateOptions{})
 	for _, want := range []string{
-		`admission webhook "policy.volume-healer.csiaddons.openshift.io" denied the request`,
+		`admission webhook "policy.volume-healer.io" denied the request`,
 		"ConfigMap volume-healer/volume-healer-policy: policy rejected (parse)",
 		"volume-healer/volume-healer-policy/policy.rego:5",
 	} {
@@ -127,6 +127,12 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 	}
 	if _, err := cms.Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), "policy rejected") {
 		t.Errorf("a dry run creating a second decision: %v, want it refused", err)
+	}
+	// Labelled as for 0.1.0, it is a policy ConfigMap too, sent by the second webhook.
+	second.Labels = map[string]string{annotations.Previous(annotations.PolicyLabel): annotations.PolicyLabelValue}
+	if _, err := cms.Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil ||
+		!strings.Contains(err.Error(), `admission webhook "legacy-policy.volume-healer.io" denied the request`) || !strings.Contains(err.Error(), "policy rejected") {
+		t.Errorf("a dry run creating a second decision labelled for 0.1.0: %v, want it refused by legacy-policy.volume-healer.io", err)
 	}
 
 	// Not the webhook's business: a ConfigMap without the policy label, however broken its Rego.
