@@ -151,7 +151,7 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 		return now != before && strings.Contains(now, `"status":"ok"`), now
 	})
 	scrape := get(t, "http://"+metricsAddr+"/metrics")
-	for _, want := range []string{`volume_healer_webhook_reviews_total{result="denied"} 2`, `volume_healer_webhook_reviews_total{result="allowed"}`} {
+	for _, want := range []string{`volume_healer_webhook_reviews_total{result="denied"} 3`, `volume_healer_webhook_reviews_total{result="allowed"}`} {
 		if !strings.Contains(string(scrape), want) {
 			t.Errorf("the controller's /metrics lacks %s:\n%s", want, grep(scrape, "volume_healer_webhook_reviews_total"))
 		}
