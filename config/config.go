@@ -102,7 +102,8 @@ type Policy struct {
 	// Namespace is watched for policy ConfigMaps. Default "volume-healer".
 	Namespace string
 	// LabelSelector picks the policy ConfigMaps in Namespace; when none match, the built-in
-	// default policy applies. Default "healer.csiaddons.openshift.io/policy=rego".
+	// default policy applies. Default "volume-healer.io/policy=rego", which also selects the
+	// ConfigMaps labelled healer.csiaddons.openshift.io/policy=rego for volume-healer 0.1.0.
 	LabelSelector string
 	// EvaluationTimeout bounds one policy evaluation; a slower evaluation counts as a policy
 	// failure. Default 1s.

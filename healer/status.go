@@ -54,16 +54,20 @@ func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result stri
 	s.patchStatus(ctx, pvc, &text)
 }
 
-// clearStatus removes the annotation of a volume found healthy, if it had one.
+// clearStatus removes the annotation of a volume found healthy, if it had one: under its key, or
+// under the key of 0.1.0 on a claim that version wrote.
 func (s *Sweeper) clearStatus(ctx context.Context, v planner.Volume) {
 	s.setFailing(v, false)
-	if _, ok := v.ClaimAnnotation(annotations.VolumeStatus); !ok {
-		return
+	for _, key := range annotations.Keys(annotations.VolumeStatus) {
+		if _, ok := v.ClaimAnnotation(key); ok {
+			s.patchStatus(ctx, v.Claim(), nil)
+			return
+		}
 	}
-	s.patchStatus(ctx, v.Claim(), nil)
 }
 
-// patchStatus sets (value not nil) or removes (value nil) the annotation with a merge patch.
+// patchStatus sets (value not nil) or removes (value nil) the annotation with a merge patch, which
+// also removes the annotation 0.1.0 wrote, so that a claim carries one status.
 func (s *Sweeper) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, value *string) {
 	var patch []byte
 	if value == nil {

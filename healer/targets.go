@@ -173,7 +173,7 @@ func (m *TargetMap) dropLocked(drop func(node string) bool) (dropped []*csiaddon
 // csi-addons sidecar's restart annotations), then the csi-addons sidecar's own object, then the
 // newer object, then the name. The choice depends only on the objects, never on map order.
 func fresher(a, b *csiaddonsv1alpha1.CSIAddonsNode) bool {
-	if ea, eb := a.Annotations[annotations.Endpoint] != "", b.Annotations[annotations.Endpoint] != ""; ea != eb {
+	if ea, eb := annotations.Value(a.Annotations, annotations.Endpoint) != "", annotations.Value(b.Annotations, annotations.Endpoint) != ""; ea != eb {
 		return ea
 	}
 	if sa, sb := lastStart(a), lastStart(b); !sa.Equal(sb) {
@@ -190,7 +190,7 @@ func fresher(a, b *csiaddonsv1alpha1.CSIAddonsNode) bool {
 
 // lastStart is the later of the two sidecars' last starts written on n; zero when neither says.
 func lastStart(n *csiaddonsv1alpha1.CSIAddonsNode) time.Time {
-	last, _ := annotations.HealerRestartTime(n.Annotations[annotations.HealerRestart])
+	last, _ := annotations.HealerRestartTime(annotations.Value(n.Annotations, annotations.HealerRestart))
 	if t, err := time.Parse(time.RFC3339Nano, n.Annotations[annotations.CSIAddonsRestart]); err == nil && t.After(last) {
 		last = t
 	}

@@ -53,6 +53,35 @@ func TestTargetMap(t *testing.T) {
 	}
 }
 
+// An object written by 0.1.0 (endpoint and restart marker under healer.csiaddons.openshift.io)
+// competes by its start as one written now does: here it is the latest start and the target.
+func TestTargetMapReadsRegistrationsOfAPreviousRelease(t *testing.T) {
+	previous := annotations.Previous
+	written := addonsNode("node-a-rbd", "10.0.0.5:9070", "")
+	written.Annotations[annotations.HealerRestart] = "2026-12-01T10:00:00Z/pod-1"
+	old := addonsNode("node-a-rbd-csiaddons", "", "pod://plugin:9070")
+	old.Annotations = map[string]string{
+		previous(annotations.Endpoint):      "10.0.0.9:9070",
+		previous(annotations.HealerRestart): "2026-12-01T11:00:00Z/pod-2",
+		annotations.CSIAddonsPod:            "pod-2",
+	}
+	for name, order := range map[string][]*csiaddonsv1alpha1.CSIAddonsNode{
+		"written now first": {written, old},
+		"0.1.0's first":     {old, written},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := NewTargetMap()
+			for _, n := range order {
+				m.Set(n.DeepCopy())
+			}
+			target, n, err := m.Target("rbd", "node-a")
+			if err != nil || target.Endpoint != "10.0.0.9:9070" || n.Name != "node-a-rbd-csiaddons" {
+				t.Fatalf("target %+v from %v, %v; want the latest start's endpoint 10.0.0.9:9070", target, n, err)
+			}
+		})
+	}
+}
+
 // Two objects name one driver and node, both with an endpoint (the healer sidecar registered before
 // the csi-addons sidecar created its own, then moved): the controller dials the registration of the
 // node plugin's latest start, whatever the order it learned them in, and a deleted Node takes its

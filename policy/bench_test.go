@@ -54,7 +54,7 @@ decision := {"action": %q, "reason": "class-%d", "priority": %d, "timeout": "%ds
 	input.volume.storageClass.name == "class-%d"
 	input.volume.attributes.mounter == %q
 	input.trigger != "manual"
-	not input.volume.pvc.labels["healer.csiaddons.openshift.io/skip"]
+	not input.volume.pvc.labels["volume-healer.io/skip"]
 }
 `, action, i, i, 10+i, i, []string{"rbd-nbd", "fuse"}[i%2])
 	}

@@ -31,9 +31,9 @@ func (s *ConfigMapSource) Check(ctx context.Context, cm, old *corev1.ConfigMap) 
 	if !s.selects(cm) {
 		return nil
 	}
-	stored, err := s.lister.ConfigMaps(s.opts.Namespace).List(s.selector)
+	stored, err := s.list()
 	if err != nil {
-		return fmt.Errorf("listing policy ConfigMaps: %w", err)
+		return err
 	}
 	set := replaced(stored, cm)
 	modules := ModulesFromConfigMaps(set)
@@ -68,7 +68,24 @@ func (s *ConfigMapSource) Check(ctx context.Context, cm, old *corev1.ConfigMap) 
 
 // selects reports whether cm is one of the source's policy ConfigMaps.
 func (s *ConfigMapSource) selects(cm *corev1.ConfigMap) bool {
-	return cm.Namespace == s.opts.Namespace && s.selector.Matches(labels.Set(cm.Labels))
+	if cm.Namespace != s.opts.Namespace {
+		return false
+	}
+	for _, sel := range s.selectors {
+		if sel.Matches(labels.Set(cm.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// list returns the policy ConfigMaps the informer holds.
+func (s *ConfigMapSource) list() ([]*corev1.ConfigMap, error) {
+	all, err := s.lister.ConfigMaps(s.opts.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("listing policy ConfigMaps: %w", err)
+	}
+	return slices.DeleteFunc(all, func(cm *corev1.ConfigMap) bool { return !s.selects(cm) }), nil
 }
 
 // replaced returns the ConfigMaps with cm in place of the one of its name, or added.

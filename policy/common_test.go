@@ -104,7 +104,7 @@ func randomInput(r *rand.Rand) Input {
 	}
 	if maybe() {
 		in.Volume.PVC = &Claim{Namespace: pick("shop", "scratch"), Name: pick("db", "cache"),
-			Labels: strs("healer.csiaddons.openshift.io/skip", "app"), Annotations: strs("owner")}
+			Labels: strs("volume-healer.io/skip", "app"), Annotations: strs("owner")}
 	}
 	if maybe() {
 		in.Attachment = &Attachment{Node: pick("node-1", "node-2"), Attached: r.IntN(4) > 0, Detaching: r.IntN(4) == 0}

@@ -30,7 +30,8 @@ import (
 const (
 	// DefaultPolicyNamespace is where policy ConfigMaps live unless configured otherwise.
 	DefaultPolicyNamespace = "volume-healer"
-	// DefaultPolicySelector selects policy ConfigMaps unless configured otherwise.
+	// DefaultPolicySelector selects policy ConfigMaps unless configured otherwise. During the
+	// release after 0.1.0 it also selects the ConfigMaps labelled for 0.1.0 (Selectors).
 	DefaultPolicySelector = annotations.PolicySelector
 	// ReasonPolicyRejected is the reason of the Warning Event emitted on a ConfigMap whose policy
 	// was rejected.
@@ -73,7 +74,8 @@ type PolicyStatus struct {
 type ConfigMapOptions struct {
 	// Namespace holds the policy ConfigMaps. Default DefaultPolicyNamespace.
 	Namespace string
-	// LabelSelector selects the policy ConfigMaps. Default DefaultPolicySelector.
+	// LabelSelector selects the policy ConfigMaps, as Selectors reads it. Default
+	// DefaultPolicySelector.
 	LabelSelector string
 	// Recorder emits the PolicyRejected Events. Default nil: no Events.
 	Recorder record.EventRecorder
@@ -124,11 +126,12 @@ func (o ConfigMapOptions) withDefaults() ConfigMapOptions {
 // built-in default serves. A set that is rejected leaves the last good revision serving; the
 // offending ConfigMaps get a status annotation and a Warning Event.
 type ConfigMapSource struct {
-	client   kubernetes.Interface
-	engine   *Engine
-	opts     ConfigMapOptions
-	selector labels.Selector
-	synced   atomic.Bool
+	client kubernetes.Interface
+	engine *Engine
+	opts   ConfigMapOptions
+	// selectors select the policy ConfigMaps: a ConfigMap matching one of them is one.
+	selectors []labels.Selector
+	synced    atomic.Bool
 
 	// Set by Watch.
 	informer cache.SharedIndexInformer
@@ -148,28 +151,66 @@ type ConfigMapSource struct {
 // NewConfigMapSource returns a source that loads the policy ConfigMaps into engine once started.
 func NewConfigMapSource(client kubernetes.Interface, engine *Engine, opts ConfigMapOptions) (*ConfigMapSource, error) {
 	opts = opts.withDefaults()
-	sel, err := labels.Parse(opts.LabelSelector)
+	sels, err := Selectors(opts.LabelSelector)
 	if err != nil {
-		return nil, fmt.Errorf("policy ConfigMap label selector %q: %w", opts.LabelSelector, err)
+		return nil, err
 	}
-	return &ConfigMapSource{client: client, engine: engine, opts: opts, selector: sel}, nil
+	return &ConfigMapSource{client: client, engine: engine, opts: opts, selectors: sels}, nil
 }
 
-// Watch registers the source's ConfigMap informer (the policy namespace and label selector only)
-// on factory, the process's one shared informer factory, which the caller starts. Start needs it.
+// Selectors parses the label selector of the policy ConfigMaps. The default selector, written
+// with this release's policy label or with the one of 0.1.0, selects the ConfigMaps that carry
+// either label, so that a ConfigMap labelled for 0.1.0 stays a policy ConfigMap: one label
+// selector cannot match either of two keys, so there is one per key, the current one first.
+// Another selector is the one selector.
+func Selectors(selector string) ([]labels.Selector, error) {
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil, fmt.Errorf("policy ConfigMap label selector %q: %w", selector, err)
+	}
+	var defaults []labels.Selector
+	for _, key := range annotations.Keys(annotations.PolicyLabel) {
+		defaults = append(defaults, labels.SelectorFromSet(labels.Set{key: annotations.PolicyLabelValue}))
+	}
+	for _, d := range defaults {
+		if d.String() == sel.String() {
+			return defaults, nil
+		}
+	}
+	return []labels.Selector{sel}, nil
+}
+
+// Watch registers the source's ConfigMap informer on factory, the process's one shared informer
+// factory, which the caller starts. Start needs it. The informer holds the policy namespace's
+// ConfigMaps that the label selector selects; with two selectors (Selectors), every ConfigMap of
+// the namespace, of which the source reads the selected ones.
 func (s *ConfigMapSource) Watch(factory informers.SharedInformerFactory) error {
 	s.informer = factory.InformerFor(&corev1.ConfigMap{}, func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coreinformers.NewFilteredConfigMapInformer(client, s.opts.Namespace, s.opts.ResyncPeriod, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.LabelSelector = s.opts.LabelSelector })
+			func(o *metav1.ListOptions) {
+				if len(s.selectors) == 1 {
+					o.LabelSelector = s.selectors[0].String()
+				}
+			})
 	})
 	s.lister = corelisters.NewConfigMapLister(s.informer.GetIndexer())
 	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-configmaps"})
 	enqueue := func(any) { s.queue.Add(queueKey) }
-	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
-		DeleteFunc: enqueue,
+	// A ConfigMap that stops matching (its label removed) comes as a delete.
+	if _, err := s.informer.AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: func(obj any) bool {
+			if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = gone.Obj
+			}
+			cm, ok := obj.(*corev1.ConfigMap)
+			return !ok || s.selects(cm)
+		},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    enqueue,
+			UpdateFunc: func(_, obj any) { enqueue(obj) },
+			DeleteFunc: enqueue,
+		},
 	}); err != nil {
 		return fmt.Errorf("watching policy ConfigMaps: %w", err)
 	}
@@ -261,9 +302,9 @@ func moduleFile(cm *corev1.ConfigMap, key string) string {
 // brings every ConfigMap's status annotation in line with the outcome.
 func (s *ConfigMapSource) sync(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	cms, err := s.lister.ConfigMaps(s.opts.Namespace).List(s.selector)
+	cms, err := s.list()
 	if err != nil {
-		return fmt.Errorf("listing policy ConfigMaps: %w", err)
+		return err
 	}
 	modules := ModulesFromConfigMaps(cms)
 	setID := "builtin"
@@ -398,7 +439,8 @@ func (s *ConfigMapSource) writeStatus(ctx context.Context, cm *corev1.ConfigMap,
 	if err != nil {
 		return fmt.Errorf("encoding policy status: %w", err)
 	}
-	if cm.Annotations[annotations.PolicyStatus] == string(value) {
+	_, previous := cm.Annotations[annotations.Previous(annotations.PolicyStatus)]
+	if cm.Annotations[annotations.PolicyStatus] == string(value) && !previous {
 		return nil
 	}
 	patch := annotations.MergePatch(map[string]string{annotations.PolicyStatus: string(value)})
@@ -491,9 +533,13 @@ func (s *ConfigMapSource) saveLastGood(ctx context.Context, modules []Module) er
 	if !apierrors.IsAlreadyExists(err) {
 		return err
 	}
+	// The revision under its key, and none under the key of 0.1.0.
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{annotations.PolicyLastGoodRevision: s.engine.Revision().ID()}},
-		"data":     data,
+		"metadata": map[string]any{"annotations": map[string]any{
+			annotations.PolicyLastGoodRevision:                       s.engine.Revision().ID(),
+			annotations.Previous(annotations.PolicyLastGoodRevision): nil,
+		}},
+		"data": data,
 	})
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,7 +31,7 @@ func policyConfigMap(name string, data map[string]string) *corev1.ConfigMap {
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: testNamespace,
 			Name:      name,
-			Labels:    map[string]string{"healer.csiaddons.openshift.io/policy": "rego"},
+			Labels:    map[string]string{annotations.PolicyLabel: annotations.PolicyLabelValue},
 		},
 		Data: data,
 	}
@@ -274,6 +275,90 @@ func TestConfigMapSourceRejectsABadSelector(t *testing.T) {
 	if _, err := NewConfigMapSource(fake.NewClientset(), engine, ConfigMapOptions{LabelSelector: "a in (b"}); err == nil {
 		t.Fatal("a malformed selector was accepted")
 	}
+}
+
+// The default selector, as written now or as 0.1.0 wrote it, selects the ConfigMaps labelled for
+// either release; another selector selects what it says.
+func TestSelectors(t *testing.T) {
+	previous := annotations.Previous(annotations.PolicyLabel)
+	objects := map[string]map[string]string{
+		"labelled now":       {annotations.PolicyLabel: "rego"},
+		"labelled for 0.1.0": {previous: "rego"},
+		"labelled for both":  {annotations.PolicyLabel: "rego", previous: "rego"},
+		"other value":        {annotations.PolicyLabel: "yaml", previous: "json"},
+		"unlabelled":         nil,
+		"team storage":       {"team": "storage"},
+	}
+	tests := map[string]struct {
+		selector string
+		selected []string
+	}{
+		"default": {selector: DefaultPolicySelector,
+			selected: []string{"labelled now", "labelled for 0.1.0", "labelled for both"}},
+		"default of 0.1.0, configured": {selector: previous + "=rego",
+			selected: []string{"labelled now", "labelled for 0.1.0", "labelled for both"}},
+		"default with spaces": {selector: " " + annotations.PolicyLabel + " = rego",
+			selected: []string{"labelled now", "labelled for 0.1.0", "labelled for both"}},
+		"only the new key, set-based": {selector: annotations.PolicyLabel + " in (rego)",
+			selected: []string{"labelled now", "labelled for both"}},
+		"another selector": {selector: "team=storage", selected: []string{"team storage"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			engine, _ := newTestEngine(t, Options{})
+			src, err := NewConfigMapSource(fake.NewClientset(), engine, ConfigMapOptions{Namespace: testNamespace, LabelSelector: tc.selector})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for object, labels := range objects {
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "p", Labels: labels}}
+				if got, want := src.selects(cm), slices.Contains(tc.selected, object); got != want {
+					t.Errorf("%s: selected = %v, want %v", object, got, want)
+				}
+			}
+		})
+	}
+}
+
+// A policy ConfigMap labelled for 0.1.0 serves, as one labelled now does; the status the
+// controller writes on it moves to the new key.
+func TestConfigMapsLabelledForEitherRelease(t *testing.T) {
+	previousLabel, previousStatus := annotations.Previous(annotations.PolicyLabel), annotations.Previous(annotations.PolicyStatus)
+	client := fake.NewClientset(
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "unlabelled"},
+			Data: map[string]string{"p.rego": skipPolicy("Unlabelled")}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: "old",
+			Labels:      map[string]string{previousLabel: annotations.PolicyLabelValue},
+			Annotations: map[string]string{previousStatus: `{"status":"ok","revision":"0.1.0"}`}},
+			Data: map[string]string{"p.rego": skipPolicy("LabelledFor010")}},
+	)
+	engine, _ := newTestEngine(t, Options{})
+	h := startConfigMapSource(t, client, nil, engine)
+
+	h.decides("LabelledFor010")
+	h.status("old", isOK)
+	h.eventually("the status of 0.1.0 is removed", func() (bool, string) {
+		cm, err := client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, "old", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		_, ok := cm.Annotations[previousStatus]
+		return !ok, fmt.Sprint(cm.Annotations)
+	})
+
+	// The label of 0.1.0 taken off: the ConfigMap leaves the set.
+	cm, err := client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, "old", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Labels = nil
+	if _, err := client.CoreV1().ConfigMaps(testNamespace).Update(h.ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.decides("ProbeAfterRestart")
+
+	h.create(policyConfigMap("new", map[string]string{"p.rego": skipPolicy("LabelledNow")}))
+	h.decides("LabelledNow")
 }
 
 func TestModulesFromConfigMaps(t *testing.T) {

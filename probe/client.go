@@ -44,7 +44,7 @@ type Target struct {
 // TargetFor reads the sidecar's address from a CSIAddonsNode: the healer sidecar's annotation, or a
 // host:port spec.driver.endpoint when no annotation is there.
 func TargetFor(n *csiaddonsv1alpha1.CSIAddonsNode) (Target, error) {
-	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: n.Annotations[annotations.Endpoint]}
+	t := Target{Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, Endpoint: annotations.Value(n.Annotations, annotations.Endpoint)}
 	if _, byCSIAddons := n.Annotations[annotations.CSIAddonsPod]; t.Endpoint == "" && byCSIAddons {
 		// The object is the csi-addons sidecar's, and its spec.driver.endpoint is that sidecar's
 		// address, which serves no NodeHealer and must not get the controller's token: until the
@@ -59,7 +59,7 @@ func TargetFor(n *csiaddonsv1alpha1.CSIAddonsNode) (Target, error) {
 	}
 	if _, port, err := net.SplitHostPort(t.Endpoint); err != nil || port == "" {
 		return Target{}, fmt.Errorf("%w: CSIAddonsNode %s/%s: annotation %s is %q and spec.driver.endpoint is %q; want host:port",
-			ErrNoEndpoint, n.Namespace, n.Name, annotations.Endpoint, n.Annotations[annotations.Endpoint], n.Spec.Driver.EndPoint)
+			ErrNoEndpoint, n.Namespace, n.Name, annotations.Endpoint, t.Endpoint, n.Spec.Driver.EndPoint)
 	}
 	return t, nil
 }

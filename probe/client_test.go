@@ -483,6 +483,16 @@ func TestTargetFor(t *testing.T) {
 			n.Annotations = map[string]string{annotations.CSIAddonsPod: "uid-1"}
 			return n
 		}(), wantErr: true},
+		"annotation written by 0.1.0 on the csi-addons sidecar's object": {node: func() *csiaddonsv1alpha1.CSIAddonsNode {
+			n := node("", "10.0.0.7:9070")
+			n.Annotations = map[string]string{annotations.CSIAddonsPod: "uid-1", annotations.Previous(annotations.Endpoint): "10.0.0.8:9070"}
+			return n
+		}(), want: "10.0.0.8:9070"},
+		"the new annotation wins over the one of 0.1.0": {node: func() *csiaddonsv1alpha1.CSIAddonsNode {
+			n := node("10.0.0.9:9070", "")
+			n.Annotations[annotations.Previous(annotations.Endpoint)] = "10.0.0.8:9070"
+			return n
+		}(), want: "10.0.0.9:9070"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -100,7 +100,7 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 			if r.name != "" {
 				// The object was named, not looked up: the others this sidecar wrote its endpoint
 				// on carry its label, and a selector lists them alone.
-				if matches, err = r.matching(ctx, driverName, client.MatchingLabels{annotations.Registration: r.label(driverName)}); err != nil {
+				if matches, err = r.labelled(ctx, driverName); err != nil {
 					log.Error(err, "Cannot look for other CSIAddonsNodes of this driver and node")
 					return name, nil
 				}
@@ -278,17 +278,51 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 			ErrCSIAddonsNodeConflict, r.namespace, name, d.Name, d.NodeID, driverName, r.nodeName)
 	}
 	if existing.Annotations[annotations.HealerRestart] == marker && existing.Annotations[annotations.Endpoint] == r.endpoint &&
-		existing.Labels[annotations.Registration] == labels[annotations.Registration] {
+		existing.Labels[annotations.Registration] == labels[annotations.Registration] && !carriesPrevious(&existing) {
 		// keep's check when its watch starts, mostly: nothing to write.
 		return name, nil
 	}
-	// A merge patch of two annotations and a label: it cannot conflict with, or undo, what the
-	// csi-addons sidecar writes, and needs no resourceVersion.
+	// A merge patch of two annotations and a label, which removes the keys 0.1.0 wrote them
+	// under: it cannot conflict with, or undo, what the csi-addons sidecar writes, and needs no
+	// resourceVersion.
 	patch := annotations.LabeledMergePatch(set, labels)
 	if err := r.client.Patch(ctx, &existing, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return "", fmt.Errorf("patch CSIAddonsNode %s/%s: %w", r.namespace, name, err)
 	}
 	return name, nil
+}
+
+// carriesPrevious reports whether n carries one of the sidecar's annotations or its label under
+// the key of 0.1.0, which a registration removes.
+func carriesPrevious(n *csiaddonsv1alpha1.CSIAddonsNode) bool {
+	for _, key := range []string{annotations.HealerRestart, annotations.Endpoint} {
+		if _, ok := n.Annotations[annotations.Previous(key)]; ok {
+			return true
+		}
+	}
+	_, ok := n.Labels[annotations.Previous(annotations.Registration)]
+	return ok
+}
+
+// labelled lists the CSIAddonsNodes of this driver and node that carry the sidecar's registration
+// label, as matching does: one LIST per key of the label (this release's and the one of 0.1.0,
+// on objects registered by that version), since one label selector cannot match either key.
+func (r *registrar) labelled(ctx context.Context, driverName string) ([]csiaddonsv1alpha1.CSIAddonsNode, error) {
+	var all []csiaddonsv1alpha1.CSIAddonsNode
+	for _, key := range annotations.Keys(annotations.Registration) {
+		matches, err := r.matching(ctx, driverName, client.MatchingLabels{key: r.label(driverName)})
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range matches {
+			// An object carrying both labels (the watch cache behind a patch) is listed twice.
+			if !slices.ContainsFunc(all, func(m csiaddonsv1alpha1.CSIAddonsNode) bool { return m.Name == n.Name }) {
+				all = append(all, n)
+			}
+		}
+	}
+	sortMatches(all)
+	return all, nil
 }
 
 // label is the value of the annotations.Registration label on the objects this sidecar registers on.
@@ -312,6 +346,13 @@ func (r *registrar) matching(ctx context.Context, driverName string, opts ...cli
 			matches = append(matches, n)
 		}
 	}
+	sortMatches(matches)
+	return matches, nil
+}
+
+// sortMatches puts the CSIAddonsNodes in the order the sidecar registers on them: the csi-addons
+// sidecar's, then the oldest, then by name.
+func sortMatches(matches []csiaddonsv1alpha1.CSIAddonsNode) {
 	slices.SortFunc(matches, func(a, b csiaddonsv1alpha1.CSIAddonsNode) int {
 		_, aOwned := a.Annotations[annotations.CSIAddonsPod]
 		_, bOwned := b.Annotations[annotations.CSIAddonsPod]
@@ -326,7 +367,6 @@ func (r *registrar) matching(ctx context.Context, driverName string, opts ...cli
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	return matches, nil
 }
 
 // converge takes this sidecar's endpoint off every other CSIAddonsNode of its driver and node
@@ -337,7 +377,7 @@ func (r *registrar) matching(ctx context.Context, driverName string, opts ...cli
 func (r *registrar) converge(ctx context.Context, registered string, matches []csiaddonsv1alpha1.CSIAddonsNode) {
 	for i := range matches {
 		n := &matches[i]
-		if n.Name == registered || n.Annotations[annotations.Endpoint] == "" {
+		if n.Name == registered || annotations.Value(n.Annotations, annotations.Endpoint) == "" {
 			continue
 		}
 		patch := annotations.MergePatch(nil, annotations.Endpoint)

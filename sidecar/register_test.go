@@ -378,50 +378,92 @@ func TestRegisterConvergesOnOneObject(t *testing.T) {
 // With --csiaddonsnode-name, a start lists no other node's CSIAddonsNodes: the objects this
 // sidecar wrote its endpoint on before carry its label, and a label selector finds them, so that
 // it still takes its endpoint off them. Objects of other nodes, labelled or not, are not listed.
+// The label may be the one of 0.1.0, on an object that version registered: there is one LIST per
+// key of the label.
 func TestNamedRegistrationListsItsOwnObjectsOnly(t *testing.T) {
-	mine := map[string]string{annotations.Registration: annotations.RegistrationValue("rbd.csi.ceph.com", "node-a")}
-	earlier := csiAddonsNode("node-a-rbd-csi-ceph-com", "rbd.csi.ceph.com", "node-a",
-		map[string]string{annotations.Endpoint: "10.0.0.3:9072", annotations.HealerRestart: "marker-1"})
-	earlier.Labels = mine
-	other := csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", map[string]string{annotations.Endpoint: "10.0.0.9:9072"})
-	other.Labels = map[string]string{annotations.Registration: annotations.RegistrationValue("rbd.csi.ceph.com", "node-b")}
-	objs := []client.Object{earlier, other}
-	for i := range 20 {
-		objs = append(objs, csiAddonsNode(fmt.Sprintf("node-%d-rbd", i), "rbd.csi.ceph.com", fmt.Sprintf("node-%d", i), nil))
+	previous := annotations.Previous
+	tests := map[string]struct{ label, endpoint, marker string }{
+		"registered by this release": {annotations.Registration, annotations.Endpoint, annotations.HealerRestart},
+		"registered by 0.1.0":        {previous(annotations.Registration), previous(annotations.Endpoint), previous(annotations.HealerRestart)},
 	}
-	var listed atomic.Int32
-	var unselected atomic.Int32
-	c := fakeClient(t, &interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
-		listed.Add(1)
-		o := (&client.ListOptions{}).ApplyOptions(opts)
-		if o.LabelSelector == nil || o.LabelSelector.Empty() {
-			unselected.Add(1)
-		}
-		return c.List(ctx, l, opts...)
-	}}, objs...)
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			earlier := csiAddonsNode("node-a-rbd-csi-ceph-com", "rbd.csi.ceph.com", "node-a",
+				map[string]string{tc.endpoint: "10.0.0.3:9072", tc.marker: "marker-1"})
+			earlier.Labels = map[string]string{tc.label: annotations.RegistrationValue("rbd.csi.ceph.com", "node-a")}
+			other := csiAddonsNode("node-b-rbd", "rbd.csi.ceph.com", "node-b", map[string]string{tc.endpoint: "10.0.0.9:9072"})
+			other.Labels = map[string]string{tc.label: annotations.RegistrationValue("rbd.csi.ceph.com", "node-b")}
+			objs := []client.Object{earlier, other}
+			for i := range 20 {
+				objs = append(objs, csiAddonsNode(fmt.Sprintf("node-%d-rbd", i), "rbd.csi.ceph.com", fmt.Sprintf("node-%d", i), nil))
+			}
+			var listed atomic.Int32
+			var unselected atomic.Int32
+			c := fakeClient(t, &interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+				listed.Add(1)
+				o := (&client.ListOptions{}).ApplyOptions(opts)
+				if o.LabelSelector == nil || o.LabelSelector.Empty() {
+					unselected.Add(1)
+				}
+				return c.List(ctx, l, opts...)
+			}}, objs...)
+			r := newRegistrar(t, c, "custom")
+			name, err := r.run(context.Background(), "rbd.csi.ceph.com")
+			if err != nil || name != "custom" {
+				t.Fatalf("registered %q, %v; want custom", name, err)
+			}
+			if listed.Load() != 2 || unselected.Load() != 0 {
+				t.Errorf("%d LISTs of CSIAddonsNodes, %d without a label selector; want 2 with one", listed.Load(), unselected.Load())
+			}
+			get := func(name string) *csiaddonsv1alpha1.CSIAddonsNode {
+				var n csiaddonsv1alpha1.CSIAddonsNode
+				if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+					t.Fatal(err)
+				}
+				return &n
+			}
+			want := annotations.RegistrationValue("rbd.csi.ceph.com", "node-a")
+			if n := get("custom"); n.Labels[annotations.Registration] != want || n.Annotations[annotations.Endpoint] != "10.0.0.7:9070" {
+				t.Errorf("registered object: labels %v, annotations %v; want the sidecar's label and endpoint", n.Labels, n.Annotations)
+			}
+			if a := get("node-a-rbd-csi-ceph-com").Annotations; annotations.Value(a, annotations.Endpoint) != "" || a[tc.marker] != "marker-1" {
+				t.Errorf("earlier object's annotations %v, want the endpoint gone and the marker kept", a)
+			}
+			if a := get("node-b-rbd").Annotations; a[tc.endpoint] != "10.0.0.9:9072" {
+				t.Errorf("another node's object changed: %v", a)
+			}
+		})
+	}
+}
+
+// A CSIAddonsNode registered by 0.1.0 (its annotations and label under
+// healer.csiaddons.openshift.io) is registered again under the new keys, and the old ones go.
+func TestRegistrationReplacesTheKeysOfAPreviousRelease(t *testing.T) {
+	previous := annotations.Previous
+	n := csiAddonsNode("custom", "rbd.csi.ceph.com", "node-a", map[string]string{
+		previous(annotations.Endpoint): "10.0.0.3:9072", previous(annotations.HealerRestart): "marker-1", annotations.CSIAddonsPod: "pod-1"})
+	n.Labels = map[string]string{previous(annotations.Registration): annotations.RegistrationValue("rbd.csi.ceph.com", "node-a")}
+	c := fakeClient(t, nil, n)
 	r := newRegistrar(t, c, "custom")
-	name, err := r.run(context.Background(), "rbd.csi.ceph.com")
-	if err != nil || name != "custom" {
-		t.Fatalf("registered %q, %v; want custom", name, err)
+	if _, err := r.run(context.Background(), "rbd.csi.ceph.com"); err != nil {
+		t.Fatal(err)
 	}
-	if listed.Load() != 1 || unselected.Load() != 0 {
-		t.Errorf("%d LISTs of CSIAddonsNodes, %d without a label selector; want 1 with one", listed.Load(), unselected.Load())
+	var got csiaddonsv1alpha1.CSIAddonsNode
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: "custom"}, &got); err != nil {
+		t.Fatal(err)
 	}
-	get := func(name string) *csiaddonsv1alpha1.CSIAddonsNode {
-		var n csiaddonsv1alpha1.CSIAddonsNode
-		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
-			t.Fatal(err)
+	for _, key := range []string{annotations.Endpoint, annotations.HealerRestart} {
+		if v, ok := got.Annotations[previous(key)]; ok {
+			t.Errorf("annotation %s = %q left behind", previous(key), v)
 		}
-		return &n
 	}
-	if n := get("custom"); n.Labels[annotations.Registration] != mine[annotations.Registration] || n.Annotations[annotations.Endpoint] != "10.0.0.7:9070" {
-		t.Errorf("registered object: labels %v, annotations %v; want the sidecar's label and endpoint", n.Labels, n.Annotations)
+	if v, ok := got.Labels[previous(annotations.Registration)]; ok {
+		t.Errorf("label %s = %q left behind", previous(annotations.Registration), v)
 	}
-	if a := get("node-a-rbd-csi-ceph-com").Annotations; a[annotations.Endpoint] != "" || a[annotations.HealerRestart] != "marker-1" {
-		t.Errorf("earlier object's annotations %v, want the endpoint gone and the marker kept", a)
-	}
-	if a := get("node-b-rbd").Annotations; a[annotations.Endpoint] != "10.0.0.9:9072" {
-		t.Errorf("another node's object changed: %v", a)
+	if got.Annotations[annotations.Endpoint] != "10.0.0.7:9070" || got.Annotations[annotations.HealerRestart] == "" ||
+		got.Labels[annotations.Registration] != annotations.RegistrationValue("rbd.csi.ceph.com", "node-a") ||
+		got.Annotations[annotations.CSIAddonsPod] != "pod-1" {
+		t.Errorf("annotations %v, labels %v; want the endpoint, a marker and the label under the new keys, the csi-addons sidecar's kept", got.Annotations, got.Labels)
 	}
 }
 

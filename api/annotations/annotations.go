@@ -3,6 +3,12 @@
 // write, and the one merge patch that writes annotations. Keys shared by two binaries are defined
 // here and nowhere else.
 //
+// The project's keys are under its own domain, volume-healer.io. Release 0.1.0 wrote them under
+// healer.csiaddons.openshift.io; this release still reads those (Get, Keys), writes only the new
+// ones and removes the old one of every key it writes (MergePatch). The release after it stops
+// reading them. The keys of the csi-addons sidecar (CSIAddonsRestart, CSIAddonsPod) are that
+// project's and keep its domain.
+//
 // It imports nothing of the project and nothing of Kubernetes, so that every binary, and a driver
 // that wants to read the same keys, can import it for free.
 package annotations
@@ -45,19 +51,19 @@ const (
 	CSIAddonsPod = "sidecar.csiaddons.openshift.io/createdByPodUID"
 	// HealerRestart is set by the healer sidecar on every start: "<RFC 3339 time with
 	// nanoseconds>/<pod UID>".
-	HealerRestart = "healer.csiaddons.openshift.io/restarted-at"
+	HealerRestart = "volume-healer.io/restarted-at"
 	// Endpoint is the "host:port" where the healer sidecar serves NodeHealer, written by the
 	// sidecar. spec.driver.endpoint belongs to the csi-addons sidecar when one runs in the pod, so
 	// the healer sidecar's endpoint lives here.
-	Endpoint = "healer.csiaddons.openshift.io/endpoint"
+	Endpoint = "volume-healer.io/endpoint"
 	// HandledMarker records the restart marker whose sweep has finished, so that a controller
 	// restart or a new leader neither loses a pending restart sweep nor repeats one. Written by
 	// the controller.
-	HandledMarker = "healer.csiaddons.openshift.io/handled-marker"
+	HandledMarker = "volume-healer.io/handled-marker"
 	// Registration labels every CSIAddonsNode on which the healer sidecar of a driver and node
 	// wrote its endpoint, with RegistrationValue of both, so that the sidecar finds those objects
 	// again with a label selector instead of listing every node's objects. Written by the sidecar.
-	Registration = "healer.csiaddons.openshift.io/registration"
+	Registration = "volume-healer.io/registration"
 )
 
 // RegistrationValue is the Registration label's value for driver on node: 40 hex digits of the
@@ -72,9 +78,9 @@ func RegistrationValue(driver, node string) string {
 // SweepHandled, so that a request is swept once across controller restarts and leader changes.
 const (
 	// SweepRequest requests a manual sweep; its value identifies the request.
-	SweepRequest = "healer.csiaddons.openshift.io/sweep"
+	SweepRequest = "volume-healer.io/sweep"
 	// SweepHandled holds the value of the last request whose sweep has finished.
-	SweepHandled = "healer.csiaddons.openshift.io/sweep-handled"
+	SweepHandled = "volume-healer.io/sweep-handled"
 )
 
 // On a StorageClass.
@@ -82,7 +88,7 @@ const (
 	// Schedule sets the cron schedule of the class's periodic sweeps. It wins over the
 	// configuration's per-StorageClass schedule and over the default schedule; the value
 	// ScheduleOff turns periodic sweeps off for the class.
-	Schedule = "healer.csiaddons.openshift.io/schedule"
+	Schedule = "volume-healer.io/schedule"
 	// ScheduleOff is the Schedule value that turns periodic sweeps off.
 	ScheduleOff = "off"
 )
@@ -92,7 +98,7 @@ const (
 	// EvictPodsLabel with the value "true", on a StorageClass or a Namespace, lets the built-in
 	// policy evict the controller-owned pods that still see a healed volume's dead mount (the
 	// rule volumehealer.builtin.restart reads it; with remediation.enabled).
-	EvictPodsLabel = "healer.csiaddons.openshift.io/evict-pods"
+	EvictPodsLabel = "volume-healer.io/evict-pods"
 )
 
 // On a PVC.
@@ -100,48 +106,142 @@ const (
 	// VolumeStatus holds, as JSON, what the healer last found and did with the claim's volume. It
 	// is written when something is wrong or was done, and removed when a later probe finds the
 	// volume healthy.
-	VolumeStatus = "healer.csiaddons.openshift.io/status"
+	VolumeStatus = "volume-healer.io/status"
 )
 
 // On a policy ConfigMap.
 const (
 	// PolicyLabel with the value PolicyLabelValue selects the ConfigMaps that hold policies,
 	// unless the configuration selects them otherwise.
-	PolicyLabel = "healer.csiaddons.openshift.io/policy"
+	PolicyLabel = "volume-healer.io/policy"
 	// PolicyLabelValue is the value of PolicyLabel on a policy ConfigMap.
 	PolicyLabelValue = "rego"
 	// PolicySelector is the label selector made of PolicyLabel and PolicyLabelValue.
 	PolicySelector = PolicyLabel + "=" + PolicyLabelValue
 	// PolicyStatus is written by the controller on every policy ConfigMap: whether its policy
 	// serves, and if not, why (JSON).
-	PolicyStatus = "healer.csiaddons.openshift.io/policy-status"
+	PolicyStatus = "volume-healer.io/policy-status"
 	// PolicyLastGoodRevision, on the ConfigMap that keeps the last accepted policy set, names the
 	// revision that set compiled to.
-	PolicyLastGoodRevision = "healer.csiaddons.openshift.io/policy-last-good-revision"
+	PolicyLastGoodRevision = "volume-healer.io/policy-last-good-revision"
 )
 
 // MergePatch returns the body of a JSON merge patch (types.MergePatchType) that sets the
 // annotations in set and removes those named in remove, and touches nothing else of the object:
 // it needs no resourceVersion and cannot undo what another writer (a csi-addons sidecar, an
-// operator) set on other keys.
+// operator) set on other keys. It also removes the previous release's key (Previous) of every key
+// it sets or removes, so that an object carries one value of each key, and a value the previous
+// release wrote never outlives the one that replaced it.
 func MergePatch(set map[string]string, remove ...string) []byte {
 	return LabeledMergePatch(set, nil, remove...)
 }
 
-// LabeledMergePatch is MergePatch that also sets the labels in labels.
+// LabeledMergePatch is MergePatch that also sets the labels in labels, and removes the previous
+// release's key of each.
 func LabeledMergePatch(set, labels map[string]string, remove ...string) []byte {
-	values := make(map[string]any, len(set)+len(remove))
-	for key, v := range set {
-		values[key] = v
-	}
+	values := make(map[string]any, 2*(len(set)+len(remove)))
 	for _, key := range remove {
 		values[key] = nil
 	}
+	for key, v := range set {
+		values[key] = v
+	}
+	for _, key := range withPrevious(set, remove) {
+		if _, written := values[key]; !written {
+			values[key] = nil
+		}
+	}
 	metadata := map[string]any{"annotations": values}
 	if len(labels) > 0 {
-		metadata["labels"] = labels
+		labelValues := make(map[string]any, 2*len(labels))
+		for key, v := range labels {
+			labelValues[key] = v
+		}
+		for _, key := range withPrevious(labels, nil) {
+			if _, written := labelValues[key]; !written {
+				labelValues[key] = nil
+			}
+		}
+		metadata["labels"] = labelValues
 	}
 	// A map of strings and nils always encodes.
 	body, _ := json.Marshal(map[string]any{"metadata": metadata})
 	return body
+}
+
+// withPrevious returns the previous release's keys of the keys of set and of remove.
+func withPrevious(set map[string]string, remove []string) []string {
+	var keys []string
+	for key := range set {
+		if p := Previous(key); p != "" {
+			keys = append(keys, p)
+		}
+	}
+	for _, key := range remove {
+		if p := Previous(key); p != "" {
+			keys = append(keys, p)
+		}
+	}
+	return keys
+}
+
+// Previous returns the key under which release 0.1.0 wrote what this release writes under key,
+// or "" for a key that did not change (the csi-addons sidecar's) or is not one of this package.
+// This release reads the previous keys; the next one will not.
+func Previous(key string) string {
+	switch key {
+	case HealerRestart:
+		return "healer.csiaddons.openshift.io/restarted-at"
+	case Endpoint:
+		return "healer.csiaddons.openshift.io/endpoint"
+	case HandledMarker:
+		return "healer.csiaddons.openshift.io/handled-marker"
+	case Registration:
+		return "healer.csiaddons.openshift.io/registration"
+	case SweepRequest:
+		return "healer.csiaddons.openshift.io/sweep"
+	case SweepHandled:
+		return "healer.csiaddons.openshift.io/sweep-handled"
+	case Schedule:
+		return "healer.csiaddons.openshift.io/schedule"
+	case EvictPodsLabel:
+		return "healer.csiaddons.openshift.io/evict-pods"
+	case VolumeStatus:
+		return "healer.csiaddons.openshift.io/status"
+	case PolicyLabel:
+		return "healer.csiaddons.openshift.io/policy"
+	case PolicyStatus:
+		return "healer.csiaddons.openshift.io/policy-status"
+	case PolicyLastGoodRevision:
+		return "healer.csiaddons.openshift.io/policy-last-good-revision"
+	}
+	return ""
+}
+
+// Keys returns key and, when it has one, its previous key: the keys a reader looks at, the one
+// this release writes first. A label selector for key is one selector per returned key, since
+// one selector cannot match either of two keys.
+func Keys(key string) []string {
+	if p := Previous(key); p != "" {
+		return []string{key, p}
+	}
+	return []string{key}
+}
+
+// Get returns the value of key in m, an object's annotations or labels, and whether m carries it:
+// the value under key, or, on an object that carries no value under key, the value under its
+// previous key, which an object written by release 0.1.0 carries instead.
+func Get(m map[string]string, key string) (string, bool) {
+	for _, k := range Keys(key) {
+		if v, ok := m[k]; ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// Value is Get without the presence: "" when m carries neither key.
+func Value(m map[string]string, key string) string {
+	v, _ := Get(m, key)
+	return v
 }

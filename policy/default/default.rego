@@ -62,20 +62,25 @@ skip(reason) := {"action": "skip", "reason": reason}
 # Restart: asked once per pod when a heal repaired the volume on its node but the pod still sees
 # the dead mount (input.pod set; input.time is now). Evict only pods that a controller recreates,
 # and only where the StorageClass or the namespace opted in with the label
-# healer.csiaddons.openshift.io/evict-pods: "true". A bare pod is never evicted: nothing would
-# recreate it.
+# volume-healer.io/evict-pods: "true" (or, where that label is not set, with the label of
+# volume-healer 0.1.0, healer.csiaddons.openshift.io/evict-pods: "true"; the release after this one
+# reads only the new label). A bare pod is never evicted: nothing would recreate it.
 default restart := {"action": "leave", "reason": "NotOptedIn"}
 
 restart := leave("NoController") if {
 	not restartable_owner[input.pod.ownerKind]
 } else := {"action": "evict", "reason": "StorageClassOptedIn"} if {
-	input.storageClass.labels[evict_pods_label] == "true"
+	opted_in(input.storageClass.labels)
 } else := {"action": "evict", "reason": "NamespaceOptedIn"} if {
-	input.namespace.labels[evict_pods_label] == "true"
+	opted_in(input.namespace.labels)
 }
 
 restartable_owner := {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
 
-evict_pods_label := "healer.csiaddons.openshift.io/evict-pods"
+evict_pods_label := "volume-healer.io/evict-pods"
+
+previous_evict_pods_label := "healer.csiaddons.openshift.io/evict-pods"
+
+opted_in(labels) if object.get(labels, evict_pods_label, object.get(labels, previous_evict_pods_label, "")) == "true"
 
 leave(reason) := {"action": "leave", "reason": reason}

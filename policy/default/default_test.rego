@@ -120,7 +120,9 @@ stale := {
 	"recheckAfterSeconds": 0,
 }
 
-opted_in := {"healer.csiaddons.openshift.io/evict-pods": "true"}
+opted_in := {"volume-healer.io/evict-pods": "true"}
+
+opted_in_for_0_1_0 := {"healer.csiaddons.openshift.io/evict-pods": "true"}
 
 test_restart_left_alone_without_opt_in if {
 	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as pod_input("ReplicaSet", {}, {})
@@ -149,5 +151,15 @@ test_restart_never_evicts_an_unknown_owner if {
 }
 
 test_restart_opt_in_needs_the_value_true if {
-	volumehealer.restart.action == "leave" with input as pod_input("ReplicaSet", {"healer.csiaddons.openshift.io/evict-pods": "yes"}, {})
+	volumehealer.restart.action == "leave" with input as pod_input("ReplicaSet", {"volume-healer.io/evict-pods": "yes"}, {})
+}
+
+test_restart_evicts_where_the_label_of_0_1_0_opted_in if {
+	volumehealer.restart == {"action": "evict", "reason": "StorageClassOptedIn"} with input as pod_input("StatefulSet", opted_in_for_0_1_0, {})
+	volumehealer.restart == {"action": "evict", "reason": "NamespaceOptedIn"} with input as pod_input("StatefulSet", {}, opted_in_for_0_1_0)
+}
+
+test_restart_the_new_label_wins_over_the_one_of_0_1_0 if {
+	opted_out := {"volume-healer.io/evict-pods": "false", "healer.csiaddons.openshift.io/evict-pods": "true"}
+	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as pod_input("ReplicaSet", opted_out, opted_out)
 }

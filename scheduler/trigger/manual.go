@@ -118,10 +118,10 @@ func manualKey(obj client.Object) string {
 
 // Observe takes a created or changed PVC, StorageClass or CSIAddonsNode into account.
 func (m *Manual) Observe(ctx context.Context, obj client.Object) {
-	request := obj.GetAnnotations()[annotations.SweepRequest]
+	request := annotations.Value(obj.GetAnnotations(), annotations.SweepRequest)
 	key := manualKey(obj)
 	m.mu.Lock()
-	if request == "" || request == obj.GetAnnotations()[annotations.SweepHandled] || obj.GetDeletionTimestamp() != nil {
+	if request == "" || request == annotations.Value(obj.GetAnnotations(), annotations.SweepHandled) || obj.GetDeletionTimestamp() != nil {
 		delete(m.latest, key)
 		delete(m.waiting, key)
 		m.mu.Unlock()
@@ -306,7 +306,8 @@ func (m *Manual) Pending() int {
 }
 
 // RecordManualHandled copies a finished manual sweep's request value to annotations.SweepHandled on
-// the object that requested it, with a merge patch that touches only that annotation.
+// the object that requested it, with a merge patch that touches only that annotation (and removes
+// the key release 0.1.0 wrote it under).
 func RecordManualHandled(ctx context.Context, c client.Client, s scheduler.Sweep) error {
 	if s.Requester == nil {
 		return nil
@@ -323,8 +324,8 @@ func RecordManualHandled(ctx context.Context, c client.Client, s scheduler.Sweep
 }
 
 // RequestSweep asks the controller for a manual sweep of obj (a PVC, StorageClass or
-// CSIAddonsNode) by setting annotations.SweepRequest to request, and returns the request value to
-// wait for with SweepHandled.
+// CSIAddonsNode) by setting annotations.SweepRequest to request (and removing a request under the
+// key of release 0.1.0), and returns the request value to wait for with SweepHandled.
 func RequestSweep(ctx context.Context, c client.Client, obj client.Object, request string) error {
 	patch := annotations.MergePatch(map[string]string{annotations.SweepRequest: request})
 	if err := c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); err != nil {
@@ -335,5 +336,5 @@ func RequestSweep(ctx context.Context, c client.Client, obj client.Object, reque
 
 // SweepHandled reports whether the controller has finished the sweep request on obj.
 func SweepHandled(obj client.Object, request string) bool {
-	return obj.GetAnnotations()[annotations.SweepHandled] == request
+	return annotations.Value(obj.GetAnnotations(), annotations.SweepHandled) == request
 }

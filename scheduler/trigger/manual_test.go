@@ -59,6 +59,25 @@ func TestManualRequests(t *testing.T) {
 		"unbound PVC": {
 			obj: &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db", Annotations: req("r1", "")}},
 		},
+		"request under the key of 0.1.0": {
+			obj: &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold", Annotations: map[string]string{
+				annotations.Previous(annotations.SweepRequest): "r4"}}},
+			want: &scheduler.Sweep{Trigger: scheduler.TriggerManual, StorageClass: "gold", Marker: "r4"},
+		},
+		"request 0.1.0 handled": {
+			obj: &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold", Annotations: map[string]string{
+				annotations.Previous(annotations.SweepRequest): "r4", annotations.Previous(annotations.SweepHandled): "r4"}}},
+		},
+		"new request after one 0.1.0 handled": {
+			obj: &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold", Annotations: map[string]string{
+				annotations.Previous(annotations.SweepRequest): "r4", annotations.Previous(annotations.SweepHandled): "r4",
+				annotations.SweepRequest: "r5"}}},
+			want: &scheduler.Sweep{Trigger: scheduler.TriggerManual, StorageClass: "gold", Marker: "r5"},
+		},
+		"request under the key of 0.1.0 handled under the new key": {
+			obj: &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gold", Annotations: map[string]string{
+				annotations.Previous(annotations.SweepRequest): "r4", annotations.SweepHandled: "r4"}}},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

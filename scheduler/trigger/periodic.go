@@ -203,7 +203,7 @@ func longestGap(s cron.Schedule, from time.Time) time.Duration {
 // resolve picks the schedule in force for sc. An invalid annotation is reported and the schedule
 // the class already had stays (or, for a class seen the first time, the configured one).
 func (p *Periodic) resolve(ctx context.Context, sc *storagev1.StorageClass) (string, string, cron.Schedule) {
-	if spec, ok := sc.Annotations[annotations.Schedule]; ok {
+	if spec, ok := annotations.Get(sc.Annotations, annotations.Schedule); ok {
 		spec = strings.TrimSpace(spec)
 		if spec == annotations.ScheduleOff {
 			p.opts.Metrics.clearInvalid(sc.Name)
@@ -234,8 +234,13 @@ func (p *Periodic) resolve(ctx context.Context, sc *storagev1.StorageClass) (str
 }
 
 func (p *Periodic) reportInvalid(ctx context.Context, sc *storagev1.StorageClass, err error) {
-	msg := fmt.Sprintf("annotation %s: %v; the previous schedule stays in force", annotations.Schedule, err)
-	klog.FromContext(ctx).Error(err, "Invalid schedule on StorageClass", "storageClass", sc.Name, "annotation", annotations.Schedule)
+	// Name the key the operator wrote: a class annotated for 0.1.0 carries the previous one.
+	key := annotations.Schedule
+	if _, ok := sc.Annotations[key]; !ok {
+		key = annotations.Previous(key)
+	}
+	msg := fmt.Sprintf("annotation %s: %v; the previous schedule stays in force", key, err)
+	klog.FromContext(ctx).Error(err, "Invalid schedule on StorageClass", "storageClass", sc.Name, "annotation", key)
 	if p.opts.Recorder != nil {
 		p.opts.Recorder.Event(sc, corev1.EventTypeWarning, ReasonInvalidSchedule, msg)
 	}

@@ -47,6 +47,18 @@ func TestScheduleSourcePrecedence(t *testing.T) {
 		"configuration of another class does not apply": {
 			defaultSpec: "@daily", config: map[string]string{"other": "@hourly"}, want: "@daily",
 		},
+		"annotation of 0.1.0 wins over configuration": {
+			defaultSpec: "@every 6h", config: map[string]string{"fast": "@every 2h"},
+			annotations: map[string]string{annotations.Previous(annotations.Schedule): "@every 1h"}, want: "@every 1h",
+		},
+		"annotation of 0.1.0 off turns sweeps off": {
+			defaultSpec: "@every 6h", annotations: map[string]string{annotations.Previous(annotations.Schedule): "off"},
+		},
+		"new annotation wins over the one of 0.1.0": {
+			defaultSpec: "@every 6h",
+			annotations: map[string]string{annotations.Schedule: "@every 3h", annotations.Previous(annotations.Schedule): "off"},
+			want:        "@every 3h",
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -29,7 +29,7 @@ var markerAnnotations = []string{annotations.CSIAddonsPod, annotations.CSIAddons
 // without a "/" (the healer's part carries "/<pod UID>").
 func onlyCSIAddonsSidecarRestarted(n *csiaddonsv1alpha1.CSIAddonsNode, handled string) bool {
 	current := n.Annotations[annotations.CSIAddonsRestart]
-	if handled == "" || current == "" || n.Annotations[annotations.HealerRestart] == "" {
+	if handled == "" || current == "" || annotations.Value(n.Annotations, annotations.HealerRestart) == "" {
 		return false
 	}
 	var rest []string
@@ -41,7 +41,7 @@ func onlyCSIAddonsSidecarRestarted(n *csiaddonsv1alpha1.CSIAddonsNode, handled s
 	}
 	var want []string
 	for _, a := range []string{annotations.CSIAddonsPod, annotations.HealerRestart} {
-		if v := n.Annotations[a]; v != "" {
+		if v := annotations.Value(n.Annotations, a); v != "" {
 			want = append(want, v)
 		}
 	}
@@ -54,7 +54,7 @@ func onlyCSIAddonsSidecarRestarted(n *csiaddonsv1alpha1.CSIAddonsNode, handled s
 func RestartMarker(n *csiaddonsv1alpha1.CSIAddonsNode) string {
 	var parts []string
 	for _, a := range markerAnnotations {
-		if v := n.Annotations[a]; v != "" {
+		if v := annotations.Value(n.Annotations, a); v != "" {
 			parts = append(parts, v)
 		}
 	}
@@ -71,7 +71,7 @@ func RestartMarker(n *csiaddonsv1alpha1.CSIAddonsNode) string {
 // with it.
 func Unswept(n *csiaddonsv1alpha1.CSIAddonsNode, sweepCSIAddonsSidecarRestarts bool) (marker string, unswept bool) {
 	marker = RestartMarker(n)
-	handled := n.Annotations[annotations.HandledMarker]
+	handled := annotations.Value(n.Annotations, annotations.HandledMarker)
 	if n.DeletionTimestamp != nil || marker == handled || n.Spec.Driver.Name == "" ||
 		(!sweepCSIAddonsSidecarRestarts && onlyCSIAddonsSidecarRestarted(n, handled)) {
 		return marker, false
@@ -248,7 +248,8 @@ func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
 }
 
 // RecordHandled writes the marker of a finished restart sweep onto its CSIAddonsNode with a merge
-// patch that touches only that annotation, so a csi-addons sidecar owning the object keeps its own.
+// patch that touches only that annotation (and removes the key release 0.1.0 wrote it under), so
+// a csi-addons sidecar owning the object keeps its own.
 func RecordHandled(ctx context.Context, c client.Client, s scheduler.Sweep) error {
 	patch := annotations.MergePatch(map[string]string{annotations.HandledMarker: s.Marker})
 	n := &csiaddonsv1alpha1.CSIAddonsNode{}

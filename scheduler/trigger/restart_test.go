@@ -165,6 +165,46 @@ func TestCSIAddonsSidecarRestartAlone(t *testing.T) {
 	}
 }
 
+// A CSIAddonsNode written by 0.1.0 (the healer's restart marker and the handled marker under the
+// keys of healer.csiaddons.openshift.io) is a restart already swept, as the same object written
+// under the new keys is; a new start of the healer sidecar, which writes the new key and removes
+// the old one, is a restart to sweep.
+func TestRestartMarkerUnderEitherKey(t *testing.T) {
+	const (
+		pod     = "0b1c2d3e-0000-4000-8000-000000000001"
+		started = "2026-12-01T10:00:01.5Z/" + pod
+	)
+	previous := annotations.Previous
+	swept := pod + "|2026-12-01T10:00:00Z|" + started
+	tests := map[string]struct {
+		annotations map[string]string
+		wantMarker  string
+		wantSweep   bool
+	}{
+		"written by 0.1.0, swept": {annotations: map[string]string{
+			previous(annotations.HealerRestart): started, previous(annotations.HandledMarker): swept}, wantMarker: swept},
+		"written by now, swept": {annotations: map[string]string{
+			annotations.HealerRestart: started, annotations.HandledMarker: swept}, wantMarker: swept},
+		"marker of 0.1.0, handled by now": {annotations: map[string]string{
+			previous(annotations.HealerRestart): started, annotations.HandledMarker: swept}, wantMarker: swept},
+		"new start after 0.1.0 swept": {annotations: map[string]string{
+			annotations.HealerRestart: "2026-12-02T08:00:00Z/" + pod, previous(annotations.HandledMarker): swept},
+			wantMarker: pod + "|2026-12-01T10:00:00Z|2026-12-02T08:00:00Z/" + pod, wantSweep: true},
+		"written by 0.1.0, never swept": {annotations: map[string]string{previous(annotations.HealerRestart): started},
+			wantMarker: swept, wantSweep: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.annotations[annotations.CSIAddonsPod] = pod
+			tc.annotations[annotations.CSIAddonsRestart] = "2026-12-01T10:00:00Z"
+			marker, unswept := Unswept(csiAddonsNode(tc.annotations), false)
+			if marker != tc.wantMarker || unswept != tc.wantSweep {
+				t.Errorf("Unswept = %q, %v; want %q, %v", marker, unswept, tc.wantMarker, tc.wantSweep)
+			}
+		})
+	}
+}
+
 // Changes of a CSIAddonsNode while its restart is being swept (a status update, the healer
 // sidecar writing its annotations back, the sweep's own Events) do not start a second sweep of
 // the same marker; the next restart, or the same marker after its object was deleted and came

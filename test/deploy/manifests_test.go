@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
 )
 
@@ -581,7 +582,9 @@ func checkController(t *testing.T, s controllerSetup) {
 // server calls the Service's port that reaches webhook.bindAddress on the webhook's path, for
 // creates and updates of the ConfigMaps policy.labelSelector picks in policy.namespace; the
 // certificate files are on a Secret volume, and the caBundle (when rendered) signs the certificate
-// for the Service's name; no NetworkPolicy shuts the API server out.
+// for the Service's name; no NetworkPolicy shuts the API server out. The default selector also
+// selects the ConfigMaps labelled for 0.1.0 (policy.Selectors): one webhook per selector, the
+// same but for its name and object selector.
 func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, containerPorts map[string]int32) {
 	t.Helper()
 	cfg, dep := s.cfg, s.deployment
@@ -591,10 +594,32 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 	}
 	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 	convert(t, vwcs[0], &vwc)
-	if len(vwc.Webhooks) != 1 {
-		t.Fatalf("%d webhooks in %s, want 1", len(vwc.Webhooks), vwc.Name)
+	policySels, err := policy.Selectors(cfg.Policy.LabelSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vwc.Webhooks) != len(policySels) {
+		t.Fatalf("%d webhooks in %s, want %d, one per selector of policy.labelSelector %s", len(vwc.Webhooks), vwc.Name, len(policySels), cfg.Policy.LabelSelector)
 	}
 	wh := vwc.Webhooks[0]
+	for i, other := range vwc.Webhooks {
+		// The ConfigMaps sent are those the controller reads: a policy label, in the policy namespace.
+		objSel, err := metav1.LabelSelectorAsSelector(other.ObjectSelector)
+		if err != nil || other.ObjectSelector == nil {
+			t.Fatalf("webhook %s: objectSelector %v: %v", other.Name, other.ObjectSelector, err)
+		}
+		if objSel.String() != policySels[i].String() {
+			t.Errorf("webhook %s: objectSelector %s, want %s of policy.labelSelector %s: the webhook would judge other ConfigMaps than the controller reads",
+				other.Name, objSel, policySels[i], cfg.Policy.LabelSelector)
+		}
+		if i == 0 {
+			continue
+		}
+		other.Name, other.ObjectSelector = wh.Name, wh.ObjectSelector
+		if !reflect.DeepEqual(other, wh) {
+			t.Errorf("webhook %s differs from %s in more than its name and object selector", vwc.Webhooks[i].Name, wh.Name)
+		}
+	}
 
 	if !slices.Equal(wh.AdmissionReviewVersions, []string{"v1"}) {
 		t.Errorf("admissionReviewVersions %v: the controller answers v1 alone", wh.AdmissionReviewVersions)
@@ -619,18 +644,6 @@ func checkWebhook(t *testing.T, s controllerSetup, svc corev1.Service, container
 		t.Errorf("the rule %+v, want CREATE and UPDATE of v1 configmaps alone", r)
 	}
 
-	// The ConfigMaps sent are those the controller reads: the policy label, in the policy namespace.
-	objSel, err := metav1.LabelSelectorAsSelector(wh.ObjectSelector)
-	if err != nil || wh.ObjectSelector == nil {
-		t.Fatalf("objectSelector %v: %v", wh.ObjectSelector, err)
-	}
-	policySel, err := labels.Parse(cfg.Policy.LabelSelector)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if objSel.String() != policySel.String() {
-		t.Errorf("objectSelector %s, policy.labelSelector %s: the webhook would judge other ConfigMaps than the controller reads", objSel, policySel)
-	}
 	if wh.NamespaceSelector != nil {
 		nsSel, err := metav1.LabelSelectorAsSelector(wh.NamespaceSelector)
 		if err != nil || !nsSel.Matches(labels.Set{"kubernetes.io/metadata.name": cfg.Policy.Namespace}) {

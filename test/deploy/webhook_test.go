@@ -107,7 +107,7 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 	broken := "package volumehealer\n\n# A brace short.\ndecision := {\"action\": \"skip\", \"reason\": \"Broken\"\n"
 	_, err := cms.Update(ctx, policyOf(broken), metav1.UpdateOptions{})
 	for _, want := range []string{
-		`admission webhook "policy.volume-healer.csiaddons.openshift.io" denied the request`,
+		`admission webhook "policy.volume-healer.io" denied the request`,
 		"ConfigMap volume-healer/volume-healer-policy: policy rejected (parse)",
 		"volume-healer/volume-healer-policy/policy.rego:5",
 	} {
@@ -128,6 +128,12 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 	if _, err := cms.Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), "policy rejected") {
 		t.Errorf("a dry run creating a second decision: %v, want it refused", err)
 	}
+	// Labelled as for 0.1.0, it is a policy ConfigMap too, sent by the second webhook.
+	second.Labels = map[string]string{annotations.Previous(annotations.PolicyLabel): annotations.PolicyLabelValue}
+	if _, err := cms.Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil ||
+		!strings.Contains(err.Error(), `admission webhook "legacy-policy.volume-healer.io" denied the request`) || !strings.Contains(err.Error(), "policy rejected") {
+		t.Errorf("a dry run creating a second decision labelled for 0.1.0: %v, want it refused by legacy-policy.volume-healer.io", err)
+	}
 
 	// Not the webhook's business: a ConfigMap without the policy label, however broken its Rego.
 	draft := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNamespace, Name: "draft"}, Data: map[string]string{"policy.rego": broken}}
@@ -145,7 +151,7 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 		return now != before && strings.Contains(now, `"status":"ok"`), now
 	})
 	scrape := get(t, "http://"+metricsAddr+"/metrics")
-	for _, want := range []string{`volume_healer_webhook_reviews_total{result="denied"} 2`, `volume_healer_webhook_reviews_total{result="allowed"}`} {
+	for _, want := range []string{`volume_healer_webhook_reviews_total{result="denied"} 3`, `volume_healer_webhook_reviews_total{result="allowed"}`} {
 		if !strings.Contains(string(scrape), want) {
 			t.Errorf("the controller's /metrics lacks %s:\n%s", want, grep(scrape, "volume_healer_webhook_reviews_total"))
 		}

@@ -23,7 +23,7 @@ import (
 )
 
 // webhookName names the webhook in the API server's denials, as deploy/ registers it.
-const webhookName = "policy.volume-healer.csiaddons.openshift.io"
+const webhookName = "policy.volume-healer.io"
 
 // TestKubectlApplyOfABrokenPolicyFails runs the controller with its policy webhook on a loopback
 // port, registers it with the API server as deploy/ does (a URL and a caBundle in place of the

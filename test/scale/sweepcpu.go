@@ -127,7 +127,7 @@ var teamPolicy = policy.Module{File: "teams.rego", Text: `package volumehealer
 import data.volumehealer.builtin
 
 decision := {"action": "skip", "reason": "OptedOut"} if {
-	input.volume.pvc.labels["healer.csiaddons.openshift.io/skip"] == "true"
+	input.volume.pvc.labels["volume-healer.io/skip"] == "true"
 } else := {"action": "skip", "reason": "Sandbox"} if {
 	endswith(input.volume.pvc.namespace, "-sandbox")
 } else := object.union(builtin.decision, {"priority": tier_priority[input.volume.pvc.labels.tier]}) if {
@@ -179,7 +179,7 @@ func teamLabels(i int, namespace string) map[string]string {
 		labels["app.kubernetes.io/managed-by"] = "Helm"
 	}
 	if v%100 == 42 {
-		labels["healer.csiaddons.openshift.io/skip"] = "true"
+		labels["volume-healer.io/skip"] = "true"
 	}
 	return labels
 }

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -190,13 +192,19 @@ func newPolicyExplainCommand() *cobra.Command {
 					return err
 				}
 			} else {
-				list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+				items, err := policyConfigMaps(selector, func(sel labels.Selector) ([]corev1.ConfigMap, error) {
+					list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+					if err != nil {
+						return nil, fmt.Errorf("listing policy ConfigMaps: %w", err)
+					}
+					return list.Items, nil
+				})
 				if err != nil {
-					return fmt.Errorf("listing policy ConfigMaps: %w", err)
+					return err
 				}
-				cms := make([]*corev1.ConfigMap, len(list.Items))
-				for i := range list.Items {
-					cms[i] = &list.Items[i]
+				cms := make([]*corev1.ConfigMap, len(items))
+				for i := range items {
+					cms[i] = &items[i]
 				}
 				if found := policy.ModulesFromConfigMaps(cms); len(found) > 0 {
 					modules = found
@@ -279,4 +287,27 @@ func restartInput(ctx context.Context, client kubernetes.Interface, in policy.In
 		at = time.Now()
 	}
 	return scope.Input(in, p, at), nil
+}
+
+// policyConfigMaps lists the policy ConfigMaps as the controller selects them (policy.Selectors):
+// one LIST per selector, each ConfigMap once, by name.
+func policyConfigMaps(selector string, list func(labels.Selector) ([]corev1.ConfigMap, error)) ([]corev1.ConfigMap, error) {
+	sels, err := policy.Selectors(selector)
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.ConfigMap
+	for _, sel := range sels {
+		items, err := list(sel)
+		if err != nil {
+			return nil, err
+		}
+		for _, cm := range items {
+			if !slices.ContainsFunc(out, func(o corev1.ConfigMap) bool { return o.Name == cm.Name }) {
+				out = append(out, cm)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b corev1.ConfigMap) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }

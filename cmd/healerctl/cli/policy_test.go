@@ -77,7 +77,7 @@ func TestPolicyExplainPod(t *testing.T) {
 			want: []string{
 				"volume: pv-data (driver " + statusDriver + ", node node-1), trigger restart, after a probe (healthy: false)",
 				"pod: shop/web-1 (owner ReplicaSet, disruption budget: false), time 2026-12-01T03:00:00Z",
-				"namespace labels: " + annotations.EvictPodsLabel + "=true",
+				"namespace labels: kubernetes.io/metadata.name=shop, " + annotations.EvictPodsLabel + "=true",
 				`restart decision: {"action":"evict","reason":"NamespaceOptedIn"}`,
 				"data.volumehealer.builtin.restart",
 			},

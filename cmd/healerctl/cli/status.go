@@ -240,7 +240,7 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 		marker, unswept := trigger.Unswept(n, o.sweepCSIAddonsSidecarRestarts)
 		r := Restart{
 			Driver: n.Spec.Driver.Name, Node: n.Spec.Driver.NodeID, CSIAddonsNode: n.Namespace + "/" + n.Name,
-			State: RestartHandled, Marker: marker, HandledMarker: n.Annotations[annotations.HandledMarker],
+			State: RestartHandled, Marker: marker, HandledMarker: annotations.Value(n.Annotations, annotations.HandledMarker),
 			LastSweep: newest[n.Namespace+"/"+n.Name],
 		}
 		if at, ok := restartTime(n); ok {
@@ -279,7 +279,7 @@ var sweepEventRank = map[string]int{healer.ReasonRestartSweepStarted: 1, healer.
 // csi-addons sidecar's.
 func restartTime(n *csiaddonsv1alpha1.CSIAddonsNode) (time.Time, bool) {
 	var newest time.Time
-	if t, ok := annotations.HealerRestartTime(n.Annotations[annotations.HealerRestart]); ok {
+	if t, ok := annotations.HealerRestartTime(annotations.Value(n.Annotations, annotations.HealerRestart)); ok {
 		newest = t
 	}
 	if t, err := time.Parse(time.RFC3339Nano, n.Annotations[annotations.CSIAddonsRestart]); err == nil && t.After(newest) {
@@ -309,7 +309,7 @@ func (s *Status) readVolumes(ctx context.Context, c client.Client) error {
 			return fmt.Errorf("list PVCs: %w", err)
 		}
 		for _, pvc := range page.Items {
-			if _, ok := pvc.Annotations[annotations.VolumeStatus]; ok {
+			if _, ok := annotations.Get(pvc.Annotations, annotations.VolumeStatus); ok {
 				claims = append(claims, pvc)
 			}
 		}
@@ -321,7 +321,7 @@ func (s *Status) readVolumes(ctx context.Context, c client.Client) error {
 	for _, pvc := range claims {
 		key := pvc.Namespace + "/" + pvc.Name
 		var st healer.VolumeStatus
-		if err := json.Unmarshal([]byte(pvc.Annotations[annotations.VolumeStatus]), &st); err != nil {
+		if err := json.Unmarshal([]byte(annotations.Value(pvc.Annotations, annotations.VolumeStatus)), &st); err != nil {
 			s.Problems = append(s.Problems, fmt.Sprintf("PVC %s: annotation %s is not a volume status (%v); fix or remove it", key, annotations.VolumeStatus, err))
 			continue
 		}
@@ -394,31 +394,33 @@ func healthText(hs []probe.Health) string {
 func (s *Status) readPolicy(ctx context.Context, c client.Client, o statusOptions) error {
 	p := &s.Policy
 	p.Namespace, p.Selector, p.ConfigMaps = o.policyNamespace, o.policySelector, []PolicyConfigMap{}
-	sel, err := labels.Parse(o.policySelector)
+	items, err := policyConfigMaps(o.policySelector, func(sel labels.Selector) ([]corev1.ConfigMap, error) {
+		var cms corev1.ConfigMapList
+		if err := c.List(ctx, &cms, client.InNamespace(o.policyNamespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			return nil, fmt.Errorf("list the policy ConfigMaps in namespace %s: %w", o.policyNamespace, err)
+		}
+		return cms.Items, nil
+	})
 	if err != nil {
-		return fmt.Errorf("--policy-selector %q: %w", o.policySelector, err)
-	}
-	var cms corev1.ConfigMapList
-	if err := c.List(ctx, &cms, client.InNamespace(o.policyNamespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return fmt.Errorf("list the policy ConfigMaps in namespace %s: %w", o.policyNamespace, err)
+		return fmt.Errorf("--policy-selector: %w", err)
 	}
 	var lastGood corev1.ConfigMap
 	switch err := c.Get(ctx, client.ObjectKey{Namespace: o.policyNamespace, Name: policy.DefaultLastGoodName}, &lastGood); {
 	case err == nil:
-		p.LastGoodRevision = lastGood.Annotations[annotations.PolicyLastGoodRevision]
+		p.LastGoodRevision = annotations.Value(lastGood.Annotations, annotations.PolicyLastGoodRevision)
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("get ConfigMap %s/%s: %w", o.policyNamespace, policy.DefaultLastGoodName, err)
 	}
-	if len(cms.Items) == 0 {
+	if len(items) == 0 {
 		p.InForce, p.Serving = true, "the built-in default policy (no policy ConfigMap)"
 		return nil
 	}
 	p.InForce = true
 	var rejected []string
-	for _, cm := range cms.Items {
+	for _, cm := range items {
 		name := cm.Namespace + "/" + cm.Name
 		entry := PolicyConfigMap{Name: name}
-		raw, ok := cm.Annotations[annotations.PolicyStatus]
+		raw, ok := annotations.Get(cm.Annotations, annotations.PolicyStatus)
 		if !ok {
 			p.InForce = false
 			s.Problems = append(s.Problems, fmt.Sprintf("Policy ConfigMap %s has no status: the controller has not loaded it (is it running, and is its policy.namespace %s?)", name, o.policyNamespace))

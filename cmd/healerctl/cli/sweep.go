@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
@@ -26,9 +27,9 @@ func newSweepCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sweep (--storage-class NAME | --pvc NAMESPACE/NAME | --driver NAME --node NAME)",
 		Short: "Ask the controller for an immediate sweep of a StorageClass, a PVC's volume, or a driver on a node",
-		Long: "sweep sets the healer.csiaddons.openshift.io/sweep annotation on the StorageClass, PVC or\n" +
+		Long: "sweep sets the " + annotations.SweepRequest + " annotation on the StorageClass, PVC or\n" +
 			"CSIAddonsNode; the controller sweeps the volumes it selects once, then copies the request to\n" +
-			"healer.csiaddons.openshift.io/sweep-handled and records a ManualSweepFinished Event.",
+			annotations.SweepHandled + " and records a ManualSweepFinished Event.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := kube.client()

@@ -28,7 +28,7 @@ pod(namespace, owner, time) := {
 	},
 	"pod": {"namespace": namespace, "name": "app-0", "ownerKind": owner, "labels": {}, "disruptionBudget": false},
 	"namespace": {"name": namespace, "labels": {}},
-	"storageClass": {"name": "ceph-rbd-nbd", "labels": {"healer.csiaddons.openshift.io/evict-pods": "true"}},
+	"storageClass": {"name": "ceph-rbd-nbd", "labels": {"volume-healer.io/evict-pods": "true"}},
 	"time": time,
 }
 

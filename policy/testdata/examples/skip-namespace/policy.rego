@@ -1,5 +1,5 @@
 # Leave alone every volume of the namespace "scratch", and every volume whose claim carries the
-# label healer.csiaddons.openshift.io/skip: "true". Everything else follows the built-in policy.
+# label volume-healer.io/skip: "true". Everything else follows the built-in policy.
 package volumehealer
 
 skipped_namespaces := {"scratch"}
@@ -7,5 +7,5 @@ skipped_namespaces := {"scratch"}
 decision := {"action": "skip", "reason": "NamespaceOptedOut"} if {
 	input.volume.pvc.namespace in skipped_namespaces
 } else := {"action": "skip", "reason": "ClaimOptedOut"} if {
-	input.volume.pvc.labels["healer.csiaddons.openshift.io/skip"] == "true"
+	input.volume.pvc.labels["volume-healer.io/skip"] == "true"
 } else := data.volumehealer.builtin.decision

@@ -26,12 +26,12 @@ test_scratch_namespace_is_skipped if {
 }
 
 test_labelled_claim_is_skipped if {
-	labels := {"healer.csiaddons.openshift.io/skip": "true"}
+	labels := {"volume-healer.io/skip": "true"}
 	volumehealer.decision == {"action": "skip", "reason": "ClaimOptedOut"} with input as claim("shop", labels)
 }
 
 test_label_must_say_true if {
-	labels := {"healer.csiaddons.openshift.io/skip": "false"}
+	labels := {"volume-healer.io/skip": "false"}
 	volumehealer.decision.action == "probe" with input as claim("shop", labels)
 }
 
