@@ -18,7 +18,8 @@
 //     files and environment that rest.InClusterConfig reads (StartContainer, through
 //     test/container), and the real csi-addons sidecar built for it (BuildCSIAddonsSidecar,
 //     Suite.CSIAddons);
-//   - free loopback ports (FreeAddr) and polling (WaitFor, Eventually).
+//   - free loopback ports (FreeAddr) and polling (WaitFor, Eventually: test/harness/poll, which
+//     unit tests use directly).
 //
 // What only a test can use takes a TB, which *testing.T satisfies; a program such as the demo
 // runs such code under RunScript. Everything else returns errors and may run in any goroutine.
