@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-	"k8s.io/mount-utils"
 
 	"github.com/volume-healer/volume-healer/driverkit"
 )
@@ -89,36 +89,35 @@ func sharedRoot(t *testing.T) string {
 }
 
 // topMount returns the top-most mount at path in this process's mount table.
-func topMount(t *testing.T, path string) *mount.MountInfo {
+func topMount(t *testing.T, path string) *mountinfo.Info {
 	t.Helper()
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(at(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var top *mount.MountInfo
-	for i := range infos {
-		if infos[i].MountPoint == path {
-			top = &infos[i]
-		}
+	if len(infos) == 0 {
+		return nil
 	}
-	return top
+	return infos[len(infos)-1]
 }
 
 // mountCount returns how many mounts are stacked at path.
 func mountCount(t *testing.T, path string) int {
 	t.Helper()
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(at(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, m := range infos {
-		if m.MountPoint == path {
-			n++
-		}
-	}
-	return n
+	return len(infos)
 }
+
+// at keeps the mounts at path, stacked ones too, in mount order.
+func at(path string) mountinfo.FilterFunc {
+	return func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != path, false }
+}
+
+// mountOptions are a mount's own options: "rw", "nosuid", ...
+func mountOptions(m *mountinfo.Info) []string { return strings.Split(m.Options, ",") }
 
 // helper is a child process running this test binary in one of its helper modes.
 type helper struct {

@@ -12,8 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/volume-healer/volume-healer/test/harness"
-	"k8s.io/mount-utils"
 )
 
 // Stop stops every component and removes what the node left on the machine: the pods'
@@ -219,13 +220,13 @@ func removeCgroups(name string) error {
 // mountsUnder lists the mount points below any of roots (a root ending in "-" is a name
 // prefix), deepest first, from this process's mount table.
 func mountsUnder(roots ...string) []string {
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil
 	}
 	var points []string
 	for _, m := range infos {
-		point := m.MountPoint
+		point := m.Mountpoint
 		for _, root := range roots {
 			if point == root || strings.HasPrefix(point, strings.TrimSuffix(root, "/")+"/") ||
 				(strings.HasSuffix(root, "-") && strings.HasPrefix(point, root)) {

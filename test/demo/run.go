@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -91,16 +92,13 @@ func earlierDemo(dir string) error {
 
 // mountsUnder lists the mount points at or below dir in this process's mount namespace.
 func mountsUnder(dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil
 	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		// The fifth field is the mount point.
-		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			out = append(out, f[4])
-		}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.Mountpoint)
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
@@ -339,15 +340,12 @@ func (n *RealNode) Close() error {
 // must not leave behind.
 func Leftovers(dir string) error {
 	var problems []string
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return !underDir(m.Mountpoint, dir), false })
 	if err != nil {
 		return err
 	}
-	for _, line := range strings.Split(string(mounts), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && underDir(fields[4], dir) {
-			problems = append(problems, "mount at "+fields[4])
-		}
+	for _, m := range mounts {
+		problems = append(problems, "mount at "+m.Mountpoint)
 	}
 	for _, pid := range ProcessesUnder(dir) {
 		problems = append(problems, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
