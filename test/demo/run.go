@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -80,7 +81,7 @@ func run(ctx context.Context, o options) error {
 func earlierDemo(dir string) error {
 	if b, err := os.ReadFile(filepath.Join(dir, "demo.pid")); err == nil {
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && pid != os.Getpid() && strings.Contains(string(cmd), "demo") {
+		if cmd := harness.CommandLine(pid); pid != os.Getpid() && slices.ContainsFunc(cmd, func(a string) bool { return strings.Contains(a, "demo") }) {
 			return fmt.Errorf("a demo still runs in %s (pid %d); `make demo-down` ends it", dir, pid)
 		}
 	}

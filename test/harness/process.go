@@ -2,17 +2,17 @@ package harness
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // Processes starts child processes and knows which of them still run.
@@ -215,40 +215,22 @@ func (p *Process) KillGroup() error {
 // only wait to be reaped, have).
 func groupMembers(pgid int) []int {
 	return ProcessesWhere(func(pid int) bool {
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return false
-		}
-		// The command name (field 2) may hold spaces and parentheses: fields after it start
-		// after the last ')'. Then: state, ppid, pgrp.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			return false
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
-			return false
-		}
-		g, err := strconv.Atoi(fields[2])
-		return err == nil && g == pgid
+		stat, ok := ProcessStat(pid)
+		return ok && stat.PGRP == pgid && stat.State != "Z" && stat.State != "X"
 	})
 }
 
 // ProcessesWhere lists the processes of this machine (its /proc) for which keep returns true. A
 // process may end while keep looks at it: keep then finds its /proc files gone.
 func ProcessesWhere(keep func(pid int) bool) []int {
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return nil
 	}
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if keep(pid) {
-			out = append(out, pid)
+	for _, p := range procs {
+		if keep(p.PID) {
+			out = append(out, p.PID)
 		}
 	}
 	return out
@@ -257,11 +239,26 @@ func ProcessesWhere(keep func(pid int) bool) []int {
 // CommandLine returns the arguments of process pid, its program first; none when the process has
 // ended, a zombie included (its command line is empty).
 func CommandLine(pid int) []string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || len(b) == 0 {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
 		return nil
 	}
-	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	args, err := p.CmdLine()
+	if err != nil || len(args) == 0 {
+		return nil
+	}
+	return args
+}
+
+// ProcessStat reads /proc/<pid>/stat: the process's state, parent, group, CPU times; false when
+// the process has ended.
+func ProcessStat(pid int) (procfs.ProcStat, bool) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return procfs.ProcStat{}, false
+	}
+	stat, err := p.Stat()
+	return stat, err == nil
 }
 
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -367,8 +366,7 @@ func ProcessesUnder(dir string) []int {
 		if pid == os.Getpid() {
 			return false
 		}
-		for _, arg := range bytes.Split([]byte(cmdline(pid)), []byte(" ")) {
-			a := string(arg)
+		for _, a := range strings.Fields(cmdline(pid)) {
 			if i := strings.IndexByte(a, '='); i >= 0 {
 				a = a[i+1:]
 			}
@@ -380,13 +378,8 @@ func ProcessesUnder(dir string) []int {
 	})
 }
 
-func cmdline(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte(" "))))
-}
+// cmdline is the command line of process pid as a shell shows it; "" once the process has ended.
+func cmdline(pid int) string { return strings.Join(CommandLine(pid), " ") }
 
 // KillProcessesUnder kills what ProcessesUnder finds and waits for it to go.
 func KillProcessesUnder(dir string) error {

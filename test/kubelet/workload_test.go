@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-healer/volume-healer/test/kubelet"
@@ -275,14 +276,12 @@ func TestWorkloadDiesWithItsStarter(t *testing.T) {
 // running says whether process pid exists and has not exited: a zombie that nobody reaped holds
 // no mount namespace.
 func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return false
 	}
-	// The state follows the command name in parentheses, which may itself hold ") ".
-	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
-	fields := strings.Fields(rest)
-	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
+	stat, err := p.Stat()
+	return err == nil && stat.State != "Z" && stat.State != "X"
 }
 
 // syncBuffer is a bytes.Buffer that a workload may write while a test reads it.
