@@ -12,7 +12,8 @@
 //     Nodes, and volumes as test/fixtures shapes them, removed when the test ends (Fixture, Volume);
 //   - building the project's programs once per run into one folder of the checkout (Build);
 //   - child processes that die with the process that started them (Processes, Process), the
-//     controller as one of them, its readiness, metrics and log (StartController, Controller);
+//     controller as one of them, its readiness, metrics and log (StartController, Controller),
+//     started by test/harness/fork, which test/kubelet's workloads use too;
 //   - a node plugin pod in this process: the reference driver on a UNIX socket behind the real
 //     healer sidecar on a loopback port (Plugin, ServeDriver, StartSidecar), and the driver calls
 //     it received (DriverCalls);

@@ -6,23 +6,22 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/volume-healer/volume-healer/test/harness/fork"
 )
 
 // Processes starts child processes and knows which of them still run.
 //
-// Every child gets Pdeathsig: the kernel kills it when the thread that forked it ends. That thread
-// is the one of a goroutine locked to it that never returns, so it lives exactly as long as this
-// process: however the process ends (a failed test, a timeout's panic, SIGKILL), no controller,
-// sidecar or driver outlives it. Each child also leads a process group of its own, so that a
-// signal meant for this process (Ctrl-C in a terminal) does not reach it and the caller decides
-// its fate.
+// Every child is started by fork.Start: however this process ends (a failed test, a timeout's
+// panic, SIGKILL), no controller, sidecar or driver outlives it; and each leads a process group of
+// its own, so that a signal meant for this process (Ctrl-C in a terminal) does not reach it and
+// the caller decides its fate.
 type Processes struct {
 	mu   sync.Mutex
 	live map[*Process]struct{}
@@ -31,32 +30,6 @@ type Processes struct {
 // NewProcesses returns an empty register.
 func NewProcesses() *Processes {
 	return &Processes{live: map[*Process]struct{}{}}
-}
-
-type startRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-var (
-	forkerOnce sync.Once
-	forks      chan startRequest
-)
-
-// fork starts cmd from the one thread that lives as long as this process.
-func fork(cmd *exec.Cmd) error {
-	forkerOnce.Do(func() {
-		forks = make(chan startRequest)
-		go func() {
-			runtime.LockOSThread()
-			for req := range forks {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	forks <- startRequest{cmd: cmd, done: done}
-	return <-done
 }
 
 // Process is one running child.
@@ -87,8 +60,7 @@ func (ps *Processes) start(name, bin string, args, env []string, logPath string,
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: cloneflags}
-	if err := fork(cmd); err != nil {
+	if err := fork.Start(cmd, cloneflags); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
