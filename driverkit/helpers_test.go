@@ -3,6 +3,7 @@ package driverkit_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // helperStartTimeout bounds how long a helper process may take to say it is ready.
@@ -195,34 +198,19 @@ func (h *helper) signal(sig syscall.Signal) error {
 
 // waitStopped waits until every thread of the helper is stopped.
 func (h *helper) waitStopped() error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", h.cmd.Process.Pid))
-		if err != nil {
-			return err
+	pid := h.cmd.Process.Pid
+	return poll.Until(context.Background(), 10*time.Second, fmt.Sprintf("every thread of process %d to stop", pid), func() (bool, string) {
+		threads, err := procfs.AllThreads(pid)
+		if err != nil || len(threads) == 0 {
+			return false, fmt.Sprintf("no threads: %v", err)
 		}
-		stopped := len(tasks) > 0
-		for _, task := range tasks {
-			b, err := os.ReadFile(task)
-			if err != nil {
-				stopped = false
-				break
-			}
-			// The state follows the command name, which is in parentheses.
-			fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-			if len(fields) == 0 || fields[0] != "T" {
-				stopped = false
-				break
+		for _, th := range threads {
+			if st, err := th.Stat(); err != nil || st.State != "T" {
+				return false, fmt.Sprintf("thread %d in state %q (%v)", th.PID, st.State, err)
 			}
 		}
-		if stopped {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d did not stop within 10s", h.cmd.Process.Pid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return true, ""
+	})
 }
 
 // kill kills the helper and waits until it is gone; a stopped helper dies too.

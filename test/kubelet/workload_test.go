@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
 
@@ -262,14 +263,10 @@ func TestWorkloadDiesWithItsStarter(t *testing.T) {
 	killed = true
 	_ = helper.Process.Kill()
 	_ = helper.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for running(pid) {
-		if time.Now().After(deadline) {
-			// It is ours to clean up, but the test has failed.
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("workload %d still runs 10s after its starter was killed", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := poll.Until(t.Context(), 10*time.Second, fmt.Sprintf("workload %d to die with its starter", pid), poll.True(func() bool { return !running(pid) })); err != nil {
+		// It is ours to clean up, but the test has failed.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("%v", err)
 	}
 }
 
