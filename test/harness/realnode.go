@@ -387,14 +387,10 @@ func KillProcessesUnder(dir string) error {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(ProcessesUnder(dir)) > 0 {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes under %s survived SIGKILL: %v", dir, ProcessesUnder(dir))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
+	return WaitFor(context.Background(), 10*time.Second, "the processes under "+dir+" to end after SIGKILL", func() (bool, string) {
+		left := ProcessesUnder(dir)
+		return len(left) == 0, fmt.Sprintf("%v still run", left)
+	})
 }
 
 // RealMountsUnavailable says why this machine cannot run real mounts ("" when it can): they need
