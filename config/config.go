@@ -247,8 +247,8 @@ type SidecarTLS struct {
 	// CAFile is a PEM bundle of the CAs that sign the sidecars' serving certificates. Required
 	// when Enabled is true and InsecureSkipVerify is false. Default "".
 	CAFile string
-	// CertFile is a PEM client certificate presented to the sidecars; set together with
-	// KeyFile, or leave both empty to present none. Default "".
+	// CertFile is a PEM client certificate presented to the sidecars, read again when it or
+	// KeyFile changes; set together with KeyFile, or leave both empty to present none. Default "".
 	CertFile string
 	// KeyFile is the PEM private key of CertFile. Default "".
 	KeyFile string

@@ -287,13 +287,13 @@ var settings = []setting{
 	{
 		path:    "sidecar.tls.certFile",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.CertFile },
-		help:    "PEM client certificate presented to the sidecars, which require one signed by their --client-ca-file when it is set; empty presents none.",
+		help:    "PEM client certificate presented to the sidecars, which require one signed by their --client-ca-file when it is set; read again when it changes; empty presents none.",
 		allowed: "a path, set together with sidecar.tls.keyFile, or empty",
 	},
 	{
 		path:    "sidecar.tls.keyFile",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.KeyFile },
-		help:    "PEM private key of sidecar.tls.certFile.",
+		help:    "PEM private key of sidecar.tls.certFile; read again when it changes.",
 		allowed: "a path, set together with sidecar.tls.certFile, or empty",
 	},
 	{

@@ -125,13 +125,13 @@ func (c *Checker) Check(ctx context.Context, path string, want Expect) []Finding
 		findings = append(findings, Finding{Path: path, Status: csi.VolumeHealthErrorType_DEGRADED, Reason: ReasonReadOnlyMount,
 			Message: fmt.Sprintf("%s is mounted read-only, but the volume is meant to be read-write", path)})
 	}
-	if source := unescapeMountPath(top.Source); want.Source != "" && source != want.Source {
+	if source := top.Source; want.Source != "" && source != want.Source {
 		findings = append(findings, Finding{Path: path, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: ReasonWrongMountSource,
 			Message: fmt.Sprintf("%s shows mount source %q, not the volume's %q", path, source, want.Source)})
 	}
-	if want.FSType != "" && top.FsType != want.FSType {
+	if want.FSType != "" && top.FSType != want.FSType {
 		findings = append(findings, Finding{Path: path, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: ReasonWrongFilesystemType,
-			Message: fmt.Sprintf("%s has a %s filesystem, not the volume's %s", path, top.FsType, want.FSType)})
+			Message: fmt.Sprintf("%s has a %s filesystem, not the volume's %s", path, top.FSType, want.FSType)})
 	}
 	return findings
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // reasons returns the findings' reasons, for comparisons.
@@ -130,13 +131,7 @@ func TestCheckSharesAStatInFlight(t *testing.T) {
 	started := driverkit.StatsStarted(c)
 	results := make(chan []driverkit.Finding, 2)
 	go func() { results <- c.Check(context.Background(), mnt, driverkit.Expect{}) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for driverkit.StatsStarted(c) == started {
-		if time.Now().After(deadline) {
-			t.Fatal("the first check started no stat")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Eventually(t, 5*time.Second, "the first check to start a stat", poll.True(func() bool { return driverkit.StatsStarted(c) != started }))
 	go func() { results <- c.Check(context.Background(), mnt, driverkit.Expect{}) }()
 	time.Sleep(200 * time.Millisecond)
 	vol.signalDaemon(syscall.SIGCONT)
@@ -198,17 +193,10 @@ func TestCheckHungFUSEMount(t *testing.T) {
 
 	// Once the daemon is gone the blocked stat returns, and the next check tells a dead mount.
 	vol.killDaemon()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Eventually(t, 10*time.Second, "Check after the frozen daemon was killed to find "+driverkit.ReasonMountDisconnected, func() (bool, string) {
 		got = c.Check(context.Background(), mnt, driverkit.Expect{})
-		if len(got) == 1 && got[0].Reason == driverkit.ReasonMountDisconnected {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Check after the frozen daemon was killed = %+v, want %s", got, driverkit.ReasonMountDisconnected)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(got) == 1 && got[0].Reason == driverkit.ReasonMountDisconnected, fmt.Sprintf("%+v", got)
+	})
 }
 
 func TestCheckCutOffByContext(t *testing.T) {

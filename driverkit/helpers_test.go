@@ -3,6 +3,7 @@ package driverkit_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
-	"k8s.io/mount-utils"
 
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // helperStartTimeout bounds how long a helper process may take to say it is ready.
@@ -89,36 +92,35 @@ func sharedRoot(t *testing.T) string {
 }
 
 // topMount returns the top-most mount at path in this process's mount table.
-func topMount(t *testing.T, path string) *mount.MountInfo {
+func topMount(t *testing.T, path string) *mountinfo.Info {
 	t.Helper()
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(at(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var top *mount.MountInfo
-	for i := range infos {
-		if infos[i].MountPoint == path {
-			top = &infos[i]
-		}
+	if len(infos) == 0 {
+		return nil
 	}
-	return top
+	return infos[len(infos)-1]
 }
 
 // mountCount returns how many mounts are stacked at path.
 func mountCount(t *testing.T, path string) int {
 	t.Helper()
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(at(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, m := range infos {
-		if m.MountPoint == path {
-			n++
-		}
-	}
-	return n
+	return len(infos)
 }
+
+// at keeps the mounts at path, stacked ones too, in mount order.
+func at(path string) mountinfo.FilterFunc {
+	return func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != path, false }
+}
+
+// mountOptions are a mount's own options: "rw", "nosuid", ...
+func mountOptions(m *mountinfo.Info) []string { return strings.Split(m.Options, ",") }
 
 // helper is a child process running this test binary in one of its helper modes.
 type helper struct {
@@ -196,34 +198,19 @@ func (h *helper) signal(sig syscall.Signal) error {
 
 // waitStopped waits until every thread of the helper is stopped.
 func (h *helper) waitStopped() error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", h.cmd.Process.Pid))
-		if err != nil {
-			return err
+	pid := h.cmd.Process.Pid
+	return poll.Until(context.Background(), 10*time.Second, fmt.Sprintf("every thread of process %d to stop", pid), func() (bool, string) {
+		threads, err := procfs.AllThreads(pid)
+		if err != nil || len(threads) == 0 {
+			return false, fmt.Sprintf("no threads: %v", err)
 		}
-		stopped := len(tasks) > 0
-		for _, task := range tasks {
-			b, err := os.ReadFile(task)
-			if err != nil {
-				stopped = false
-				break
-			}
-			// The state follows the command name, which is in parentheses.
-			fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-			if len(fields) == 0 || fields[0] != "T" {
-				stopped = false
-				break
+		for _, th := range threads {
+			if st, err := th.Stat(); err != nil || st.State != "T" {
+				return false, fmt.Sprintf("thread %d in state %q (%v)", th.PID, st.State, err)
 			}
 		}
-		if stopped {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d did not stop within 10s", h.cmd.Process.Pid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return true, ""
+	})
 }
 
 // kill kills the helper and waits until it is gone; a stopped helper dies too.

@@ -2,24 +2,31 @@ package driverkit
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-	"k8s.io/mount-utils"
 )
 
-// mountInfo is one line of a mount table.
-type mountInfo = mount.MountInfo
+// mountInfo is one line of a mount table, its paths unescaped (a mount point with a space shows
+// as \040 in the file).
+type mountInfo = mountinfo.Info
 
 // selfMountInfo is the mount table of the calling process's mount namespace.
 const selfMountInfo = "/proc/self/mountinfo"
 
 // readMountTable parses a mountinfo file.
-func readMountTable(file string) ([]mountInfo, error) {
-	infos, err := mount.ParseMountInfo(file)
+func readMountTable(file string) ([]*mountInfo, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("read mount table %s: %w", file, err)
+	}
+	defer f.Close()
+	infos, err := mountinfo.GetMountsFromReader(f, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read mount table %s: %w", file, err)
 	}
@@ -29,12 +36,11 @@ func readMountTable(file string) ([]mountInfo, error) {
 // topMount returns the top-most mount at path in infos, or nil when nothing is mounted there.
 // Stacked mounts at one path appear in mount order, each the child of the one below it, so the
 // top-most is the last one that no other mount at the same path has as its parent.
-func topMount(infos []mountInfo, path string) *mountInfo {
+func topMount(infos []*mountInfo, path string) *mountInfo {
 	path = filepath.Clean(path)
 	var top *mountInfo
-	for i := range infos {
-		m := &infos[i]
-		if unescapeMountPath(m.MountPoint) != path || hasChildAt(infos, m) {
+	for _, m := range infos {
+		if m.Mountpoint != path || hasChildAt(infos, m) {
 			continue
 		}
 		top = m
@@ -44,10 +50,9 @@ func topMount(infos []mountInfo, path string) *mountInfo {
 
 // hasChildAt reports whether another mount in infos is stacked directly on m (mounted at the
 // same mount point with m as its parent).
-func hasChildAt(infos []mountInfo, m *mountInfo) bool {
-	for i := range infos {
-		c := &infos[i]
-		if c.ParentID == m.ID && c.ID != m.ID && c.MountPoint == m.MountPoint {
+func hasChildAt(infos []*mountInfo, m *mountInfo) bool {
+	for _, c := range infos {
+		if c.Parent == m.ID && c.ID != m.ID && c.Mountpoint == m.Mountpoint {
 			return true
 		}
 	}
@@ -59,30 +64,16 @@ func device(m *mountInfo) string {
 	return strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor)
 }
 
+// mountOptions are a mount's own options (mountinfo field 6): "rw", "nosuid", ...
+func mountOptions(m *mountInfo) []string { return strings.Split(m.Options, ",") }
+
+// superOptions are the options of a mount's superblock (the last field of a mountinfo line).
+func superOptions(m *mountInfo) []string { return strings.Split(m.VFSOptions, ",") }
+
 // readOnly reports whether a mount is read-only, either by its own flag (a read-only bind mount)
 // or by its superblock's (a filesystem remounted read-only after errors).
 func readOnly(m *mountInfo) bool {
-	return slices.Contains(m.MountOptions, "ro") || slices.Contains(m.SuperOptions, "ro")
-}
-
-// unescapeMountPath undoes the octal escapes (\040 for a space, \011, \012, \134) the kernel
-// writes for the characters of a mount point that would break the mountinfo format.
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return slices.Contains(mountOptions(m), "ro") || slices.Contains(superOptions(m), "ro")
 }
 
 // perMountFlags maps the per-mount options of a mountinfo line to the mount(2) flags that set

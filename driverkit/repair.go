@@ -14,7 +14,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"k8s.io/mount-utils"
 )
 
 // PublishTarget is one place a volume is published for a pod (NodePublishVolume's target path).
@@ -239,7 +238,7 @@ func (c *Checker) StaleInPods(volumeID, stagingPath string, want Expect) (Findin
 		return Finding{}, false
 	}
 	return c.staleFindingOf(volumeID, "source "+want.Source+", not device "+live, func(m *mountInfo) bool {
-		return m.Source == want.Source && m.FsType == want.FSType && device(m) != live
+		return m.Source == want.Source && m.FSType == want.FSType && device(m) != live
 	})
 }
 
@@ -284,7 +283,7 @@ func BindMount(source, target string, readOnly bool) error {
 	flags := uintptr(unix.MS_RDONLY)
 	if infos, err := readMountTable(selfMountInfo); err == nil {
 		if top := topMount(infos, target); top != nil {
-			flags |= perMountFlags(top.MountOptions)
+			flags |= perMountFlags(mountOptions(top))
 		}
 	}
 	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
@@ -303,8 +302,8 @@ func remountReadWrite(path, table string) error {
 	if err != nil {
 		return err
 	}
-	flags := perMountFlags(top.MountOptions) &^ unix.MS_RDONLY
-	if slices.Contains(top.SuperOptions, "ro") {
+	flags := perMountFlags(mountOptions(top)) &^ unix.MS_RDONLY
+	if slices.Contains(superOptions(top), "ro") {
 		if err := unix.Mount("", path, "", unix.MS_REMOUNT|flags, ""); err != nil {
 			return fmt.Errorf("remount the filesystem at %s read-write: %w", path, err)
 		}
@@ -312,7 +311,7 @@ func remountReadWrite(path, table string) error {
 			return err
 		}
 	}
-	if slices.Contains(top.MountOptions, "ro") {
+	if slices.Contains(mountOptions(top), "ro") {
 		if err := unix.Mount("", path, "", unix.MS_REMOUNT|unix.MS_BIND|flags, ""); err != nil {
 			return fmt.Errorf("remount the mount at %s read-write: %w", path, err)
 		}
@@ -322,7 +321,7 @@ func remountReadWrite(path, table string) error {
 	}
 	if readOnly(top) {
 		return fmt.Errorf("%s is still read-only after a read-write remount (mount options %s, filesystem options %s)",
-			path, strings.Join(top.MountOptions, ","), strings.Join(top.SuperOptions, ","))
+			path, top.Options, top.VFSOptions)
 	}
 	return nil
 }
@@ -414,14 +413,14 @@ func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
 		if scanned[ns] {
 			continue
 		}
-		infos, err := mount.ParseMountInfo(filepath.Join(proc, e.Name(), "mountinfo"))
+		infos, err := readMountTable(filepath.Join(proc, e.Name(), "mountinfo"))
 		if err != nil {
 			if denied(err) {
 				s.hidden++
 				continue
 			}
 			if !vanished(err) {
-				errs = append(errs, fmt.Errorf("process %d: read its mount table: %w", pid, err))
+				errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 			}
 			continue
 		}
@@ -432,13 +431,12 @@ func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
 		}
 		scanned[ns] = true
 		points := map[string]bool{}
-		for i := range infos {
-			m := &infos[i]
-			if !match(m) || points[m.MountPoint] || hasChildAt(infos, m) {
+		for _, m := range infos {
+			if !match(m) || points[m.Mountpoint] || hasChildAt(infos, m) {
 				continue
 			}
-			points[m.MountPoint] = true
-			s.mounts = append(s.mounts, StaleMount{PID: pid, Namespace: ns, MountPoint: unescapeMountPath(m.MountPoint), Device: device(m)})
+			points[m.Mountpoint] = true
+			s.mounts = append(s.mounts, StaleMount{PID: pid, Namespace: ns, MountPoint: m.Mountpoint, Device: device(m)})
 		}
 	}
 	for _, m := range s.mounts {

@@ -88,8 +88,8 @@ func TestBindMountReadOnly(t *testing.T) {
 	}
 	top := topMount(t, target)
 	for _, opt := range []string{"ro", "nosuid", "nodev"} {
-		if !slices.Contains(top.MountOptions, opt) {
-			t.Errorf("the read-only bind mount has options %v, want %s kept", top.MountOptions, opt)
+		if !slices.Contains(mountOptions(top), opt) {
+			t.Errorf("the read-only bind mount has options %v, want %s kept", mountOptions(top), opt)
 		}
 	}
 
@@ -148,8 +148,8 @@ func TestRepairRemountsReadOnlyStagingReadWrite(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(staging, "f"), nil, 0o644); err != nil {
 				t.Fatalf("write after the repair: %v", err)
 			}
-			if top := topMount(t, staging); !slices.Contains(top.MountOptions, "nosuid") {
-				t.Errorf("the remount dropped nosuid: options %v", top.MountOptions)
+			if top := topMount(t, staging); !slices.Contains(mountOptions(top), "nosuid") {
+				t.Errorf("the remount dropped nosuid: options %v", mountOptions(top))
 			}
 			if len(res.Actions) != 1 || !strings.Contains(res.Actions[0], "read-write") {
 				t.Errorf("Actions = %q, want one remount", res.Actions)

@@ -405,7 +405,7 @@ func (s *healerServer) publishTargets(v Volume, requested []string) []PublishTar
 			targets = append(targets, t)
 		}
 	}
-	var infos []mountInfo
+	var infos []*mountInfo
 	for _, p := range requested {
 		if p == "" {
 			continue

@@ -21,6 +21,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // fakeReviewer answers TokenReviews from a table of tokens and counts them.
@@ -189,10 +190,7 @@ func TestAuthFoldsConcurrentReviews(t *testing.T) {
 		})
 	}
 	// Let the calls pile up behind the first review before it answers.
-	deadline := time.Now().Add(5 * time.Second)
-	for r.count() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	_ = poll.Until(t.Context(), 5*time.Second, "the first review", poll.True(func() bool { return r.count() > 0 }))
 	time.Sleep(50 * time.Millisecond)
 	close(gate)
 	wg.Wait()

@@ -32,6 +32,7 @@ import (
 	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // TestProbeHealCycle probes a healthy volume, breaks it, heals it through the sidecar and
@@ -60,7 +61,7 @@ func TestProbeHealCycle(t *testing.T) {
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4", MountFlags: []string{"discard"}}},
 	}
-	got := f.recorder.probe()
+	got := f.recorder.Probe()
 	if got.GetVolumeId() != "vol-1" || got.GetStagingTargetPath() != wantPath {
 		t.Errorf("driver got volume %q at %q, want vol-1 at %q", got.GetVolumeId(), got.GetStagingTargetPath(), wantPath)
 	}
@@ -92,7 +93,7 @@ func TestProbeHealCycle(t *testing.T) {
 	if len(heal.GetHealthStatuses()) != 0 || heal.GetVolumeId() != "vol-1" {
 		t.Fatalf("heal = %v, want no remaining health entries for vol-1", heal)
 	}
-	if hr := f.recorder.heal(); hr.GetStagingTargetPath() != wantPath || !proto.Equal(hr.GetVolumeCapability(), wantCap) {
+	if hr := f.recorder.Heal(); hr.GetStagingTargetPath() != wantPath || !proto.Equal(hr.GetVolumeCapability(), wantCap) {
 		t.Errorf("driver got heal request %v, want the same staging path and capability as the probe", hr)
 	}
 
@@ -250,20 +251,13 @@ func TestListStagedVolumes(t *testing.T) {
 		"vol-orphan": "",
 	}
 	// The read ahead runs once the restart is marked: the names come with it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Eventually(t, 10*time.Second, "the staged volumes with their PV names", func() (bool, string) {
 		got, pages := list()
 		if pages != 2 {
 			t.Errorf("listing took %d pages of 2, want 2", pages)
 		}
-		if fmt.Sprint(got) == fmt.Sprint(want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("staged volumes = %v, want %v", got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("staged volumes = %v, want %v", got, want)
+	})
 }
 
 // TestAuthentication rejects calls without a valid token of an allowed identity for this node's
@@ -408,15 +402,15 @@ func TestDriverDown(t *testing.T) {
 
 	// The driver comes back upgraded: it now heals nothing. The sidecar notices without a call.
 	f.startDriver(simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE}}, nil)
-	f.eventually("capabilities refreshed after the driver restart", 20*time.Second, func() bool {
+	poll.Eventually(f.t, 20*time.Second, "capabilities refreshed after the driver restart", poll.True(func() bool {
 		caps, err := sc.client.GetHealerCapabilities(ctx, &healerv1alpha1.NodeGetHealerCapabilitiesRequest{})
 		return err == nil && !healerv1alpha1.HasRPC(caps.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL)
-	})
+	}))
 	if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
 		t.Fatalf("probe after the driver came back: %v", err)
 	}
 	// Its mounters died with it: the controller must sweep the node again.
-	f.eventually("new restart marker after the driver restart", 30*time.Second, func() bool { return marker() != before })
+	poll.Eventually(f.t, 30*time.Second, "new restart marker after the driver restart", poll.True(func() bool { return marker() != before }))
 }
 
 // TestDriverHung answers DEADLINE_EXCEEDED once the sidecar's driver timeout, or the caller's
@@ -475,7 +469,7 @@ func TestDriverBusy(t *testing.T) {
 		_, err := sc.client.ProbeVolume(first, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
 		done <- err
 	}()
-	f.eventually("first probe holds the volume", 10*time.Second, func() bool { return d.Counters().InFlightPerVolume["vol-1"] == 1 })
+	poll.Eventually(f.t, 10*time.Second, "first probe holds the volume", poll.True(func() bool { return d.Counters().InFlightPerVolume["vol-1"] == 1 }))
 
 	_, err := sc.client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: f.pvName("pv-1")})
 	if status.Code(err) != codes.Aborted || !strings.Contains(status.Convert(err).Message(), "in flight") {
@@ -587,7 +581,7 @@ func TestStageSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"userID": "csi-rbd-node", "userKey": "AQBsecret=="}
-	if got := f.recorder.probe().GetSecrets(); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := f.recorder.Probe().GetSecrets(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("driver got secrets %v, want %v", got, want)
 	}
 
@@ -605,10 +599,10 @@ func TestStageSecrets(t *testing.T) {
 	if _, err := f.env.Clientset.CoreV1().Secrets(secretNS).Update(f.ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	f.eventually("rotated secret reaches the driver", 10*time.Second, func() bool {
+	poll.Eventually(f.t, 10*time.Second, "rotated secret reaches the driver", poll.True(func() bool {
 		_, err := sc.client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: f.pvName("pv-1")})
-		return err == nil && f.recorder.heal().GetSecrets()["userKey"] == "AQBrotated=="
-	})
+		return err == nil && f.recorder.Heal().GetSecrets()["userKey"] == "AQBrotated=="
+	}))
 }
 
 // TestRestartMarker starts the sidecar twice next to a csi-addons sidecar's CSIAddonsNode:
@@ -730,7 +724,7 @@ func TestGracefulShutdown(t *testing.T) {
 		_, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
 		done <- err
 	}()
-	f.eventually("probe in flight", 10*time.Second, func() bool { return d.Counters().InFlight == 1 })
+	poll.Eventually(f.t, 10*time.Second, "probe in flight", poll.True(func() bool { return d.Counters().InFlight == 1 }))
 	start := time.Now()
 	if err := sc.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
@@ -766,7 +760,7 @@ func TestShutdownCutsOffHungCalls(t *testing.T) {
 		_, err := sc.client.ProbeVolume(f.as(f.token(controllerSA)), &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
 		done <- err
 	}()
-	f.eventually("probe in flight", 10*time.Second, func() bool { return d.Counters().InFlight == 1 })
+	poll.Eventually(f.t, 10*time.Second, "probe in flight", poll.True(func() bool { return d.Counters().InFlight == 1 }))
 	start := time.Now()
 	if err := sc.stop(); err != nil {
 		t.Fatalf("stop: %v", err)

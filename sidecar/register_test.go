@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 func TestDefaultCSIAddonsNodeName(t *testing.T) {
@@ -287,18 +288,12 @@ func TestRegistrationIsKept(t *testing.T) {
 	}
 	carries := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		poll.Eventually(t, 10*time.Second, what+": the CSIAddonsNode to carry the sidecar's annotations again", func() (bool, string) {
 			var n csiaddonsv1alpha1.CSIAddonsNode
 			err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n)
-			if err == nil && n.Annotations[annotations.HealerRestart] == marker && n.Annotations[annotations.Endpoint] == "10.0.0.7:9070" {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the CSIAddonsNode does not carry the sidecar's annotations again (%v, %v)", what, n.Annotations, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return err == nil && n.Annotations[annotations.HealerRestart] == marker && n.Annotations[annotations.Endpoint] == "10.0.0.7:9070",
+				fmt.Sprintf("%v, %v", n.Annotations, err)
+		})
 	}
 
 	// Recreated by the csi-addons sidecar, without the healer's annotations.
@@ -569,20 +564,13 @@ func TestRegistrationIsKeptAcrossADriverRestart(t *testing.T) {
 		t.Fatalf("the second registration kept the marker %q", first)
 	}
 
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.Eventually(t, 5*time.Second, fmt.Sprintf("the new marker %q on the CSIAddonsNode after the driver restart", second), func() (bool, string) {
 		var n csiaddonsv1alpha1.CSIAddonsNode
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
 			t.Fatal(err)
 		}
-		if n.Annotations[annotations.HealerRestart] == second {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the CSIAddonsNode carries marker %q after the driver restart, want the new marker %q", n.Annotations[annotations.HealerRestart], second)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return n.Annotations[annotations.HealerRestart] == second, fmt.Sprintf("marker %q", n.Annotations[annotations.HealerRestart])
+	})
 	// Let keep act on any change still in its watch before reading what was written.
 	time.Sleep(200 * time.Millisecond)
 	mu.Lock()

@@ -51,6 +51,8 @@ type Sidecar struct {
 	healer  *nodeHealer
 	auth    *authenticator
 	reg     *registrar
+	// keys is the serving certificate; nil with Insecure.
+	keys *keyPair
 
 	grpc       *grpc.Server
 	lis        net.Listener
@@ -120,6 +122,7 @@ func New(opts Options) (*Sidecar, error) {
 		if err != nil {
 			return nil, err
 		}
+		s.keys = kp
 		creds = credentials.NewTLS(tlsCfg)
 	}
 	if s.driver, err = newDriverClient(&s.opts, s.metrics); err != nil {
@@ -240,6 +243,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			}
 			return nil
 		})
+	}
+	if s.keys != nil {
+		g.Go(func() error { return s.keys.Start(gctx) })
 	}
 	g.Go(func() error {
 		s.register(gctx)

@@ -1,77 +1,91 @@
 package sidecar
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
 	"sync"
-	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 )
 
-// keyPair serves the certificate in two PEM files and reads them again when either file
-// changes, so that a rotated certificate (cert-manager, a projected Secret) is picked up without
-// a restart. The files are checked at each TLS handshake; the controller keeps its connections,
-// so handshakes are rare.
+// keyPair serves the certificate in two PEM files, which controller-runtime's certwatcher reads
+// again when either file changes (and every 10 seconds), so that a rotated certificate
+// (cert-manager, a projected Secret) is picked up without a restart. Mid-rotation one file may be
+// new and the other old: certwatcher keeps the last pair that loaded.
 type keyPair struct {
 	certFile, keyFile string
+	certs             *certwatcher.CertWatcher
 	// name, when set, is the DNS name the certificate must carry: a pair without it is refused at
-	// start, and passed over at a reload.
+	// start, and passed over after a reload.
 	name string
 
-	mu                sync.Mutex
-	cert              *tls.Certificate
-	certMod, keyMod   time.Time
-	certSize, keySize int64
+	mu sync.Mutex
+	// seen is the pair certs served last; good the last one valid for name, which is served.
+	seen, good *tls.Certificate
 }
 
 // newKeyPair loads the pair once, so that a bad file fails the start rather than the first call.
-// With name set, the certificate must be valid for that DNS name.
+// With name set, the certificate must be valid for that DNS name. Start watches the files.
 func newKeyPair(certFile, keyFile, name string) (*keyPair, error) {
-	k := &keyPair{certFile: certFile, keyFile: keyFile, name: name}
-	if _, err := k.get(); err != nil {
-		return nil, err
+	certs, err := certwatcher.New(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: TLS key pair %s, %s: %w", ErrInvalidOptions, certFile, keyFile, err)
 	}
+	k := &keyPair{certFile: certFile, keyFile: keyFile, certs: certs, name: name}
+	cert, _ := certs.GetCertificate(nil)
+	if err := k.check(cert); err != nil {
+		return nil, fmt.Errorf("%w: TLS key pair %s, %s: %w", ErrInvalidOptions, certFile, keyFile, err)
+	}
+	k.seen, k.good = cert, cert
 	return k, nil
+}
+
+// Start watches the files until ctx ends.
+func (k *keyPair) Start(ctx context.Context) error {
+	if err := k.certs.Start(ctx); err != nil {
+		return fmt.Errorf("watch the TLS key pair %s, %s: %w", k.certFile, k.keyFile, err)
+	}
+	return nil
 }
 
 // GetCertificate is the tls.Config hook.
 func (k *keyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return k.get()
-}
-
-func (k *keyPair) get() (*tls.Certificate, error) {
+	cert, err := k.certs.GetCertificate(nil)
+	if err != nil {
+		return nil, err
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	cfi, cerr := os.Stat(k.certFile)
-	kfi, kerr := os.Stat(k.keyFile)
-	if cerr == nil && kerr == nil && k.cert != nil &&
-		cfi.ModTime().Equal(k.certMod) && kfi.ModTime().Equal(k.keyMod) &&
-		cfi.Size() == k.certSize && kfi.Size() == k.keySize {
-		return k.cert, nil
-	}
-	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
-	if err == nil && k.name != "" {
-		err = cert.Leaf.VerifyHostname(k.name)
-		if err != nil {
-			err = fmt.Errorf("it is not for %q, the name the controller expects of this node's sidecar "+
-				"(<--node-name>.<--tls-server-name>, sidecar.tls.serverName of the controller), and the controller would refuse it; "+
-				"give each node a certificate of its own: %w", k.name, err)
+	if cert != k.seen {
+		k.seen = cert
+		if k.check(cert) == nil {
+			k.good = cert
 		}
 	}
-	if err != nil {
-		if k.cert != nil {
-			// Mid-rotation one file may be new and the other old: keep serving the last good pair.
-			return k.cert, nil
+	return k.good, nil
+}
+
+// check tells whether cert is valid for the name the controller expects of this node's sidecar.
+func (k *keyPair) check(cert *tls.Certificate) error {
+	if k.name == "" {
+		return nil
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return err
 		}
-		return nil, fmt.Errorf("%w: TLS key pair %s, %s: %w", ErrInvalidOptions, k.certFile, k.keyFile, err)
 	}
-	k.cert = &cert
-	if cerr == nil && kerr == nil {
-		k.certMod, k.keyMod = cfi.ModTime(), kfi.ModTime()
-		k.certSize, k.keySize = cfi.Size(), kfi.Size()
+	if err := leaf.VerifyHostname(k.name); err != nil {
+		return fmt.Errorf("it is not for %q, the name the controller expects of this node's sidecar "+
+			"(<--node-name>.<--tls-server-name>, sidecar.tls.serverName of the controller), and the controller would refuse it; "+
+			"give each node a certificate of its own: %w", k.name, err)
 	}
-	return k.cert, nil
+	return nil
 }
 
 // tlsConfig serves the key pair; with clientCAFile, it requires a client certificate signed by

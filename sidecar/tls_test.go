@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // writePair writes a self-signed certificate for cn (also its DNS name) and its key, stamped with
@@ -74,12 +77,29 @@ func TestKeyPairRotation(t *testing.T) {
 	if got := servedName(t, k); got != "first" {
 		t.Fatalf("serving %q, want first", got)
 	}
+	// The watch also reads the files every interval, which catches a change made before its
+	// file watches are in place.
+	k.certs.WithWatchInterval(50 * time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
+	watched := make(chan error, 1)
+	go func() { watched <- k.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-watched; err != nil {
+			t.Errorf("watching the key pair: %v", err)
+		}
+	})
 	writePair(t, certFile, keyFile, "second", t0.Add(time.Minute))
-	if got := servedName(t, k); got != "second" {
-		t.Errorf("after rotation serving %q, want second", got)
-	}
+	poll.Eventually(t, 5*time.Second, "the rotated certificate served", func() (bool, string) {
+		got := servedName(t, k)
+		return got == "second", "serving " + got
+	})
 	if err := os.WriteFile(keyFile, []byte("half written"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// What the watch does on the change, done here so that the check below follows it.
+	if err := k.certs.ReadCertificate(); err == nil {
+		t.Fatal("a half-written key file loaded")
 	}
 	if got := servedName(t, k); got != "second" {
 		t.Errorf("with a broken key file serving %q, want the last good certificate", got)
@@ -110,6 +130,10 @@ func TestKeyPairNamesItsNode(t *testing.T) {
 		t.Fatalf("node A's certificate on node A: %v", err)
 	}
 	writePair(t, certFile, keyFile, "node-c.healer-sidecar", t0.Add(time.Minute))
+	// What the watch does on the change, done here so that the check below follows it.
+	if err := k.certs.ReadCertificate(); err != nil {
+		t.Fatalf("reading node C's certificate: %v", err)
+	}
 	if got := servedName(t, k); got != "node-a.healer-sidecar" {
 		t.Errorf("after a rotation to another node's certificate the sidecar serves %q, want node A's kept", got)
 	}

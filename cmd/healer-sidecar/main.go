@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar"
@@ -35,6 +36,8 @@ func main() {
 		return
 	}
 	if err == nil {
+		// controller-runtime's parts (the certificate watcher, the client) log through klog too.
+		ctrllog.SetLogger(klog.Background())
 		err = sidecar.Run(ctx, cfg.opts, cfg.kubeconfig)
 	}
 	klog.Flush()

@@ -19,6 +19,7 @@ import (
 	"github.com/volume-healer/volume-healer/driverkit"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/plugin"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // TestGroupKillAndHeal plays the failure volume-healer exists for: the node plugin's container
@@ -124,7 +125,7 @@ func TestFaults(t *testing.T) {
 		if err := syscall.Kill(vs.MounterPID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the mounter to die", func() bool { return !p.status(v.id).MounterRunning })
+		poll.Eventually(t, 10*time.Second, "the mounter to die", poll.True(func() bool { return !p.status(v.id).MounterRunning }))
 		// A listing reaches the mounter; a stat may be answered from the kernel's cache.
 		if _, err := os.ReadDir(v.target); !deadMount(err) {
 			t.Fatalf("listing the target: %v, want ENOTCONN or ECONNABORTED", err)
@@ -267,17 +268,6 @@ func expectHealed(t *testing.T, p *proc, v *volume) {
 		t.Fatalf("write through the target after the heal: %v", err)
 	}
 	expectCondition(t, p, v, control.Healthy)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // deadMount tells whether err is what an access to a FUSE mount whose daemon died answers:

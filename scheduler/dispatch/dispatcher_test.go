@@ -16,6 +16,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // epoch is the fake clock's start in the tests.
@@ -56,22 +57,13 @@ func startDispatcher(t *testing.T, d *Dispatcher) func() {
 	return stop
 }
 
-// waitFor polls cond until it holds, for goroutines to get where the test needs them.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+// settle bounds a wait for goroutines to get where the test needs them.
+const settle = 5 * time.Second
 
 // stepWhenWaiting advances the fake clock once the dispatcher waits on it.
 func stepWhenWaiting(t *testing.T, fc *clocktesting.FakeClock, d time.Duration) {
 	t.Helper()
-	waitFor(t, "the dispatcher to wait on the clock", fc.HasWaiters)
+	poll.Eventually(t, settle, "the dispatcher to wait on the clock", poll.True(fc.HasWaiters))
 	fc.Step(d)
 }
 
@@ -245,7 +237,7 @@ func TestDispatchBudgetsHold(t *testing.T) {
 			}
 			stop := startDispatcher(t, d)
 
-			waitFor(t, "the budgets to fill", func() bool { return conc.global.cur.Load() == int64(tc.wantGlobal) })
+			poll.Eventually(t, settle, "the budgets to fill", poll.True(func() bool { return conc.global.cur.Load() == int64(tc.wantGlobal) }))
 			time.Sleep(quiet) // a call over budget would start now
 			if s := d.Stats(); s.InFlight != tc.wantGlobal || s.Queued != len(tasks)-tc.wantGlobal {
 				t.Fatalf("with every call blocked: %d in flight and %d queued, want %d and %d", s.InFlight, s.Queued, tc.wantGlobal, len(tasks)-tc.wantGlobal)
@@ -366,7 +358,7 @@ func TestDispatchOneCallPerVolumeUnderConcurrentSubmits(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "every Done", func() bool { return dones.Load() == submitters*each })
+	poll.Eventually(t, settle, "every Done", poll.True(func() bool { return dones.Load() == submitters*each }))
 	time.Sleep(quiet)
 	if n := dones.Load(); n != submitters*each {
 		t.Fatalf("Done called %d times for %d tasks", n, submitters*each)
@@ -946,7 +938,7 @@ func TestDispatchShutdown(t *testing.T) {
 
 			stopped := make(chan struct{})
 			go func() { stop(); close(stopped) }()
-			waitFor(t, "the shutdown grace timer", fc.HasWaiters)
+			poll.Eventually(t, settle, "the shutdown grace timer", poll.True(fc.HasWaiters))
 			select {
 			case <-stopped:
 				t.Fatal("Start returned while a call was in flight within the grace")
@@ -1045,7 +1037,7 @@ func TestDispatchLeavesNoGoroutines(t *testing.T) {
 			t.Fatalf("Done called %d times for %d tasks", got, n)
 		}
 	}()
-	waitFor(t, "the dispatcher's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	poll.Eventually(t, settle, "the dispatcher's goroutines to end", poll.True(func() bool { return runtime.NumGoroutine() <= before }))
 }
 
 func TestDispatchForgetsSettledVolumes(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // fakeLease is a leader election Lease whose time the test sets.
@@ -115,7 +116,7 @@ func TestDispatchFailureAfterTheLeaseRanOutIsNoAttempt(t *testing.T) {
 		t.Fatalf("call %d started before the Lease was renewed", c)
 	case <-time.After(quiet):
 	}
-	waitFor(t, "the failed call to be queued again", func() bool { s := d.Stats(); return s.Queued == 1 && s.InFlight == 0 })
+	poll.Eventually(t, settle, "the failed call to be queued again", poll.True(func() bool { s := d.Stats(); return s.Queued == 1 && s.InFlight == 0 }))
 
 	lease.renew(fc.Now().Add(10 * time.Second))
 	res.wait(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // A task whose work panics (one bad object) fails alone, is not retried, and is counted; the
@@ -65,10 +66,7 @@ func TestDispatchSurvivesPanickingTasks(t *testing.T) {
 		t.Fatal("the dispatcher stopped serving after a panic")
 	}
 	// The Done that panicked sent its result first; its panic is counted just after.
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(m.panics) < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	_ = poll.Until(t.Context(), 5*time.Second, "the second panic counted", poll.True(func() bool { return testutil.ToFloat64(m.panics) >= 2 }))
 	if n := testutil.ToFloat64(m.panics); n != 2 {
 		t.Errorf("volume_healer_dispatch_task_panics_total = %v, want 2 (one Run, one Done)", n)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // stormNode is one node of a simulated rollout.
@@ -81,9 +82,9 @@ func (r *rounds) task(name, driver, node string, then func()) Task {
 func (r *rounds) next() []string {
 	r.t.Helper()
 	var inFlight int
-	waitFor(r.t, "calls in flight", func() bool { inFlight = r.d.Stats().InFlight; return inFlight > 0 })
+	poll.Eventually(r.t, settle, "calls in flight", poll.True(func() bool { inFlight = r.d.Stats().InFlight; return inFlight > 0 }))
 	var batch []string
-	waitFor(r.t, "the round's calls to start", func() bool {
+	poll.Eventually(r.t, settle, "the round's calls to start", poll.True(func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if len(r.running) < inFlight {
@@ -94,7 +95,7 @@ func (r *rounds) next() []string {
 			batch = append(batch, name)
 		}
 		return true
-	})
+	}))
 	slices.Sort(batch)
 	r.count++
 	return batch

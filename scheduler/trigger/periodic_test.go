@@ -17,6 +17,7 @@ import (
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -171,13 +172,7 @@ func runPeriodic(t *testing.T, opts PeriodicOptions) (*Periodic, *clocktesting.F
 // step advances the clock once the loop waits on it.
 func step(t *testing.T, fc *clocktesting.FakeClock, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !fc.HasWaiters() {
-		if time.Now().After(deadline) {
-			t.Fatal("the scheduler never waited on the clock")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Eventually(t, 5*time.Second, "the scheduler to wait on the clock", poll.True(fc.HasWaiters))
 	fc.Step(d)
 }
 

@@ -12,8 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+	"github.com/prometheus/procfs"
+
 	"github.com/volume-healer/volume-healer/test/harness"
-	"k8s.io/mount-utils"
 )
 
 // Stop stops every component and removes what the node left on the machine: the pods'
@@ -119,26 +121,21 @@ func (c *Cluster) nodeProcesses() []string {
 	pids := append(harness.ProcessesUnder(c.dirs.root), processesRunning(filepath.Join(c.opts.NodeBin, "containerd-shim-runc-v2"))...)
 	out := make([]string, 0, len(pids))
 	for _, pid := range slices.Compact(slices.Sorted(slices.Values(pids))) {
-		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, fmt.Sprintf("%d %s", pid, strings.TrimSpace(strings.ReplaceAll(string(raw), "\x00", " "))))
+		out = append(out, fmt.Sprintf("%d %s", pid, strings.Join(harness.CommandLine(pid), " ")))
 	}
 	return out
 }
 
 // processesRunning lists the processes whose executable is exe.
 func processesRunning(exe string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
+	return harness.ProcessesWhere(func(pid int) bool {
+		p, err := procfs.NewProc(pid)
 		if err != nil {
-			continue
+			return false
 		}
-		if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && strings.TrimSuffix(target, " (deleted)") == exe {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+		target, err := p.Executable()
+		return err == nil && strings.TrimSuffix(target, " (deleted)") == exe
+	})
 }
 
 // cgroupDirs lists every cgroup folder named name directly below a hierarchy's root, and what is
@@ -219,13 +216,13 @@ func removeCgroups(name string) error {
 // mountsUnder lists the mount points below any of roots (a root ending in "-" is a name
 // prefix), deepest first, from this process's mount table.
 func mountsUnder(roots ...string) []string {
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil
 	}
 	var points []string
 	for _, m := range infos {
-		point := m.MountPoint
+		point := m.Mountpoint
 		for _, root := range roots {
 			if point == root || strings.HasPrefix(point, strings.TrimSuffix(root, "/")+"/") ||
 				(strings.HasSuffix(root, "-") && strings.HasPrefix(point, root)) {

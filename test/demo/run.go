@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -79,7 +81,7 @@ func run(ctx context.Context, o options) error {
 func earlierDemo(dir string) error {
 	if b, err := os.ReadFile(filepath.Join(dir, "demo.pid")); err == nil {
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && pid != os.Getpid() && strings.Contains(string(cmd), "demo") {
+		if cmd := harness.CommandLine(pid); pid != os.Getpid() && slices.ContainsFunc(cmd, func(a string) bool { return strings.Contains(a, "demo") }) {
 			return fmt.Errorf("a demo still runs in %s (pid %d); `make demo-down` ends it", dir, pid)
 		}
 	}
@@ -91,16 +93,13 @@ func earlierDemo(dir string) error {
 
 // mountsUnder lists the mount points at or below dir in this process's mount namespace.
 func mountsUnder(dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil
 	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		// The fifth field is the mount point.
-		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			out = append(out, f[4])
-		}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.Mountpoint)
 	}
 	return out
 }

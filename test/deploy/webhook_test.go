@@ -12,6 +12,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/policy/webhook"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // baseWebhookConfiguration is the ValidatingWebhookConfiguration of deploy/base/webhook.yaml.
@@ -168,19 +169,10 @@ func TestBaseWebhookRefusesABrokenPolicy(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 200ms until it holds, failing t with cond's last word and the end of
-// the controller's log after timeout.
+// waitFor waits as harness.WaitFor does, and fails t with the end of the controller's log too.
 func waitFor(t *testing.T, timeout time.Duration, what, logPath string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %v for %s; last: %s\ncontroller log:\n%s", timeout, what, last, tail(logPath))
-		}
-		time.Sleep(200 * time.Millisecond)
+	if err := harness.WaitFor(t.Context(), timeout, what, cond); err != nil {
+		t.Fatalf("%v\ncontroller log:\n%s", err, tail(logPath))
 	}
 }

@@ -2,27 +2,26 @@ package harness
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/volume-healer/volume-healer/test/harness/fork"
 )
 
 // Processes starts child processes and knows which of them still run.
 //
-// Every child gets Pdeathsig: the kernel kills it when the thread that forked it ends. That thread
-// is the one of a goroutine locked to it that never returns, so it lives exactly as long as this
-// process: however the process ends (a failed test, a timeout's panic, SIGKILL), no controller,
-// sidecar or driver outlives it. Each child also leads a process group of its own, so that a
-// signal meant for this process (Ctrl-C in a terminal) does not reach it and the caller decides
-// its fate.
+// Every child is started by fork.Start: however this process ends (a failed test, a timeout's
+// panic, SIGKILL), no controller, sidecar or driver outlives it; and each leads a process group of
+// its own, so that a signal meant for this process (Ctrl-C in a terminal) does not reach it and
+// the caller decides its fate.
 type Processes struct {
 	mu   sync.Mutex
 	live map[*Process]struct{}
@@ -31,32 +30,6 @@ type Processes struct {
 // NewProcesses returns an empty register.
 func NewProcesses() *Processes {
 	return &Processes{live: map[*Process]struct{}{}}
-}
-
-type startRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-var (
-	forkerOnce sync.Once
-	forks      chan startRequest
-)
-
-// fork starts cmd from the one thread that lives as long as this process.
-func fork(cmd *exec.Cmd) error {
-	forkerOnce.Do(func() {
-		forks = make(chan startRequest)
-		go func() {
-			runtime.LockOSThread()
-			for req := range forks {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	forks <- startRequest{cmd: cmd, done: done}
-	return <-done
 }
 
 // Process is one running child.
@@ -87,8 +60,7 @@ func (ps *Processes) start(name, bin string, args, env []string, logPath string,
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: cloneflags}
-	if err := fork(cmd); err != nil {
+	if err := fork.Start(cmd, cloneflags); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -215,40 +187,22 @@ func (p *Process) KillGroup() error {
 // only wait to be reaped, have).
 func groupMembers(pgid int) []int {
 	return ProcessesWhere(func(pid int) bool {
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return false
-		}
-		// The command name (field 2) may hold spaces and parentheses: fields after it start
-		// after the last ')'. Then: state, ppid, pgrp.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			return false
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
-			return false
-		}
-		g, err := strconv.Atoi(fields[2])
-		return err == nil && g == pgid
+		stat, ok := ProcessStat(pid)
+		return ok && stat.PGRP == pgid && stat.State != "Z" && stat.State != "X"
 	})
 }
 
 // ProcessesWhere lists the processes of this machine (its /proc) for which keep returns true. A
 // process may end while keep looks at it: keep then finds its /proc files gone.
 func ProcessesWhere(keep func(pid int) bool) []int {
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return nil
 	}
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if keep(pid) {
-			out = append(out, pid)
+	for _, p := range procs {
+		if keep(p.PID) {
+			out = append(out, p.PID)
 		}
 	}
 	return out
@@ -257,11 +211,26 @@ func ProcessesWhere(keep func(pid int) bool) []int {
 // CommandLine returns the arguments of process pid, its program first; none when the process has
 // ended, a zombie included (its command line is empty).
 func CommandLine(pid int) []string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || len(b) == 0 {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
 		return nil
 	}
-	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	args, err := p.CmdLine()
+	if err != nil || len(args) == 0 {
+		return nil
+	}
+	return args
+}
+
+// ProcessStat reads /proc/<pid>/stat: the process's state, parent, group, CPU times; false when
+// the process has ended.
+func ProcessStat(pid int) (procfs.ProcStat, bool) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return procfs.ProcStat{}, false
+	}
+	stat, err := p.Stat()
+	return stat, err == nil
 }
 
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but

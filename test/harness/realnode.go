@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
@@ -339,15 +339,12 @@ func (n *RealNode) Close() error {
 // must not leave behind.
 func Leftovers(dir string) error {
 	var problems []string
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return !underDir(m.Mountpoint, dir), false })
 	if err != nil {
 		return err
 	}
-	for _, line := range strings.Split(string(mounts), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && underDir(fields[4], dir) {
-			problems = append(problems, "mount at "+fields[4])
-		}
+	for _, m := range mounts {
+		problems = append(problems, "mount at "+m.Mountpoint)
 	}
 	for _, pid := range ProcessesUnder(dir) {
 		problems = append(problems, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
@@ -369,8 +366,7 @@ func ProcessesUnder(dir string) []int {
 		if pid == os.Getpid() {
 			return false
 		}
-		for _, arg := range bytes.Split([]byte(cmdline(pid)), []byte(" ")) {
-			a := string(arg)
+		for _, a := range strings.Fields(cmdline(pid)) {
 			if i := strings.IndexByte(a, '='); i >= 0 {
 				a = a[i+1:]
 			}
@@ -382,13 +378,8 @@ func ProcessesUnder(dir string) []int {
 	})
 }
 
-func cmdline(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte(" "))))
-}
+// cmdline is the command line of process pid as a shell shows it; "" once the process has ended.
+func cmdline(pid int) string { return strings.Join(CommandLine(pid), " ") }
 
 // KillProcessesUnder kills what ProcessesUnder finds and waits for it to go.
 func KillProcessesUnder(dir string) error {
@@ -396,14 +387,10 @@ func KillProcessesUnder(dir string) error {
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(ProcessesUnder(dir)) > 0 {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes under %s survived SIGKILL: %v", dir, ProcessesUnder(dir))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
+	return WaitFor(context.Background(), 10*time.Second, "the processes under "+dir+" to end after SIGKILL", func() (bool, string) {
+		left := ProcessesUnder(dir)
+		return len(left) == 0, fmt.Sprintf("%v still run", left)
+	})
 }
 
 // RealMountsUnavailable says why this machine cannot run real mounts ("" when it can): they need

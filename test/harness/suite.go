@@ -31,6 +31,12 @@ type SuiteOptions struct {
 	KeepLogs bool
 	// Kept says what the kept folder holds, for the message that names it.
 	Kept string
+	// Lazy sets the suite up at the first Require instead of in Main, for a package whose unit
+	// tests run without a control plane: a run of only those starts nothing.
+	Lazy bool
+	// NoPrograms builds no program, for a suite that runs what it tests in the test process (the
+	// sidecar's tests).
+	NoPrograms bool
 }
 
 // Suite is what the tests of one package share: one control plane, the programs built for the
@@ -87,6 +93,10 @@ var (
 	suiteMu sync.Mutex
 	suite   *Suite
 	skip    string
+	// lazy holds the options of a Lazy suite until Require sets it up; setUpErr is what that
+	// set-up failed with, for every later Require.
+	lazy     *SuiteOptions
+	setUpErr error
 )
 
 // Main sets up the suite, runs the package's tests and tears the suite down, and returns the exit
@@ -103,6 +113,19 @@ func Main(m *testing.M, o SuiteOptions) int {
 	suiteMu.Unlock()
 	if testing.Short() {
 		return m.Run()
+	}
+	if o.Lazy {
+		suiteMu.Lock()
+		lazy = &o
+		suiteMu.Unlock()
+		code := m.Run()
+		suiteMu.Lock()
+		s := suite
+		suiteMu.Unlock()
+		if s != nil {
+			s.tearDown(code != 0 || o.KeepLogs)
+		}
+		return code
 	}
 	s, err := setUpSuite(o)
 	if err != nil {
@@ -121,14 +144,35 @@ func Main(m *testing.M, o SuiteOptions) int {
 	return code
 }
 
-// Require returns the package's suite; under -short it skips the test.
+// Require returns the package's suite, set up by the first call when it is Lazy; under -short it
+// skips the test.
 func Require(t testing.TB) *Suite {
 	t.Helper()
-	suiteMu.Lock()
-	s, why := suite, skip
-	suiteMu.Unlock()
 	if testing.Short() {
+		suiteMu.Lock()
+		why := skip
+		suiteMu.Unlock()
 		t.Skip(why)
+	}
+	suiteMu.Lock()
+	if suite == nil && lazy != nil {
+		o := *lazy
+		lazy = nil
+		s, err := setUpSuite(o)
+		if err != nil {
+			if s != nil {
+				s.tearDown(true)
+			}
+			setUpErr = fmt.Errorf("%s: set up: %w", o.Name, err)
+		} else {
+			suite = s
+			s.guard()
+		}
+	}
+	s, err := suite, setUpErr
+	suiteMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
 	}
 	if s == nil {
 		t.Fatal("the suite was not set up: TestMain must call harness.Main")
@@ -160,6 +204,10 @@ func setUpSuite(o SuiteOptions) (*Suite, error) {
 	// The builds and the control plane's start take about as long as each other: overlap them.
 	built := make(chan error, 1)
 	go func() {
+		if o.NoPrograms {
+			built <- nil
+			return
+		}
 		var err error
 		s.Bin, err = Build(o.Build)
 		built <- err

@@ -2,38 +2,23 @@ package harness
 
 import (
 	"context"
-	"fmt"
 	"time"
+
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
-// PollInterval is how often WaitFor and Eventually check their condition.
-const PollInterval = 100 * time.Millisecond
+// PollInterval is the longest pause between two checks of WaitFor's and Eventually's condition.
+const PollInterval = poll.Interval
 
-// WaitFor polls cond until it holds, and returns an error with cond's last description after
-// timeout or when ctx ends. It may run in any goroutine.
+// WaitFor checks cond until it holds, and returns an error with cond's last description after
+// timeout or when ctx ends. It may run in any goroutine. It is poll.Until.
 func WaitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for %s (last seen: %s)", timeout, what, state)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("gave up waiting for %s: %w (last seen: %s)", what, ctx.Err(), state)
-		case <-time.After(PollInterval):
-		}
-	}
+	return poll.Until(ctx, timeout, what, cond)
 }
 
-// Eventually polls cond until it holds, and fails the test with cond's last description after
-// timeout.
+// Eventually checks cond until it holds, and fails the test with cond's last description after
+// timeout. It is poll.Eventually.
 func Eventually(t TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	if err := WaitFor(t.Context(), timeout, what, cond); err != nil {
-		t.Fatalf("%v", err)
-	}
+	poll.Eventually(t, timeout, what, cond)
 }

@@ -10,13 +10,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/volume-healer/volume-healer/test/harness/fork"
 )
 
 // WorkloadOptions say how to run a workload.
@@ -150,19 +151,14 @@ func StartWorkload(ctx context.Context, o WorkloadOptions) (*Workload, error) {
 	w.cmd = exec.Command(o.Bin,
 		"-target", o.Target, "-dir", w.dir, "-propagation", string(o.Propagation),
 		"-interval", o.Interval.String(), "-name", o.Name)
-	w.cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS,
-		Pdeathsig:  syscall.SIGKILL,
-		// A signal meant for this process's group (Ctrl-C in a terminal) leaves it to Stop.
-		Setpgid: true,
-	}
 	w.cmd.Stderr = io.MultiWriter(log, stderrWriter{w})
 	stdout, err := w.cmd.StdoutPipe()
 	if err != nil {
 		w.removeDir()
 		return nil, err
 	}
-	if err := fork(w.cmd); err != nil {
+	// It dies with this process, in a mount namespace of its own; Stop ends it.
+	if err := fork.Start(w.cmd, syscall.CLONE_NEWNS); err != nil {
 		w.removeDir()
 		return nil, fmt.Errorf("start workload %s: %w", o.Name, err)
 	}
@@ -382,33 +378,4 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
-}
-
-type forkRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// The kernel sends Pdeathsig when the thread that forked a child ends, not the process; Go
-// may end a thread whose goroutine locked it. Forking every workload from one locked thread
-// that never ends makes them die exactly when this process does, however it ends. That thread
-// is by nature one per process, hence package state.
-var (
-	forkerOnce sync.Once
-	forks      chan forkRequest
-)
-
-func fork(cmd *exec.Cmd) error {
-	forkerOnce.Do(func() {
-		forks = make(chan forkRequest)
-		go func() {
-			runtime.LockOSThread()
-			for req := range forks {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	forks <- forkRequest{cmd: cmd, done: done}
-	return <-done
 }

@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
 
@@ -261,28 +263,22 @@ func TestWorkloadDiesWithItsStarter(t *testing.T) {
 	killed = true
 	_ = helper.Process.Kill()
 	_ = helper.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for running(pid) {
-		if time.Now().After(deadline) {
-			// It is ours to clean up, but the test has failed.
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("workload %d still runs 10s after its starter was killed", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := poll.Until(t.Context(), 10*time.Second, fmt.Sprintf("workload %d to die with its starter", pid), poll.True(func() bool { return !running(pid) })); err != nil {
+		// It is ours to clean up, but the test has failed.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("%v", err)
 	}
 }
 
 // running says whether process pid exists and has not exited: a zombie that nobody reaped holds
 // no mount namespace.
 func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return false
 	}
-	// The state follows the command name in parentheses, which may itself hold ") ".
-	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
-	fields := strings.Fields(rest)
-	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
+	stat, err := p.Stat()
+	return err == nil && stat.State != "Z" && stat.State != "X"
 }
 
 // syncBuffer is a bytes.Buffer that a workload may write while a test reads it.

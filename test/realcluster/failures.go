@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,18 +64,9 @@ func (e *Env) volumeHandle(t harness.TB, claim string) string {
 func (e *Env) KillMounter(t harness.TB, w *Workload) {
 	t.Helper()
 	handle := e.volumeHandle(t, w.claim())
-	entries, _ := os.ReadDir("/proc")
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) > 1 && args[1] == "mounter" && strings.Contains(string(raw), handle) {
+	for _, pid := range harness.ProcessesWhere(func(int) bool { return true }) {
+		args := harness.CommandLine(pid)
+		if len(args) > 1 && args[1] == "mounter" && slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, handle) }) {
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				t.Fatalf("kill -9 %d (mounter of %s): %v", pid, handle, err)
 			}
@@ -240,17 +232,8 @@ func (e *Env) containerPID(ctx context.Context, t harness.TB, id string) int {
 		in[pid] = true
 	}
 	for pid := range in {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// The parent's PID is the fourth field, after the command in parentheses.
-		rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
-		fields := strings.Fields(rest)
-		if len(fields) > 1 {
-			if ppid, _ := strconv.Atoi(fields[1]); !in[ppid] {
-				return pid
-			}
+		if stat, ok := harness.ProcessStat(pid); ok && !in[stat.PPID] {
+			return pid
 		}
 	}
 	t.Fatalf("container %s: no first process among %v", id, in)

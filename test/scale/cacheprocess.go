@@ -8,8 +8,9 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"strings"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
@@ -84,25 +85,18 @@ func fillCacheProcess(volumes int) (cacheProcess, error) {
 	debug.FreeOSMemory()
 	runtime.ReadMemStats(&after)
 	out := cacheProcess{Volumes: volumes, LiveBytes: int64(after.HeapAlloc) - int64(before.HeapAlloc)}
-	out.RSSBytes, out.PeakRSSBytes = procStatusBytes("VmRSS:"), procStatusBytes("VmHWM:")
+	st := selfStatus()
+	out.RSSBytes, out.PeakRSSBytes = int64(st.VmRSS), int64(st.VmHWM)
 	runtime.KeepAlive(caches)
 	return out, nil
 }
 
-// procStatusBytes reads a kB line of /proc/self/status.
-func procStatusBytes(key string) int64 {
-	b, err := os.ReadFile("/proc/self/status")
+// selfStatus reads /proc/self/status; zero when it cannot.
+func selfStatus() procfs.ProcStatus {
+	p, err := procfs.Self()
 	if err != nil {
-		return 0
+		return procfs.ProcStatus{}
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, key); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb * 1024
-			}
-		}
-	}
-	return 0
+	st, _ := p.NewStatus()
+	return st
 }

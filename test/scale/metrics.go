@@ -10,6 +10,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/procfs"
 	"k8s.io/client-go/rest"
 
 	"github.com/volume-healer/volume-healer/test/harness"
@@ -92,55 +93,29 @@ type residentSet struct{ Total, Anon, File int64 }
 
 // processMemory reads the resident set of a process.
 func processMemory(pid int) (residentSet, error) {
-	var out residentSet
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
-		return out, err
+		return residentSet{}, err
 	}
-	fields := map[string]*int64{"VmRSS:": &out.Total, "RssAnon:": &out.Anon, "RssFile:": &out.File}
-	found := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 || f[2] != "kB" || fields[f[0]] == nil {
-			continue
-		}
-		kb, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			return out, fmt.Errorf("/proc/%d/status: %s: %w", pid, line, err)
-		}
-		*fields[f[0]] = kb * 1024
-		found++
+	st, err := p.NewStatus()
+	if err != nil {
+		return residentSet{}, err
 	}
-	if found != len(fields) {
-		return out, fmt.Errorf("/proc/%d/status: want VmRSS, RssAnon and RssFile, found %d of them", pid, found)
-	}
-	return out, nil
+	return residentSet{Total: int64(st.VmRSS), Anon: int64(st.RssAnon), File: int64(st.RssFile)}, nil
 }
 
 // processCPU reads the user and system CPU time of a process from /proc/<pid>/stat.
 func processCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name is in parentheses and may hold spaces: fields count from after it.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	fields := strings.Fields(s[i+1:])
-	// utime and stime are fields 14 and 15 of the whole line; 12 and 13 after the name.
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad cpu times", pid)
+	st, err := p.Stat()
+	if err != nil {
+		return 0, err
 	}
 	// USER_HZ is 100 on every Linux architecture Go supports.
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+	return time.Duration(st.UTime+st.STime) * 10 * time.Millisecond, nil
 }
 
 // machineInfo describes the machine for the report.

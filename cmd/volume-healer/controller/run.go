@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -318,6 +319,8 @@ func newCaches(k *kube, source *policy.ConfigMapSource) (*caches, error) {
 type actStage struct {
 	dispatcher *dispatch.Dispatcher
 	sidecars   *probe.Client
+	// clientCert is the sidecars' client's certificate, read again when it changes; nil without.
+	clientCert *certwatcher.CertWatcher
 	targets    *healer.TargetMap
 	metrics    *healer.Metrics
 	evictor    *evict.Evictor
@@ -346,7 +349,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		dispatchOpts.Lease = lease
 		guard = lease.Guard
 	}
-	sidecars, err := sidecarClient(cfg, k.clientset.CoreV1(), guard)
+	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +357,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 	if err != nil {
 		return nil, err
 	}
-	a := &actStage{dispatcher: dispatcher, sidecars: sidecars, targets: healer.NewTargetMap(), metrics: healer.NewMetrics(k.reg)}
+	a := &actStage{dispatcher: dispatcher, sidecars: sidecars, clientCert: clientCert, targets: healer.NewTargetMap(), metrics: healer.NewMetrics(k.reg)}
 	if a.evictor, err = newEvictor(cfg, k, engine, func(req evict.Request) { a.submit(reprobeSweep(req)) }); err != nil {
 		return nil, err
 	}
@@ -512,6 +515,11 @@ func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, 
 	}
 	for _, r := range []manager.Runnable{act.dispatcher, sweeps, t.restarts, t.periodic, t.manual} {
 		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	if act.clientCert != nil {
+		if err := mgr.Add(act.clientCert); err != nil {
 			return err
 		}
 	}

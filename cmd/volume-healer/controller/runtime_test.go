@@ -20,7 +20,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -34,6 +33,7 @@ import (
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 	"github.com/volume-healer/volume-healer/test/harness"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // recordingForgetter remembers what the event routing asked the sweeper and the client to forget.
@@ -92,13 +92,8 @@ func (r *recordingForgetter) seen(f func() bool) bool {
 	return f()
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("%s: did not happen within 10s", what)
-	}
-}
+// routed bounds a wait for the informers to deliver a change and the controller to act on it.
+const routed = 10 * time.Second
 
 // TestEventRoutingFeedsTheTriggers drives the shared informers the way the controller sets them
 // up and checks what an operator would see follow from each change: a new CSIAddonsNode with a
@@ -183,17 +178,17 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	// its marker has started a restart sweep of the driver on that node.
 	becomesTarget := func(what, node, endpoint string) {
 		t.Helper()
-		eventually(t, what+": the sidecar target of its driver and node", func() bool {
+		poll.Eventually(t, routed, what+": the sidecar target of its driver and node", poll.True(func() bool {
 			target, _, err := targets.Target("rbd.csi.ceph.com", node)
 			return err == nil && target.Endpoint == endpoint
-		})
-		eventually(t, what+": a restart sweep of the driver on the node", func() bool {
+		}))
+		poll.Eventually(t, routed, what+": a restart sweep of the driver on the node", poll.True(func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return slices.ContainsFunc(sweeps, func(s scheduler.Sweep) bool {
 				return s.Trigger == scheduler.TriggerRestart && s.Driver == "rbd.csi.ceph.com" && s.Node == node
 			})
-		})
+		}))
 	}
 	becomesTarget("a new CSIAddonsNode", "node-1", "127.0.0.1:9071")
 	if _, _, err := targets.Target("rbd.csi.ceph.com", "node-0"); !errors.Is(err, healer.ErrNodeGone) {
@@ -211,9 +206,9 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := crClient.Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the old endpoint's connection is closed when the sidecar moves", func() bool {
+	poll.Eventually(t, routed, "the old endpoint's connection is closed when the sidecar moves", poll.True(func() bool {
 		return forgot.seen(func() bool { return slices.Equal(forgot.endpointsBut("127.0.0.1:9070"), []string{"127.0.0.1:9071"}) })
-	})
+	}))
 	// The informer delivers in order: the gone Node's update was handled before node-1's.
 	if _, kept := targets.Object(client.ObjectKeyFromObject(leftBehind)); kept {
 		t.Error("the updated CSIAddonsNode of a gone Node became a target again")
@@ -234,16 +229,16 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if _, err := clientset.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the StorageClass annotation becomes its schedule", func() bool {
+	poll.Eventually(t, routed, "the StorageClass annotation becomes its schedule", poll.True(func() bool {
 		return periodic.Schedules()["fast"] == "@every 1h"
-	})
+	}))
 	if err := clientset.StorageV1().StorageClasses().Delete(ctx, "fast", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted StorageClass loses its schedule and its history", func() bool {
+	poll.Eventually(t, routed, "a deleted StorageClass loses its schedule and its history", poll.True(func() bool {
 		_, scheduled := periodic.Schedules()["fast"]
 		return !scheduled && forgot.seen(func() bool { return len(forgot.classes) == 1 && forgot.classes[0] == "fast" })
-	})
+	}))
 
 	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-1"}}
 	if _, err := clientset.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
@@ -252,20 +247,20 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if err := clientset.CoreV1().PersistentVolumes().Delete(ctx, "pv-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted PV's history is forgotten", func() bool {
+	poll.Eventually(t, routed, "a deleted PV's history is forgotten", poll.True(func() bool {
 		return forgot.seen(func() bool { return len(forgot.pvs) == 1 && forgot.pvs[0] == "pv-1" })
-	})
+	}))
 
 	if err := crClient.Delete(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted CSIAddonsNode is no longer a target, its connection is closed, its history forgotten", func() bool {
+	poll.Eventually(t, routed, "a deleted CSIAddonsNode is no longer a target, its connection is closed, its history forgotten", poll.True(func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-1")
 		return err != nil && forgot.seen(func() bool {
 			return slices.Equal(forgot.endpointsBut("127.0.0.1:9070"), []string{"127.0.0.1:9071", "127.0.0.1:9072"}) &&
 				slices.Contains(forgot.nodes, "rbd.csi.ceph.com/node-1")
 		})
-	})
+	}))
 
 	// A Node that goes away takes the targets on it along, though its CSIAddonsNode stays.
 	k8sNode := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}}
@@ -283,28 +278,28 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 		}
 	}
 	createLike("node-2", "127.0.0.1:9073")
-	eventually(t, "node-2's sidecar is a target", func() bool {
+	poll.Eventually(t, routed, "node-2's sidecar is a target", poll.True(func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
 		return err == nil
-	})
+	}))
 	if err := clientset.CoreV1().Nodes().Delete(ctx, "node-2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted Node's sidecar is no longer a target, its connection is closed, its history forgotten", func() bool {
+	poll.Eventually(t, routed, "a deleted Node's sidecar is no longer a target, its connection is closed, its history forgotten", poll.True(func() bool {
 		_, _, err := targets.Target("rbd.csi.ceph.com", "node-2")
 		return err != nil && forgot.seen(func() bool {
 			return slices.Equal(forgot.endpointsBut("127.0.0.1:9070"), []string{"127.0.0.1:9071", "127.0.0.1:9072", "127.0.0.1:9073"}) &&
 				slices.Contains(forgot.nodes, "rbd.csi.ceph.com/node-2")
 		})
-	})
+	}))
 
 	// A CSIAddonsNode seen before its Node (the caches deliver independently) becomes a target, and
 	// its marker a restart sweep, once the Node arrives.
 	createLike("node-3", "127.0.0.1:9074")
-	eventually(t, "the CSIAddonsNode of a Node not known yet is seen", func() bool {
+	poll.Eventually(t, routed, "the CSIAddonsNode of a Node not known yet is seen", poll.True(func() bool {
 		_, exists, err := nodes.GetStore().GetByKey("csi/node-3-rbd")
 		return err == nil && exists
-	})
+	}))
 	time.Sleep(50 * time.Millisecond) // its handler has run, past the debounce
 	if _, _, err := targets.Target("rbd.csi.ceph.com", "node-3"); err == nil {
 		t.Error("the CSIAddonsNode of a Node that does not exist is a target")
@@ -322,11 +317,11 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 	if _, err := clientset.CoreV1().PersistentVolumeClaims("app").Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the PVC's sweep request is started", func() bool { return manual.Pending() == 1 })
+	poll.Eventually(t, routed, "the PVC's sweep request is started", poll.True(func() bool { return manual.Pending() == 1 }))
 	if err := clientset.CoreV1().PersistentVolumeClaims("app").Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a deleted PVC's request is forgotten", func() bool { return manual.Pending() == 0 })
+	poll.Eventually(t, routed, "a deleted PVC's request is forgotten", poll.True(func() bool { return manual.Pending() == 0 }))
 }
 
 // noWatchList is the fake client as client-go's reflector must see it: its watches never send the
@@ -380,9 +375,9 @@ func TestSweepRunnerWaitsForReadinessAndForItsSweeps(t *testing.T) {
 		t.Fatalf("%d sweeps ran before the caches were ready", n)
 	}
 	close(ready)
-	eventually(t, "the held sweep runs once ready", func() bool { return sweeper.count() == 1 })
+	poll.Eventually(t, routed, "the held sweep runs once ready", poll.True(func() bool { return sweeper.count() == 1 }))
 	r.submit(scheduler.Sweep{Trigger: scheduler.TriggerSchedule, StorageClass: "fast"})
-	eventually(t, "a later sweep runs at once", func() bool { return sweeper.count() == 2 })
+	poll.Eventually(t, routed, "a later sweep runs at once", poll.True(func() bool { return sweeper.count() == 2 }))
 
 	cancel()
 	select {
@@ -429,7 +424,7 @@ func TestMetricsServerServesItsRegistry(t *testing.T) {
 	go func() { done <- m.Start(ctx) }()
 
 	var body string
-	eventually(t, "/metrics answers", func() bool {
+	poll.Eventually(t, routed, "/metrics answers", poll.True(func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			return false
@@ -438,7 +433,7 @@ func TestMetricsServerServesItsRegistry(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
 		return resp.StatusCode == http.StatusOK
-	})
+	}))
 	if !strings.Contains(body, "volume_healer_test_total 3") {
 		t.Errorf("/metrics does not show the registry's counter:\n%s", body)
 	}
@@ -494,7 +489,7 @@ func TestSidecarClientTLSSettings(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cfg := &config.Config{}
 			cfg.Sidecar.TLS = tc.tls
-			c, err := sidecarClient(cfg, nil, nil)
+			c, _, err := sidecarClient(cfg, nil, nil)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatalf("sidecarClient: %v", err)

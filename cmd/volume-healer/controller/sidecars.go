@@ -9,6 +9,7 @@ import (
 
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/probe"
@@ -22,8 +23,9 @@ func SidecarServerName(node, base string) string { return node + "." + base }
 // sidecarClient builds the client of the sidecars from the configuration; guard, when not nil,
 // bounds every call (probe.Options.Guard). Each call carries a token of the controller's
 // ServiceAccount (the one sidecar.auth.tokenFile belongs to) for the called node alone, requested
-// through accounts.
-func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, error) {
+// through accounts. With a client certificate it also returns the watcher that reads the
+// certificate again when its files change, which must run (Start) for as long as the client.
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, *certwatcher.CertWatcher, error) {
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
@@ -36,25 +38,28 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 	if cfg.Sidecar.Auth.TokenFile != "" {
 		opts.Tokens = newNodeTokens(accounts, cfg.Sidecar.Auth.TokenFile, cfg.Sidecar.Auth.Audience, clock.RealClock{})
 	}
+	var clientCert *certwatcher.CertWatcher
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
 		if cfg.Sidecar.TLS.CAFile != "" {
 			pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
 			if err != nil {
-				return nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
+				return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+				return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
 			}
 			tlsCfg.RootCAs = pool
 		}
 		if cfg.Sidecar.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(cfg.Sidecar.TLS.CertFile, cfg.Sidecar.TLS.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("sidecar.tls.certFile and keyFile: %w", err)
+			var err error
+			if clientCert, err = certwatcher.New(cfg.Sidecar.TLS.CertFile, cfg.Sidecar.TLS.KeyFile); err != nil {
+				return nil, nil, fmt.Errorf("sidecar.tls.certFile and keyFile: %w", err)
 			}
-			tlsCfg.Certificates = []tls.Certificate{cert}
+			tlsCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				return clientCert.GetCertificate(nil)
+			}
 		}
 		opts.TLS = tlsCfg
 		if name := cfg.Sidecar.TLS.ServerName; name != "" && !cfg.Sidecar.TLS.InsecureSkipVerify {
@@ -62,5 +67,5 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 			opts.NodeServerName = func(node string) string { return SidecarServerName(node, name) }
 		}
 	}
-	return probe.New(opts), nil
+	return probe.New(opts), clientCert, nil
 }

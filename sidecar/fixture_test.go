@@ -2,16 +2,10 @@ package sidecar_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -25,10 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,52 +30,33 @@ import (
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/controlplane"
+	"github.com/volume-healer/volume-healer/test/fixtures"
 	"github.com/volume-healer/volume-healer/test/harness"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
-// The integration tests share one control plane: starting kube-apiserver and etcd takes
-// seconds, and every test works in objects of its own (a driver name, node name and namespace
-// per fixture), so they do not see each other.
-var (
-	envOnce   sync.Once
-	sharedEnv *harness.Cluster
-	envErr    error
-	fixtureN  atomic.Int64
-)
-
+// The integration tests share one control plane, started by the first of them: starting
+// kube-apiserver and etcd takes seconds, and every test works in objects of its own (a driver
+// name, node name and namespace per fixture), so they do not see each other. The unit tests start
+// nothing.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if sharedEnv != nil {
-		if err := sharedEnv.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stop control plane:", err)
-		}
-	}
-	os.Exit(code)
+	os.Exit(harness.Main(m, harness.SuiteOptions{
+		Name:       "sidecar",
+		Skip:       "integration test: starts kube-apiserver and etcd; run without -short",
+		Lazy:       true,
+		NoPrograms: true,
+		Kept:       "the control plane's kubeconfig and the log of the sidecars and drivers of the tests",
+	}))
 }
 
-func controlPlane(t *testing.T) *controlplane.Env {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: starts kube-apiserver and etcd; run without -short")
-	}
-	envOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sidecar-kubeconfig-")
-		if err != nil {
-			envErr = err
-			return
-		}
-		sharedEnv, envErr = harness.StartCluster(context.Background(), harness.ClusterOptions{Dir: dir})
-	})
-	if envErr != nil {
-		t.Fatalf("start control plane: %v", envErr)
-	}
-	return sharedEnv.Env
-}
+// fixtureN numbers the fixtures of the run.
+var fixtureN atomic.Int64
 
-// The controller's ServiceAccount, allowed by default, and another one that is not.
+// The controller's ServiceAccount, allowed by default, which the cluster has, and another one,
+// which is not.
 const (
-	controllerNamespace = "volume-healer"
-	controllerSA        = "volume-healer"
+	controllerNamespace = harness.ControllerNamespace
+	controllerSA        = harness.ControllerAccount
 	intruderSA          = "intruder"
 )
 
@@ -106,7 +79,7 @@ type fixture struct {
 	caPool     *x509.CertPool
 
 	drv      *simulated.Driver
-	recorder *recorder
+	recorder *harness.DriverCalls
 	stopDrv  func()
 
 	// tokenReviews counts TokenReview requests of every sidecar of the fixture.
@@ -115,7 +88,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	env := controlPlane(t)
+	env := harness.Require(t).Env
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	n := fixtureN.Add(1)
@@ -129,7 +102,7 @@ func newFixture(t *testing.T) *fixture {
 		namespace:  fmt.Sprintf("csi-%d", n),
 		kubeletDir: filepath.Join(t.TempDir(), "kubelet"),
 		stateDir:   t.TempDir(),
-		recorder:   &recorder{last: map[string]proto.Message{}},
+		recorder:   &harness.DriverCalls{},
 	}
 	sock, err := os.MkdirTemp("", "sc")
 	if err != nil {
@@ -139,7 +112,11 @@ func newFixture(t *testing.T) *fixture {
 	f.endpoint = "unix://" + filepath.Join(sock, "csi-addons.sock")
 	f.writeCertificates()
 	f.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.namespace}})
-	f.ensureServiceAccounts()
+	_, err = env.Clientset.CoreV1().ServiceAccounts(controllerNamespace).Create(f.ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNamespace, Name: intruderSA}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	return f
 }
 
@@ -165,7 +142,7 @@ func (f *fixture) startDriver(opts simulated.Options, wrap func(healerv1alpha1.H
 	}
 	path := strings.TrimPrefix(f.endpoint, "unix://")
 	srv, err := harness.ServeDriver(d, path, harness.DriverServerOptions{
-		Interceptors: []grpc.UnaryServerInterceptor{f.recorder.intercept},
+		Interceptors: []grpc.UnaryServerInterceptor{f.recorder.Intercept},
 		Healer:       wrap,
 	})
 	if err != nil {
@@ -250,18 +227,7 @@ func (f *fixture) startSidecar(mutate func(*sidecar.Options)) *running {
 // waitReady waits until the sidecar knows the driver.
 func (f *fixture) waitReady(r *running) {
 	f.t.Helper()
-	f.eventually("sidecar ready", 20*time.Second, r.s.Ready)
-}
-
-func (f *fixture) eventually(what string, within time.Duration, cond func() bool) {
-	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %s waiting for: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Eventually(f.t, 20*time.Second, "sidecar ready", poll.True(r.s.Ready))
 }
 
 // token returns a ServiceAccount token from the TokenRequest API, for audiences; with none, for
@@ -282,27 +248,6 @@ func (f *fixture) token(sa string, audiences ...string) string {
 // as returns a context whose calls carry token.
 func (f *fixture) as(token string) context.Context {
 	return metadata.AppendToOutgoingContext(f.ctx, "authorization", "Bearer "+token)
-}
-
-func (f *fixture) ensureServiceAccounts() {
-	f.t.Helper()
-	objs := []any{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: controllerNamespace}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNamespace, Name: controllerSA}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNamespace, Name: intruderSA}},
-	}
-	for _, o := range objs {
-		var err error
-		switch o := o.(type) {
-		case *corev1.Namespace:
-			_, err = f.env.Clientset.CoreV1().Namespaces().Create(f.ctx, o, metav1.CreateOptions{})
-		case *corev1.ServiceAccount:
-			_, err = f.env.Clientset.CoreV1().ServiceAccounts(o.Namespace).Create(f.ctx, o, metav1.CreateOptions{})
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			f.t.Fatal(err)
-		}
-	}
 }
 
 func (f *fixture) create(obj any) {
@@ -342,19 +287,7 @@ func (f *fixture) attach(pv *corev1.PersistentVolume, node string) error {
 	if pv.Spec.CSI != nil {
 		name = healerv1alpha1.VolumeAttachmentName(pv.Spec.CSI.VolumeHandle, f.driverName, node)
 	}
-	va := &storagev1.VolumeAttachment{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: storagev1.VolumeAttachmentSpec{Attacher: f.driverName, NodeName: node,
-			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName}},
-	}
-	vas := f.env.Clientset.StorageV1().VolumeAttachments()
-	va, err := vas.Create(f.ctx, va, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	va.Status.Attached = true
-	_, err = vas.UpdateStatus(f.ctx, va, metav1.UpdateOptions{})
-	return err
+	return fixtures.Attach(f.ctx, f.env.Clientset, name, f.driverName, pvName, node)
 }
 
 // pvName names a PV of the fixture.
@@ -385,99 +318,35 @@ func (f *fixture) pv(suffix, handle string, mutate ...func(*corev1.PersistentVol
 	return pv
 }
 
-// writeCertificates makes a test CA and a serving certificate for 127.0.0.1 and ::1 signed by
-// it.
+// writeCertificates makes a CA of the fixture's and, signed by it, a certificate for 127.0.0.1,
+// ::1 and localhost, to serve and, in the client certificate test, to be a client with.
 func (f *fixture) writeCertificates() {
 	f.t.Helper()
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := harness.NewCA("volume-healer test CA")
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "volume-healer test CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "healer-sidecar"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		// Serving and, in the client certificate test, client certificate.
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
-		DNSNames:    []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	certPEM, keyPEM, err := ca.IssueFor(harness.Identity{
+		Name:     "healer-sidecar",
+		DNSNames: []string{"localhost"},
+		IPs:      []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		Server:   true,
+		Client:   true,
+	})
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	dir := f.t.TempDir()
 	f.certFile = filepath.Join(dir, "tls.crt")
 	f.keyFile = filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(f.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		f.t.Fatal(err)
-	}
-	if err := os.WriteFile(f.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		f.t.Fatal(err)
-	}
 	f.caFile = filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(f.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
-		f.t.Fatal(err)
+	for file, data := range map[string][]byte{f.certFile: certPEM, f.keyFile: keyPEM, f.caFile: ca.CertPEM} {
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			f.t.Fatal(err)
+		}
 	}
 	f.caPool = x509.NewCertPool()
-	f.caPool.AddCert(ca)
-}
-
-// recorder keeps the last request of each driver RPC, as the driver received it.
-type recorder struct {
-	mu   sync.Mutex
-	last map[string]proto.Message
-}
-
-func (r *recorder) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if m, ok := req.(proto.Message); ok {
-		r.mu.Lock()
-		r.last[info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]] = proto.Clone(m)
-		r.mu.Unlock()
-	}
-	return handler(ctx, req)
-}
-
-func (r *recorder) probe() *healerv1alpha1.ProbeVolumeRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m, _ := r.last["ProbeVolume"].(*healerv1alpha1.ProbeVolumeRequest)
-	return m
-}
-
-func (r *recorder) heal() *healerv1alpha1.HealVolumeRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m, _ := r.last["HealVolume"].(*healerv1alpha1.HealVolumeRequest)
-	return m
+	f.caPool.AppendCertsFromPEM(ca.CertPEM)
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
