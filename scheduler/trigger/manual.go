@@ -268,23 +268,8 @@ func (m *Manual) Start(ctx context.Context) error {
 	for {
 		ready, wait := m.take()
 		m.hand(ctx, ready)
-		var timer clock.Timer
-		var fire <-chan time.Time
-		if wait > 0 {
-			timer = m.opts.Clock.NewTimer(wait)
-			fire = timer.C()
-		}
-		select {
-		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+		if !waitForWork(ctx, m.opts.Clock, wait, m.wake) {
 			return nil
-		case <-m.wake:
-		case <-fire:
-		}
-		if timer != nil {
-			timer.Stop()
 		}
 	}
 }

@@ -202,23 +202,13 @@ func (r *Restarts) Start(ctx context.Context) error {
 			r.opts.Metrics.triggered(scheduler.TriggerRestart)
 			r.opts.Sweeps(s)
 		}
-		var timer clock.Timer
-		var fire <-chan time.Time
+		var wait time.Duration
 		if !next.IsZero() {
-			timer = r.opts.Clock.NewTimer(next.Sub(now))
-			fire = timer.C()
+			// A restart settled at this very instant waits at least a nanosecond, not forever.
+			wait = max(next.Sub(now), time.Nanosecond)
 		}
-		select {
-		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+		if !waitForWork(ctx, r.opts.Clock, wait, r.wake) {
 			return nil
-		case <-r.wake:
-		case <-fire:
-		}
-		if timer != nil {
-			timer.Stop()
 		}
 	}
 }
