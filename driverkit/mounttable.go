@@ -59,6 +59,15 @@ func device(m *mountInfo) string {
 	return strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor)
 }
 
+// TopMount returns the top-most mount at path in a mount table that k8s.io/mount-utils'
+// ParseMountInfo read, or nil when nothing is mounted there. Mount points are compared after the
+// kernel's octal escapes are undone.
+func TopMount(infos []mount.MountInfo, path string) *mount.MountInfo { return topMount(infos, path) }
+
+// ReadOnlyMount reports whether a mount of a mount table is read-only, by its own flag (a
+// read-only bind mount) or by its superblock's (a filesystem remounted read-only after errors).
+func ReadOnlyMount(m *mount.MountInfo) bool { return readOnly(m) }
+
 // readOnly reports whether a mount is read-only, either by its own flag (a read-only bind mount)
 // or by its superblock's (a filesystem remounted read-only after errors).
 func readOnly(m *mountInfo) bool {
