@@ -40,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 )
 
 // Sidecar is one running sidecar. Create it with New, run it with Start.
@@ -142,7 +143,10 @@ func New(opts Options) (*Sidecar, error) {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes}
+	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, local: nodeprobe.New(nodeprobe.Options{
+		KubeletDir: opts.KubeletDir,
+		Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
+	})}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {

@@ -181,6 +181,9 @@ func (p *Prober) statDevices(ctx context.Context, tops map[string]*mount.MountIn
 	return out
 }
 
+// Records returns the reader of kubelet's records the Prober uses.
+func (p *Prober) Records() Records { return p.records }
+
 // List returns the persistent volumes of driver that kubelet records on the node; see
 // Records.List.
 func (p *Prober) List(driver string) ([]Volume, error) {
