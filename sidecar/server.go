@@ -174,7 +174,8 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 // onNode checks that vol is on the sidecar's node before any call reaches the driver and before
 // its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
 // attached and not being deleted), or, for a volume without one there (drivers without an attach
-// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
+// step), staged or published here by kubelet's records on the node, or staged here by the
+// driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
 // go by an attachment read in the last probeAttachmentFresh; a heal reads it again.
 func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
 	reuse := time.Duration(0)
@@ -189,7 +190,7 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, 
 		return nil
 	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
-		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
+		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, kubelet records no mount of it there, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
 			ErrNotOnNode, vol.pvName, info.name, h.nodeName)
 	}
 	token := ""
