@@ -2,12 +2,12 @@ package sidecar_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,14 +22,10 @@ import (
 	"github.com/volume-healer/volume-healer/test/controlplane"
 )
 
-// sidecarBinary builds cmd/healer-sidecar once per run: the sidecar starts its own program again
-// to stat a mount, and this test binary is not that program.
-var sidecarBinary = sync.OnceValues(func() (string, error) {
+// buildSidecar builds cmd/healer-sidecar into dir: the sidecar starts its own program again to
+// stat a mount, and this test binary is not that program.
+func buildSidecar(dir string) (string, error) {
 	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "sidecar-bin")
 	if err != nil {
 		return "", err
 	}
@@ -37,10 +33,10 @@ var sidecarBinary = sync.OnceValues(func() (string, error) {
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/healer-sidecar")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}
+		return "", fmt.Errorf("go build ./cmd/healer-sidecar: %w\n%s", err, out)
 	}
 	return bin, nil
-})
+}
 
 // serveIdentityOnly serves the reference driver's CSI-Addons Identity service alone on the
 // fixture's socket: a driver that knows nothing of volume-healer.
@@ -93,7 +89,7 @@ func TestProbeOfADriverWithoutHealer(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.serveIdentityOnly(d)
-	bin, err := sidecarBinary()
+	bin, err := buildSidecar(t.TempDir())
 	if err != nil {
 		t.Fatalf("build the sidecar: %v", err)
 	}
