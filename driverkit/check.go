@@ -164,10 +164,25 @@ func (c *Checker) statFinding(ctx context.Context, key, path string) (f Finding,
 		return inaccessible(ReasonMountCheckFailed, "the check of %s was cut off: %v", path, context.Cause(ctx))
 	}
 
-	err := call.err
+	if f := StatFinding(path, call.err); f != nil {
+		return *f, false
+	}
+	return Finding{}, true
+}
+
+// StatFinding turns the error of StatMount(path) into a finding: nil for no error; a missing
+// path gives MountGone; a corrupted-mount error, as k8s.io/mount-utils' IsCorruptedMnt defines it,
+// or ECONNABORTED gives MountDisconnected with the errno in the message; anything else
+// MountCheckFailed. It is how Check reads its stat, for a caller that stats a mount its own way
+// (in a child process, say).
+func StatFinding(path string, err error) *Finding {
+	inaccessible := func(reason, format string, args ...any) *Finding {
+		return &Finding{Path: path, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: reason,
+			Message: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case err == nil:
-		return Finding{}, true
+		return nil
 	case errors.Is(err, fs.ErrNotExist):
 		return inaccessible(ReasonMountGone, "%s does not exist", path)
 	// ECONNABORTED is what a FUSE request gets when its connection is aborted under it: the
@@ -208,7 +223,7 @@ func (c *Checker) startStat(key, path string) (call *statCall, running bool) {
 	c.stats[key] = call
 	c.statsStarted.Add(1)
 	go func() {
-		call.err = statPath(path)
+		call.err = StatMount(path)
 		close(call.done)
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -219,10 +234,11 @@ func (c *Checker) startStat(key, path string) (call *statCall, running bool) {
 	return call, false
 }
 
-// statPath makes the calls that reach a mount's filesystem. statfs goes first because a FUSE
-// statfs always reaches the daemon, while a stat may be answered from the kernel's attribute
-// cache and so miss a frozen daemon.
-func statPath(path string) error {
+// StatMount makes the calls that reach the filesystem mounted at path, and returns the first
+// error, as an *os.PathError naming the call. statfs goes first because a FUSE statfs always
+// reaches the daemon, while a stat may be answered from the kernel's attribute cache and so miss a
+// frozen daemon. On a frozen mount it blocks until the mounter answers: Check bounds it.
+func StatMount(path string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return &os.PathError{Op: "statfs", Path: path, Err: err}

@@ -70,6 +70,24 @@ func mountOptions(m *mountInfo) []string { return strings.Split(m.Options, ",") 
 // superOptions are the options of a mount's superblock (the last field of a mountinfo line).
 func superOptions(m *mountInfo) []string { return strings.Split(m.VFSOptions, ",") }
 
+// MountInfo is one line of a mount table as ReadMountTable returns it, its paths unescaped.
+type MountInfo = mountinfo.Info
+
+// ReadMountTable parses a mountinfo file (for example /proc/self/mountinfo), undoing the kernel's
+// octal escapes in mount points and sources: the one mount-table reader of the project.
+func ReadMountTable(file string) ([]*MountInfo, error) { return readMountTable(file) }
+
+// TopMount returns the top-most mount at path in a mount table that ReadMountTable read, or nil
+// when nothing is mounted there.
+func TopMount(infos []*MountInfo, path string) *MountInfo { return topMount(infos, path) }
+
+// ReadOnlyMount reports whether a mount of a mount table is read-only, by its own flag (a
+// read-only bind mount) or by its superblock's (a filesystem remounted read-only after errors).
+func ReadOnlyMount(m *MountInfo) bool { return readOnly(m) }
+
+// MountDevice formats a mount's device as mountinfo field 3 shows it ("major:minor").
+func MountDevice(m *MountInfo) string { return device(m) }
+
 // readOnly reports whether a mount is read-only, either by its own flag (a read-only bind mount)
 // or by its superblock's (a filesystem remounted read-only after errors).
 func readOnly(m *mountInfo) bool {

@@ -16,6 +16,11 @@ func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) po
 			Probe: caps.Probe, Heal: caps.Heal, ListVolumes: caps.ListVolumes, Attributes: caps.Attributes,
 		},
 		IdentityCapabilities: []string{},
+		Tier:                 policy.TierOf(caps.Probe, caps.Heal, caps.ProbeSource),
+		ProbeSource:          caps.ProbeSource,
+	}
+	if d.ProbeSource == "" {
+		d.ProbeSource = probe.ProbeSourceDriver
 	}
 	if n != nil {
 		d.IdentityCapabilities = append(d.IdentityCapabilities, n.Status.Capabilities...)

@@ -167,6 +167,12 @@ func AssumedDriver(healer, identity []string, attributes map[string]string) (Dri
 			return DriverInfo{}, fmt.Errorf("%w: healer capability %q is not one of probe, heal, listVolumes", ErrInvalidInput, c)
 		}
 	}
+	// A driver that does not probe has its volumes probed by the sidecar.
+	d.ProbeSource = "driver"
+	if !d.Healer.Probe {
+		d.ProbeSource = "sidecar"
+	}
+	d.Tier = TierOf(d.Healer.Probe, d.Healer.Heal, d.ProbeSource)
 	return d, nil
 }
 

@@ -52,6 +52,8 @@ func sampleInput() Input {
 			Name:                 "rbd.csi.ceph.com",
 			IdentityCapabilities: []string{"SERVICE:NODE_SERVICE"},
 			Healer:               HealerCapabilities{Probe: true, Heal: true, Attributes: map[string]string{"healMounters": "rbd-nbd"}},
+			Tier:                 TierHealer,
+			ProbeSource:          "driver",
 		},
 		History: History{
 			LastProbe:           &ProbeRecord{Time: lastProbe, Healthy: true, Health: []Health{}},
@@ -88,8 +90,10 @@ func randomInput(r *rand.Rand) Input {
 			AccessModes: []string{pick("ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany")},
 		},
 		Driver: DriverInfo{
-			Name:   pick("rbd.csi.ceph.com", "cephfs.csi.ceph.com"),
-			Healer: HealerCapabilities{Probe: maybe(), Heal: maybe(), ListVolumes: maybe(), Attributes: strs("healMounters")},
+			Name:        pick("rbd.csi.ceph.com", "cephfs.csi.ceph.com"),
+			Healer:      HealerCapabilities{Probe: maybe(), Heal: maybe(), ListVolumes: maybe(), Attributes: strs("healMounters")},
+			Tier:        pick(TierHealer, TierProbeOnly, TierNone),
+			ProbeSource: pick("driver", "sidecar"),
 		},
 		History: History{ConsecutiveFailures: r.IntN(4)},
 	}

@@ -138,6 +138,34 @@ type DriverInfo struct {
 	IdentityCapabilities []string `json:"identityCapabilities"`
 	// Healer is what the driver's healer service supports.
 	Healer HealerCapabilities `json:"healer"`
+	// Tier is what volume-healer gets from the driver on the node: TierHealer (the driver heals
+	// its volumes), TierProbeOnly (it probes them and does not heal), TierNone (it serves neither:
+	// the sidecar probes its volumes itself, node-locally, and only remedies outside the driver
+	// are left).
+	Tier string `json:"tier"`
+	// ProbeSource is who probes the driver's volumes on the node: "driver", or "sidecar" when the
+	// driver does not and the sidecar probes them itself.
+	ProbeSource string `json:"probeSource"`
+}
+
+// The tiers of DriverInfo.Tier.
+const (
+	TierHealer    = "healer"
+	TierProbeOnly = "probe-only"
+	TierNone      = "none"
+)
+
+// TierOf is the tier of a driver that advertises probe and heal, whose volumes probeSource
+// ("driver" or "sidecar") probes.
+func TierOf(probe, heal bool, probeSource string) string {
+	switch {
+	case heal:
+		return TierHealer
+	case probe && probeSource != "sidecar":
+		return TierProbeOnly
+	default:
+		return TierNone
+	}
 }
 
 // HealerCapabilities is the driver's answer to the healer capability call.
@@ -339,6 +367,8 @@ func (d *DriverInfo) term() *ast.Term {
 			ast.Item(keyListVolumes, ast.InternedTerm(d.Healer.ListVolumes)),
 			ast.Item(keyAttributes, stringMapTerm(d.Healer.Attributes)),
 		)),
+		ast.Item(keyTier, ast.StringTerm(d.Tier)),
+		ast.Item(keyProbeSource, ast.StringTerm(d.ProbeSource)),
 	)
 }
 

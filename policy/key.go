@@ -199,7 +199,7 @@ func appendNode(b []byte, n *Node, p inputPath) []byte {
 	})
 }
 
-var driverFields = []string{"name", "identityCapabilities", "healer"}
+var driverFields = []string{"name", "identityCapabilities", "healer", "tier", "probeSource"}
 
 func appendDriver(b []byte, d *DriverInfo, p inputPath) []byte {
 	return appendStruct(b, p, driverFields, func(b []byte, name string, rest inputPath) ([]byte, bool) {
@@ -210,6 +210,10 @@ func appendDriver(b []byte, d *DriverInfo, p inputPath) []byte {
 			return appendStrings(b, d.IdentityCapabilities, rest), true
 		case "healer":
 			return appendHealer(b, &d.Healer, rest), true
+		case "tier":
+			return appendString(b, d.Tier, rest), true
+		case "probeSource":
+			return appendString(b, d.ProbeSource, rest), true
 		}
 		return b, false
 	})

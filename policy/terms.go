@@ -124,6 +124,8 @@ var (
 	keyHealer               = ast.StringTerm("healer")
 	keyHeal                 = ast.StringTerm("heal")
 	keyListVolumes          = ast.StringTerm("listVolumes")
+	keyTier                 = ast.StringTerm("tier")
+	keyProbeSource          = ast.StringTerm("probeSource")
 	keyLastProbe            = ast.StringTerm("lastProbe")
 	keyTime                 = ast.StringTerm("time")
 	keyHealthy              = ast.StringTerm("healthy")

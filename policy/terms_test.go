@@ -58,6 +58,7 @@ func documentedForm(in *Input) map[string]any {
 			"name": in.Driver.Name, "identityCapabilities": strs(in.Driver.IdentityCapabilities),
 			"healer": map[string]any{"probe": in.Driver.Healer.Probe, "heal": in.Driver.Healer.Heal,
 				"listVolumes": in.Driver.Healer.ListVolumes, "attributes": strMap(in.Driver.Healer.Attributes)},
+			"tier": in.Driver.Tier, "probeSource": in.Driver.ProbeSource,
 		},
 		"history": hist,
 	}

@@ -84,6 +84,8 @@ type Result struct {
 	Healable bool
 	// RecheckAfter is the driver's hint for when to probe again; 0 means none.
 	RecheckAfter time.Duration
+	// ProbeSource says who probed (probes only): ProbeSourceDriver or ProbeSourceSidecar.
+	ProbeSource string
 }
 
 // Healthy reports whether the result lists no adverse condition.
@@ -127,6 +129,24 @@ type Capabilities struct {
 	Probe, Heal, ListVolumes bool
 	// Attributes are the driver's free-form attributes for policies.
 	Attributes map[string]string
+	// ProbeSource says who probes the driver's volumes on the node: ProbeSourceDriver, or
+	// ProbeSourceSidecar when the driver does not and the sidecar probes them itself.
+	ProbeSource string
+}
+
+// Who probes a volume: the driver, or the sidecar itself (healerv1alpha1.ProbeSource).
+const (
+	ProbeSourceDriver  = "driver"
+	ProbeSourceSidecar = "sidecar"
+)
+
+// probeSource names what a sidecar says of who probes; an older sidecar says nothing, and
+// relayed the driver's probe.
+func probeSource(s healerv1alpha1.ProbeSource) string {
+	if s == healerv1alpha1.ProbeSource_PROBE_SOURCE_SIDECAR {
+		return ProbeSourceSidecar
+	}
+	return ProbeSourceDriver
 }
 
 // StagedVolume is a volume the driver has staged on the sidecar's node.
@@ -414,6 +434,7 @@ func capabilitiesOf(resp *healerv1alpha1.NodeGetHealerCapabilitiesResponse, t Ta
 		Heal:        healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
 		ListVolumes: healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
 		Attributes:  resp.GetAttributes(),
+		ProbeSource: probeSource(resp.GetProbeSource()),
 	}, nil
 }
 
@@ -441,7 +462,11 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 
 // probeResult converts a sidecar's probe answer, rejecting what breaks the protocol.
 func probeResult(resp *healerv1alpha1.NodeProbeVolumeResponse) (*Result, error) {
-	return convertResult(resp.GetVolumeId(), resp.GetHealthStatuses(), resp.GetRecheckAfter(), resp.GetHealable())
+	r, err := convertResult(resp.GetVolumeId(), resp.GetHealthStatuses(), resp.GetRecheckAfter(), resp.GetHealable())
+	if r != nil {
+		r.ProbeSource = probeSource(resp.GetProbeSource())
+	}
+	return r, err
 }
 
 // healResult converts a sidecar's heal answer, rejecting what breaks the protocol. A volume the

@@ -31,8 +31,9 @@ var (
 	ErrInvalidRequest = errors.New("invalid request")
 
 	// ErrNotOnNode means the PersistentVolume is neither attached to the sidecar's node (no
-	// attached VolumeAttachment of its driver there) nor listed by the driver as staged on it: the
-	// sidecar acts only on its own node's volumes. Callers get FAILED_PRECONDITION.
+	// attached VolumeAttachment of its driver there) nor recorded by kubelet as staged or
+	// published there, nor listed by the driver as staged on it: the sidecar acts only on its own
+	// node's volumes. Callers get FAILED_PRECONDITION.
 	ErrNotOnNode = errors.New("PersistentVolume not on this node")
 
 	// ErrSecretNotFound means the node-stage Secret a PersistentVolume names does not exist.

@@ -125,7 +125,7 @@ func TestCapabilities(t *testing.T) {
 	}
 	if !healerv1alpha1.HasRPC(caps.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE) ||
 		healerv1alpha1.HasRPC(caps.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL) {
-		t.Errorf("capabilities = %v, want PROBE only", caps.GetCapabilities())
+		t.Errorf("capabilities = %v, want PROBE and no HEAL", caps.GetCapabilities())
 	}
 	if caps.GetAttributes()["healMounters"] != "rbd-nbd" {
 		t.Errorf("attributes = %v, want healMounters=rbd-nbd", caps.GetAttributes())
@@ -136,9 +136,13 @@ func TestCapabilities(t *testing.T) {
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("heal against a driver without HEAL: %v, want UNIMPLEMENTED", err)
 	}
-	_, err = sc.client.ListStagedVolumes(ctx, &healerv1alpha1.NodeListStagedVolumesRequest{})
-	if status.Code(err) != codes.Unimplemented {
-		t.Errorf("list against a driver without LIST_VOLUMES: %v, want UNIMPLEMENTED", err)
+	if caps.GetProbeSource() != healerv1alpha1.ProbeSource_PROBE_SOURCE_DRIVER {
+		t.Errorf("probe source = %v, want the driver", caps.GetProbeSource())
+	}
+	// The sidecar lists the node's volumes from kubelet's records, which hold none here.
+	list, err := sc.client.ListStagedVolumes(ctx, &healerv1alpha1.NodeListStagedVolumesRequest{})
+	if err != nil || len(list.GetEntries()) != 0 {
+		t.Errorf("list against a driver without LIST_VOLUMES: %v, %v; want an empty list from kubelet's records", list, err)
 	}
 	if c := d.Counters().Calls; c["HealVolume"] != 0 || c["ListStagedVolumes"] != 0 {
 		t.Errorf("driver was called for RPCs it does not advertise: %v", c)

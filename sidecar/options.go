@@ -158,6 +158,16 @@ type Options struct {
 	// DefaultKubeletDir.
 	KubeletDir string
 
+	// StatTimeout bounds each stat of a mount when the sidecar probes a volume itself (for a
+	// driver that does not advertise PROBE): the stat runs in a child process killed at the
+	// deadline, and the mount is reported hung. Zero or less: 5s.
+	StatTimeout time.Duration
+
+	// StatCommand is the program, and its first arguments, that the sidecar starts to stat a
+	// mount; it must run nodeprobe.StatMain with the path as its last argument. Default: this
+	// program with nodeprobe.StatArg, which cmd/healer-sidecar handles.
+	StatCommand []string
+
 	// SecretCacheTTL is how long a node-stage Secret read from the API server is used before it
 	// is read again: a rotated Secret reaches the driver within this time. Default:
 	// DefaultSecretCacheTTL.

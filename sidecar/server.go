@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 )
 
 // nodeHealer serves NodeHealer: it resolves each PV from the caches and relays the call to the
@@ -27,31 +28,28 @@ type nodeHealer struct {
 	nodeName string
 	driver   *driverClient
 	volumes  *volumes
+	// local probes and lists volumes from kubelet's records for a driver that does not.
+	local *nodeprobe.Prober
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
 
-// GetHealerCapabilities answers from the cache of the driver's identity and capabilities.
+// GetHealerCapabilities answers from the cache of the driver's identity and capabilities, with
+// what the sidecar serves itself for a driver that does not (capabilitiesFor).
 func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
 	info, err := h.driver.current(ctx)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if info.healerUnimplemented {
-		return nil, status.Errorf(codes.Unimplemented, "the driver %q at %s does not serve the %s service",
-			info.name, h.driver.endpoint, healerv1alpha1.Healer_ServiceDesc.ServiceName)
-	}
-	return &healerv1alpha1.NodeGetHealerCapabilitiesResponse{
-		DriverName:    info.name,
-		VendorVersion: info.vendorVersion,
-		NodeName:      h.nodeName,
-		Capabilities:  info.capabilities,
-		Attributes:    info.attributes,
-	}, nil
+	return h.capabilitiesFor(info), nil
 }
 
-// ProbeVolume probes the volume of a PV.
+// ProbeVolume probes the volume of a PV: the driver does, or the sidecar itself when the driver
+// does not advertise PROBE.
 func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+	if info, err := h.driver.current(ctx); err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
+		return h.probeLocally(ctx, info, req.GetPvName())
+	}
 	vol, ctx, err := h.prepare(ctx, req.GetPvName(), healerv1alpha1.HealerCapability_RPC_PROBE)
 	if err != nil {
 		return nil, toStatus(err)
@@ -77,6 +75,7 @@ func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodePr
 		Healable:       resp.GetHealable(),
 		RecheckAfter:   resp.GetRecheckAfter(),
 		VolumeId:       vol.volumeID,
+		ProbeSource:    healerv1alpha1.ProbeSource_PROBE_SOURCE_DRIVER,
 	}, nil
 }
 
@@ -109,7 +108,8 @@ func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHea
 	}, nil
 }
 
-// ListStagedVolumes relays one page of the driver's list, with the PV of each volume.
+// ListStagedVolumes relays one page of the driver's list, with the PV of each volume, or lists
+// the volumes from kubelet's records when the driver does not advertise LIST_VOLUMES.
 func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.NodeListStagedVolumesRequest) (*healerv1alpha1.NodeListStagedVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "max_entries must not be negative, got %d", req.GetMaxEntries())
@@ -119,7 +119,7 @@ func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.
 		return nil, toStatus(err)
 	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
-		return nil, toStatus(notAdvertised(info, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES))
+		return h.listLocally(ctx, info, req)
 	}
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
@@ -174,7 +174,8 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 // onNode checks that vol is on the sidecar's node before any call reaches the driver and before
 // its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
 // attached and not being deleted), or, for a volume without one there (drivers without an attach
-// step), staged here by the driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
+// step), staged or published here by kubelet's records on the node, or staged here by the
+// driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
 // go by an attachment read in the last probeAttachmentFresh; a heal reads it again.
 func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
 	reuse := time.Duration(0)
@@ -185,11 +186,11 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, 
 	if err != nil {
 		return err
 	}
-	if attached {
+	if attached || h.recordedHere(info.name, vol) {
 		return nil
 	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
-		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
+		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, kubelet records no mount of it there, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
 			ErrNotOnNode, vol.pvName, info.name, h.nodeName)
 	}
 	token := ""

@@ -6,7 +6,9 @@
 // the "authorization" metadata, cached briefly), before it reads the request; then it reads the
 // PersistentVolume (volume handle, kubelet staging path, volume context, volume capability),
 // checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
-// calls the driver with a bounded timeout. On every start it writes a fresh restart marker
+// calls the driver with a bounded timeout. For a driver that does not probe or list its volumes
+// (no Healer service, or no PROBE or LIST_VOLUMES), the sidecar does so itself from kubelet's
+// records on its node (package nodeprobe), and says so in its answers. On every start it writes a fresh restart marker
 // on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
 //
 // The package holds no global state: a test or a scale harness can run many sidecars in one
@@ -40,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 )
 
 // Sidecar is one running sidecar. Create it with New, run it with Start.
@@ -145,7 +148,10 @@ func New(opts Options) (*Sidecar, error) {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes}
+	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, local: nodeprobe.New(nodeprobe.Options{
+		KubeletDir: opts.KubeletDir,
+		Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
+	})}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {

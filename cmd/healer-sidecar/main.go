@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -21,10 +22,15 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar"
+	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 	"github.com/volume-healer/volume-healer/version"
 )
 
 func main() {
+	// The sidecar stats mounts in children of its own, this program started again (nodeprobe).
+	if len(os.Args) > 1 && os.Args[1] == nodeprobe.StatArg {
+		os.Exit(nodeprobe.StatMain(os.Args[2:], os.Stdout))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg, err := parse(os.Args[1:], os.LookupEnv)
@@ -84,7 +90,8 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.DurationVar(&o.DriverTimeout, "driver-timeout", sidecar.DefaultDriverTimeout, "Timeout of each call to the driver; a shorter deadline of the controller wins.")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sidecar.DefaultShutdownTimeout, "On SIGTERM, how long calls in flight may still finish.")
 	fs.DurationVar(&o.SecretCacheTTL, "secret-cache-ttl", sidecar.DefaultSecretCacheTTL, "How long a node-stage Secret read is used; a rotated Secret reaches the driver within this time.")
-	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths.")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths; read-only, the sidecar reads kubelet's volume records there to probe and list the volumes of a driver that does not.")
+	fs.DurationVar(&o.StatTimeout, "stat-timeout", 5*time.Second, "When the sidecar probes a volume itself, how long a stat of a mount may take before the mount is reported hung.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", sidecar.DefaultMetricsAddress, "Address of /metrics, /healthz and /readyz; 0 turns it off.")
 
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)

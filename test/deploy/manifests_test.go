@@ -872,6 +872,20 @@ func TestSidecarComponent(t *testing.T) {
 	if m := mountPathOf(*sc, "socket-dir"); m == "" || filepath.Dir(socket) != m {
 		t.Errorf("--driver-endpoint=%s is not in the driver's socket-dir volume (mounted at %q)", flags["driver-endpoint"], m)
 	}
+	// kubelet's records of the volumes, for the sidecar's own probes: read-only, and seeing the
+	// mounts made after the container started.
+	kubelet := volumeMountedAt(*sc, flags["kubelet-dir"])
+	for _, m := range sc.VolumeMounts {
+		if m.Name == kubelet && (!m.ReadOnly || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
+			t.Errorf("the sidecar mounts kubelet's folder %s as %+v, want read-only with HostToContainer propagation", flags["kubelet-dir"], m)
+		}
+	}
+	if kubelet == "" {
+		t.Errorf("--kubelet-dir=%q is on no volume of the sidecar", flags["kubelet-dir"])
+	}
+	if sc.SecurityContext == nil || sc.SecurityContext.RunAsUser == nil || *sc.SecurityContext.RunAsUser != 0 {
+		t.Error("the sidecar does not run as root, to whom kubelet's records belong")
+	}
 	volumes := map[string]bool{}
 	for _, v := range ds.Spec.Template.Spec.Volumes {
 		volumes[v.Name] = true

@@ -211,6 +211,10 @@ func TestRefdriverChartDefaults(t *testing.T) {
 	if m, ok := mountOf(side, "socket-dir"); !ok || m.MountPath != "/csi" {
 		t.Error("the healer sidecar does not see the driver's CSI-Addons socket in /csi")
 	}
+	if m, ok := mountOf(side, "kubelet-dir"); !ok || m.MountPath != "/var/lib/kubelet" || !m.ReadOnly ||
+		m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+		t.Errorf("the healer sidecar mounts kubelet's folder as %+v, want /var/lib/kubelet read-only with HostToContainer propagation", m)
+	}
 	// Each node's own key pair, on the node: no node plugin holds another node's key.
 	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.HostPath == nil || v.HostPath.Path != "/etc/volume-healer/healer-sidecar" {
 		t.Errorf("healer sidecar TLS volume %+v, want the node's folder /etc/volume-healer/healer-sidecar", v.VolumeSource)

@@ -44,6 +44,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ProbeSource says who examined a volume for a NodeHealer answer.
+type ProbeSource int32
+
+const (
+	// PROBE_SOURCE_UNSPECIFIED is what an older sidecar sends: the driver
+	// probed.
+	ProbeSource_PROBE_SOURCE_UNSPECIFIED ProbeSource = 0
+	// PROBE_SOURCE_DRIVER: the driver's ProbeVolume.
+	ProbeSource_PROBE_SOURCE_DRIVER ProbeSource = 1
+	// PROBE_SOURCE_SIDECAR: the sidecar itself, on its node, because the
+	// driver serves no ProbeVolume: it found the volume's staging path and
+	// publish targets in kubelet's records on the node (the vol_data.json
+	// files kubelet writes beside them), looked them up in the mount table and
+	// stat'ed each mount in a child process killed at a deadline. Its health
+	// entries use the reasons a driver built on driverkit reports.
+	ProbeSource_PROBE_SOURCE_SIDECAR ProbeSource = 2
+)
+
+// Enum value maps for ProbeSource.
+var (
+	ProbeSource_name = map[int32]string{
+		0: "PROBE_SOURCE_UNSPECIFIED",
+		1: "PROBE_SOURCE_DRIVER",
+		2: "PROBE_SOURCE_SIDECAR",
+	}
+	ProbeSource_value = map[string]int32{
+		"PROBE_SOURCE_UNSPECIFIED": 0,
+		"PROBE_SOURCE_DRIVER":      1,
+		"PROBE_SOURCE_SIDECAR":     2,
+	}
+)
+
+func (x ProbeSource) Enum() *ProbeSource {
+	p := new(ProbeSource)
+	*p = x
+	return p
+}
+
+func (x ProbeSource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProbeSource) Descriptor() protoreflect.EnumDescriptor {
+	return file_healer_v1alpha1_healer_proto_enumTypes[0].Descriptor()
+}
+
+func (ProbeSource) Type() protoreflect.EnumType {
+	return &file_healer_v1alpha1_healer_proto_enumTypes[0]
+}
+
+func (x ProbeSource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProbeSource.Descriptor instead.
+func (ProbeSource) EnumDescriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{0}
+}
+
 // Type is the RPC.
 type HealerCapability_RPC_Type int32
 
@@ -85,11 +144,11 @@ func (x HealerCapability_RPC_Type) String() string {
 }
 
 func (HealerCapability_RPC_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_healer_v1alpha1_healer_proto_enumTypes[0].Descriptor()
+	return file_healer_v1alpha1_healer_proto_enumTypes[1].Descriptor()
 }
 
 func (HealerCapability_RPC_Type) Type() protoreflect.EnumType {
-	return &file_healer_v1alpha1_healer_proto_enumTypes[0]
+	return &file_healer_v1alpha1_healer_proto_enumTypes[1]
 }
 
 func (x HealerCapability_RPC_Type) Number() protoreflect.EnumNumber {
@@ -781,8 +840,6 @@ func (x *ListStagedVolumesResponse) GetNextToken() string {
 //	|------------------------------------|-------------------|----------------------------------------|
 //	| No or invalid token                | UNAUTHENTICATED   | Fix the credentials; do not retry.     |
 //	| Caller not allowed                 | PERMISSION_DENIED | Fix the configuration; do not retry.   |
-//	| Driver does not serve Healer       | UNIMPLEMENTED     | Treat the node's driver as not         |
-//	|                                    |                   | healable until the sidecar restarts.   |
 //	| Driver socket unreachable          | UNAVAILABLE       | Retry with exponential backoff.        |
 //	| Driver did not answer in time      | DEADLINE_EXCEEDED | Retry with exponential backoff.        |
 //	| Unexpected failure                 | INTERNAL          | Retry with exponential backoff.        |
@@ -833,12 +890,20 @@ type NodeGetHealerCapabilitiesResponse struct {
 	// The Kubernetes Node the sidecar runs on. The caller SHOULD check that
 	// it reached the node it meant to reach. This field is REQUIRED.
 	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	// The driver's GetHealerCapabilitiesResponse.capabilities, unchanged.
+	// The RPCs NodeHealer serves for this driver: the driver's
+	// GetHealerCapabilitiesResponse.capabilities, plus PROBE and LIST_VOLUMES
+	// where the sidecar serves them itself, node-locally, because the driver
+	// does not (probe_source says which). HEAL comes from the driver alone.
 	// This field is REQUIRED.
 	Capabilities []*HealerCapability `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	// The driver's GetHealerCapabilitiesResponse.attributes, unchanged.
-	// This field is OPTIONAL.
-	Attributes    map[string]string `protobuf:"bytes,5,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The driver's GetHealerCapabilitiesResponse.attributes, unchanged; empty
+	// when the driver serves no Healer service. This field is OPTIONAL.
+	Attributes map[string]string `protobuf:"bytes,5,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Who answers ProbeVolume for this driver on this node: DRIVER when the
+	// driver advertises PROBE, SIDECAR when the sidecar probes the volumes
+	// itself. A caller that gets UNSPECIFIED (an older sidecar) takes it as
+	// DRIVER. This field is REQUIRED.
+	ProbeSource   ProbeSource `protobuf:"varint,6,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -908,6 +973,13 @@ func (x *NodeGetHealerCapabilitiesResponse) GetAttributes() map[string]string {
 	return nil
 }
 
+func (x *NodeGetHealerCapabilitiesResponse) GetProbeSource() ProbeSource {
+	if x != nil {
+		return x.ProbeSource
+	}
+	return ProbeSource_PROBE_SOURCE_UNSPECIFIED
+}
+
 // NodeProbeVolumeRequest names the PersistentVolume to probe.
 //
 // Errors:
@@ -924,6 +996,8 @@ func (x *NodeGetHealerCapabilitiesResponse) GetAttributes() map[string]string {
 //	| node-stage secret is missing           |                     | changes (a later sweep).             |
 //	| Operation on volume in flight          | ABORTED             | Retry later with exponential backoff.|
 //	| Driver does not implement ProbeVolume  | UNIMPLEMENTED       | Never retry against this driver.     |
+//	| and the sidecar cannot probe the       |                     |                                      |
+//	| volume itself (a raw block volume)     |                     |                                      |
 //	| Driver socket unreachable              | UNAVAILABLE         | Retry with exponential backoff.      |
 //	| Driver did not answer within the       | DEADLINE_EXCEEDED   | Retry later with exponential         |
 //	| sidecar's or caller's deadline         |                     | backoff; count it as a failure.      |
@@ -973,7 +1047,8 @@ func (x *NodeProbeVolumeRequest) GetPvName() string {
 	return ""
 }
 
-// NodeProbeVolumeResponse is the driver's ProbeVolumeResponse for the PV.
+// NodeProbeVolumeResponse is the driver's ProbeVolumeResponse for the PV, or
+// the sidecar's own probe of it when the driver serves no ProbeVolume.
 type NodeProbeVolumeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// See ProbeVolumeResponse.health_statuses. This field is OPTIONAL.
@@ -984,7 +1059,11 @@ type NodeProbeVolumeResponse struct {
 	RecheckAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=recheck_after,json=recheckAfter,proto3" json:"recheck_after,omitempty"`
 	// The CSI volume ID the sidecar resolved the PV to, for logs and events.
 	// This field is REQUIRED.
-	VolumeId      string `protobuf:"bytes,4,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeId string `protobuf:"bytes,4,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Who probed the volume: the driver, or the sidecar itself (see
+	// ProbeSource). A sidecar's probe is never healable. This field is
+	// REQUIRED.
+	ProbeSource   ProbeSource `protobuf:"varint,5,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1124,13 @@ func (x *NodeProbeVolumeResponse) GetVolumeId() string {
 		return x.VolumeId
 	}
 	return ""
+}
+
+func (x *NodeProbeVolumeResponse) GetProbeSource() ProbeSource {
+	if x != nil {
+		return x.ProbeSource
+	}
+	return ProbeSource_PROBE_SOURCE_UNSPECIFIED
 }
 
 // NodeHealVolumeRequest names the PersistentVolume to heal.
@@ -1180,7 +1266,6 @@ func (x *NodeHealVolumeResponse) GetVolumeId() string {
 //	| No or invalid token                    | UNAUTHENTICATED   | Fix the credentials; do not retry.     |
 //	| Caller not allowed                     | PERMISSION_DENIED | Fix the configuration; do not retry.   |
 //	| starting_token invalid                 | ABORTED           | Start again with an empty token.       |
-//	| Driver does not implement the list     | UNIMPLEMENTED     | Never retry; use VolumeAttachments.    |
 //	| Driver socket unreachable              | UNAVAILABLE       | Retry with exponential backoff.        |
 //	| Driver did not answer in time          | DEADLINE_EXCEEDED | Retry with exponential backoff.        |
 //	| Unexpected failure                     | INTERNAL          | Retry with exponential backoff.        |
@@ -1555,7 +1640,7 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x12VolumeContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\"\n" +
-	" NodeGetHealerCapabilitiesRequest\"\xf2\x02\n" +
+	" NodeGetHealerCapabilitiesRequest\"\xb3\x03\n" +
 	"!NodeGetHealerCapabilitiesResponse\x12\x1f\n" +
 	"\vdriver_name\x18\x01 \x01(\tR\n" +
 	"driverName\x12%\n" +
@@ -1564,17 +1649,19 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\fcapabilities\x18\x04 \x03(\v2!.healer.v1alpha1.HealerCapabilityR\fcapabilities\x12b\n" +
 	"\n" +
 	"attributes\x18\x05 \x03(\v2B.healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntryR\n" +
-	"attributes\x1a=\n" +
+	"attributes\x12?\n" +
+	"\fprobe_source\x18\x06 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
 	"\x16NodeProbeVolumeRequest\x12\x17\n" +
-	"\apv_name\x18\x01 \x01(\tR\x06pvName\"\xe3\x01\n" +
+	"\apv_name\x18\x01 \x01(\tR\x06pvName\"\xa4\x02\n" +
 	"\x17NodeProbeVolumeResponse\x12O\n" +
 	"\x0fhealth_statuses\x18\x01 \x03(\v2&.csi.v1.VolumeHealth.VolumeHealthEntryR\x0ehealthStatuses\x12\x1a\n" +
 	"\bhealable\x18\x02 \x01(\bR\bhealable\x12>\n" +
 	"\rrecheck_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\x12\x1b\n" +
-	"\tvolume_id\x18\x04 \x01(\tR\bvolumeId\"0\n" +
+	"\tvolume_id\x18\x04 \x01(\tR\bvolumeId\x12?\n" +
+	"\fprobe_source\x18\x05 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\"0\n" +
 	"\x15NodeHealVolumeRequest\x12\x17\n" +
 	"\apv_name\x18\x01 \x01(\tR\x06pvName\"\xc6\x01\n" +
 	"\x16NodeHealVolumeResponse\x12O\n" +
@@ -1592,7 +1679,11 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x05Entry\x12\x17\n" +
 	"\apv_name\x18\x01 \x01(\tR\x06pvName\x12\x1b\n" +
 	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12.\n" +
-	"\x13staging_target_path\x18\x03 \x01(\tR\x11stagingTargetPath2\xa5\x03\n" +
+	"\x13staging_target_path\x18\x03 \x01(\tR\x11stagingTargetPath*^\n" +
+	"\vProbeSource\x12\x1c\n" +
+	"\x18PROBE_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13PROBE_SOURCE_DRIVER\x10\x01\x12\x18\n" +
+	"\x14PROBE_SOURCE_SIDECAR\x10\x022\xa5\x03\n" +
 	"\x06Healer\x12x\n" +
 	"\x15GetHealerCapabilities\x12-.healer.v1alpha1.GetHealerCapabilitiesRequest\x1a..healer.v1alpha1.GetHealerCapabilitiesResponse\"\x00\x12Z\n" +
 	"\vProbeVolume\x12#.healer.v1alpha1.ProbeVolumeRequest\x1a$.healer.v1alpha1.ProbeVolumeResponse\"\x00\x12W\n" +
@@ -1619,86 +1710,89 @@ func file_healer_v1alpha1_healer_proto_rawDescGZIP() []byte {
 	return file_healer_v1alpha1_healer_proto_rawDescData
 }
 
-var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_healer_v1alpha1_healer_proto_goTypes = []any{
-	(HealerCapability_RPC_Type)(0),            // 0: healer.v1alpha1.HealerCapability.RPC.Type
-	(*GetHealerCapabilitiesRequest)(nil),      // 1: healer.v1alpha1.GetHealerCapabilitiesRequest
-	(*GetHealerCapabilitiesResponse)(nil),     // 2: healer.v1alpha1.GetHealerCapabilitiesResponse
-	(*HealerCapability)(nil),                  // 3: healer.v1alpha1.HealerCapability
-	(*ProbeVolumeRequest)(nil),                // 4: healer.v1alpha1.ProbeVolumeRequest
-	(*ProbeVolumeResponse)(nil),               // 5: healer.v1alpha1.ProbeVolumeResponse
-	(*HealVolumeRequest)(nil),                 // 6: healer.v1alpha1.HealVolumeRequest
-	(*HealVolumeResponse)(nil),                // 7: healer.v1alpha1.HealVolumeResponse
-	(*ListStagedVolumesRequest)(nil),          // 8: healer.v1alpha1.ListStagedVolumesRequest
-	(*ListStagedVolumesResponse)(nil),         // 9: healer.v1alpha1.ListStagedVolumesResponse
-	(*NodeGetHealerCapabilitiesRequest)(nil),  // 10: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	(*NodeGetHealerCapabilitiesResponse)(nil), // 11: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	(*NodeProbeVolumeRequest)(nil),            // 12: healer.v1alpha1.NodeProbeVolumeRequest
-	(*NodeProbeVolumeResponse)(nil),           // 13: healer.v1alpha1.NodeProbeVolumeResponse
-	(*NodeHealVolumeRequest)(nil),             // 14: healer.v1alpha1.NodeHealVolumeRequest
-	(*NodeHealVolumeResponse)(nil),            // 15: healer.v1alpha1.NodeHealVolumeResponse
-	(*NodeListStagedVolumesRequest)(nil),      // 16: healer.v1alpha1.NodeListStagedVolumesRequest
-	(*NodeListStagedVolumesResponse)(nil),     // 17: healer.v1alpha1.NodeListStagedVolumesResponse
-	nil,                                       // 18: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	(*HealerCapability_RPC)(nil),              // 19: healer.v1alpha1.HealerCapability.RPC
-	nil,                                       // 20: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	nil,                                       // 21: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	nil,                                       // 22: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	nil,                                       // 23: healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	(*ListStagedVolumesResponse_Entry)(nil),   // 24: healer.v1alpha1.ListStagedVolumesResponse.Entry
-	nil,                                       // 25: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	nil,                                       // 26: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	(*NodeListStagedVolumesResponse_Entry)(nil), // 27: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	(*csi.VolumeCapability)(nil),                // 28: csi.v1.VolumeCapability
-	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 29: csi.v1.VolumeHealth.VolumeHealthEntry
-	(*durationpb.Duration)(nil),                 // 30: google.protobuf.Duration
+	(ProbeSource)(0),                          // 0: healer.v1alpha1.ProbeSource
+	(HealerCapability_RPC_Type)(0),            // 1: healer.v1alpha1.HealerCapability.RPC.Type
+	(*GetHealerCapabilitiesRequest)(nil),      // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
+	(*GetHealerCapabilitiesResponse)(nil),     // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
+	(*HealerCapability)(nil),                  // 4: healer.v1alpha1.HealerCapability
+	(*ProbeVolumeRequest)(nil),                // 5: healer.v1alpha1.ProbeVolumeRequest
+	(*ProbeVolumeResponse)(nil),               // 6: healer.v1alpha1.ProbeVolumeResponse
+	(*HealVolumeRequest)(nil),                 // 7: healer.v1alpha1.HealVolumeRequest
+	(*HealVolumeResponse)(nil),                // 8: healer.v1alpha1.HealVolumeResponse
+	(*ListStagedVolumesRequest)(nil),          // 9: healer.v1alpha1.ListStagedVolumesRequest
+	(*ListStagedVolumesResponse)(nil),         // 10: healer.v1alpha1.ListStagedVolumesResponse
+	(*NodeGetHealerCapabilitiesRequest)(nil),  // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	(*NodeGetHealerCapabilitiesResponse)(nil), // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	(*NodeProbeVolumeRequest)(nil),            // 13: healer.v1alpha1.NodeProbeVolumeRequest
+	(*NodeProbeVolumeResponse)(nil),           // 14: healer.v1alpha1.NodeProbeVolumeResponse
+	(*NodeHealVolumeRequest)(nil),             // 15: healer.v1alpha1.NodeHealVolumeRequest
+	(*NodeHealVolumeResponse)(nil),            // 16: healer.v1alpha1.NodeHealVolumeResponse
+	(*NodeListStagedVolumesRequest)(nil),      // 17: healer.v1alpha1.NodeListStagedVolumesRequest
+	(*NodeListStagedVolumesResponse)(nil),     // 18: healer.v1alpha1.NodeListStagedVolumesResponse
+	nil,                                       // 19: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	(*HealerCapability_RPC)(nil),              // 20: healer.v1alpha1.HealerCapability.RPC
+	nil,                                       // 21: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	nil,                                       // 22: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	nil,                                       // 23: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	nil,                                       // 24: healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	(*ListStagedVolumesResponse_Entry)(nil),   // 25: healer.v1alpha1.ListStagedVolumesResponse.Entry
+	nil,                                       // 26: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	nil,                                       // 27: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	(*NodeListStagedVolumesResponse_Entry)(nil), // 28: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	(*csi.VolumeCapability)(nil),                // 29: csi.v1.VolumeCapability
+	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 30: csi.v1.VolumeHealth.VolumeHealthEntry
+	(*durationpb.Duration)(nil),                 // 31: google.protobuf.Duration
 }
 var file_healer_v1alpha1_healer_proto_depIdxs = []int32{
-	3,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	18, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	19, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
-	20, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	28, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	21, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	29, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	30, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	22, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	28, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	23, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	29, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	30, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	24, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
-	3,  // 14: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	26, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	29, // 16: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	30, // 17: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	29, // 18: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	30, // 19: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	27, // 20: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	0,  // 21: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
-	25, // 22: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	1,  // 23: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
-	4,  // 24: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
-	6,  // 25: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
-	8,  // 26: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
-	10, // 27: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	12, // 28: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
-	14, // 29: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
-	16, // 30: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
-	2,  // 31: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
-	5,  // 32: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
-	7,  // 33: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
-	9,  // 34: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
-	11, // 35: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	13, // 36: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
-	15, // 37: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
-	17, // 38: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
-	31, // [31:39] is the sub-list for method output_type
-	23, // [23:31] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	4,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
+	19, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	20, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
+	21, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	29, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	22, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	30, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	31, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	23, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	29, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	24, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	30, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	31, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	25, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
+	4,  // 14: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
+	27, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	0,  // 16: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
+	30, // 17: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	31, // 18: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	0,  // 19: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
+	30, // 20: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	31, // 21: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	28, // 22: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	1,  // 23: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
+	26, // 24: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	2,  // 25: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
+	5,  // 26: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
+	7,  // 27: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
+	9,  // 28: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
+	11, // 29: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	13, // 30: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
+	15, // 31: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
+	17, // 32: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
+	3,  // 33: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
+	6,  // 34: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
+	8,  // 35: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
+	10, // 36: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
+	12, // 37: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	14, // 38: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
+	16, // 39: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
+	18, // 40: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
+	33, // [33:41] is the sub-list for method output_type
+	25, // [25:33] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_healer_v1alpha1_healer_proto_init() }
@@ -1714,7 +1808,7 @@ func file_healer_v1alpha1_healer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_healer_v1alpha1_healer_proto_rawDesc), len(file_healer_v1alpha1_healer_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,

@@ -337,7 +337,8 @@ type NodeHealerClient interface {
 	HealVolume(ctx context.Context, in *NodeHealVolumeRequest, opts ...grpc.CallOption) (*NodeHealVolumeResponse, error)
 	// ListStagedVolumes lists the volumes the driver has staged on this node,
 	// with the PersistentVolume each one belongs to where the sidecar could
-	// find it.
+	// find it. For a driver that does not list them itself, the sidecar lists
+	// them from kubelet's records on the node.
 	ListStagedVolumes(ctx context.Context, in *NodeListStagedVolumesRequest, opts ...grpc.CallOption) (*NodeListStagedVolumesResponse, error)
 }
 
@@ -416,7 +417,8 @@ type NodeHealerServer interface {
 	HealVolume(context.Context, *NodeHealVolumeRequest) (*NodeHealVolumeResponse, error)
 	// ListStagedVolumes lists the volumes the driver has staged on this node,
 	// with the PersistentVolume each one belongs to where the sidecar could
-	// find it.
+	// find it. For a driver that does not list them itself, the sidecar lists
+	// them from kubelet's records on the node.
 	ListStagedVolumes(context.Context, *NodeListStagedVolumesRequest) (*NodeListStagedVolumesResponse, error)
 	mustEmbedUnimplementedNodeHealerServer()
 }

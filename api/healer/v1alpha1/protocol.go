@@ -33,6 +33,14 @@ const (
 	// tells the operator, on the PVC, that the pods using it must be restarted.
 	ReasonStaleMountInPods = "StaleMountInPods"
 
+	// ReasonPublishTargetNotMounted is the health reason (status INACCESSIBLE) for a publish
+	// target that kubelet still has published for a pod (its vol_data.json is there) but that is
+	// no longer a mount at all, as after a restarted driver's start-up cleanup unmounted it: pods
+	// whose mount propagation is HostToContainer then see an empty folder on the node's own disk
+	// and write there, silently. It is data going to the wrong place; the built-in policy recycles
+	// such a volume on its node.
+	ReasonPublishTargetNotMounted = "PublishTargetNotMounted"
+
 	// DefaultTokenAudience is the base of the audiences of the controller's tokens for the
 	// sidecars: the token for the sidecar of a node is for NodeTokenAudience(DefaultTokenAudience,
 	// node) alone.

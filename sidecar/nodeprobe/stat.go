@@ -1,0 +1,165 @@
+package nodeprobe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/volume-healer/volume-healer/driverkit"
+)
+
+// StatArg is the first argument that makes a program the stat child: a program that runs a
+// Prober must start with
+//
+//	if len(os.Args) > 1 && os.Args[1] == nodeprobe.StatArg {
+//		os.Exit(nodeprobe.StatMain(os.Args[2:], os.Stdout))
+//	}
+//
+// so that the Prober can start it as its own child (StatterOptions.Command).
+const StatArg = "__volume-healer-stat-mount"
+
+// StatMain is the stat child's body: it stats the one path in args with driverkit.StatMount and
+// writes to out "0" when the calls succeed, else the errno of the call that failed and its name
+// ("107 statfs"). It returns the process's exit code: 0 once it has written its answer.
+func StatMain(args []string, out io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintf(os.Stderr, "%s takes one path, got %q\n", StatArg, args)
+		return 2
+	}
+	err := driverkit.StatMount(args[0])
+	if err == nil {
+		_, _ = fmt.Fprintln(out, 0)
+		return 0
+	}
+	var errno syscall.Errno
+	var pe *os.PathError
+	if !errors.As(err, &errno) || !errors.As(err, &pe) {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	_, _ = fmt.Fprintln(out, int(errno), pe.Op)
+	return 0
+}
+
+// StatterOptions configure a Statter. Zero values take the defaults documented on each field.
+type StatterOptions struct {
+	// Command is the program, and its first arguments, that runs StatMain with the path as its
+	// last argument. Default: this program, /proc/self/exe StatArg.
+	Command []string
+	// Timeout bounds each stat: the child is killed when it has not answered by then, and the
+	// path is reported hung. Default: 5s.
+	Timeout time.Duration
+	// MaxInFlight bounds the stat children alive at once, killed ones not yet reaped included.
+	// A check beyond it fails with ErrStatBusy. Default: 16.
+	MaxInFlight int
+}
+
+// Statter stats paths, each in a child process of its own that is killed at the deadline. A
+// stat of a frozen FUSE mount sleeps in the kernel and no goroutine can be cancelled out of it;
+// a process can: the kernel's FUSE client waits for the daemon's answer killably, so SIGKILL ends
+// the child, and the only goroutine it ever used (its Wait) returns with it. A frozen mount thus
+// costs one process for Timeout at most, whatever the number of probes.
+type Statter struct {
+	opts     StatterOptions
+	inFlight chan struct{}
+	// started counts the children ever started, for tests.
+	started atomic.Int64
+}
+
+// NewStatter returns a Statter with opts' defaults filled in.
+func NewStatter(opts StatterOptions) *Statter {
+	if len(opts.Command) == 0 {
+		opts.Command = []string{"/proc/self/exe", StatArg}
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 16
+	}
+	return &Statter{opts: opts, inFlight: make(chan struct{}, opts.MaxInFlight)}
+}
+
+// reapGrace is how long Stat waits for a killed child to be gone. SIGKILL ends a child waiting
+// on a FUSE daemon at once; one still there after this is left to its reaper goroutine, and
+// keeps its place in MaxInFlight until it is gone.
+const reapGrace = 2 * time.Second
+
+// Stat stats path in a child process and returns the finding of what it answered (nil: the
+// path answers), a MountHung finding when it did not answer within the timeout (or ctx's
+// deadline, if earlier), or an error when no child could do the stat.
+func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, error) {
+	select {
+	case s.inFlight <- struct{}{}:
+	default:
+		return nil, fmt.Errorf("%w: %d stats are running; %s was not stat'ed", ErrStatBusy, cap(s.inFlight), path)
+	}
+	cmd := exec.Command(s.opts.Command[0], append(s.opts.Command[1:len(s.opts.Command):len(s.opts.Command)], path)...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	// The child must not outlive the sidecar: a sidecar killed while a child waits on a frozen
+	// mount takes the child with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		<-s.inFlight
+		return nil, fmt.Errorf("start the stat of %s (%s): %w", path, s.opts.Command[0], err)
+	}
+	s.started.Add(1)
+	exited := make(chan error, 1)
+	go func() {
+		exited <- cmd.Wait()
+		<-s.inFlight
+	}()
+	timeout := s.opts.Timeout
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
+		timeout = time.Until(d)
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case err := <-exited:
+		if err != nil {
+			return nil, fmt.Errorf("the stat of %s failed: %w", path, err)
+		}
+		return parseStat(path, out.String())
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	_ = cmd.Process.Kill()
+	select {
+	case <-exited:
+	case <-time.After(reapGrace):
+	}
+	if err := ctx.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("the stat of %s was cut off: %w", path, context.Cause(ctx))
+	}
+	return &driverkit.Finding{Path: path, Status: hungStatus, Reason: driverkit.ReasonMountHung,
+		Message: fmt.Sprintf("a stat of %s did not return within %s: its mounter is frozen or unreachable", path, timeout.Round(time.Millisecond))}, nil
+}
+
+// parseStat reads the child's answer.
+func parseStat(path, out string) (*driverkit.Finding, error) {
+	fields := strings.Fields(out)
+	if len(fields) == 0 {
+		return nil, fmt.Errorf("the stat of %s answered nothing", path)
+	}
+	n, err := strconv.Atoi(fields[0])
+	if err != nil || n < 0 || (n > 0 && len(fields) != 2) {
+		return nil, fmt.Errorf("the stat of %s answered %q", path, out)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return driverkit.StatFinding(path, &os.PathError{Op: fields[1], Path: path, Err: unix.Errno(n)}), nil
+}
