@@ -29,6 +29,9 @@ const (
 	outcomeUnhealthy
 	outcomeHealed
 	outcomeFailed
+	// outcomeUndecided is a volume the policy could not decide (a runtime error, or no accepted
+	// policy serving): left alone, and its restart kept pending.
+	outcomeUndecided
 	outcomeWouldProbe
 	outcomeWouldHeal
 )
@@ -137,12 +140,13 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	d, err := s.opts.Policy.Decide(ctx, in)
 	if err != nil {
 		// Fail closed: the policy governs this volume and cannot say what to do with it, so the
-		// volume is left alone (skipped, never decided by the built-in policy) and the operator
-		// is told on its PVC; volume_healer_policy_evaluation_errors_total counts it.
+		// volume is left alone (never decided by the built-in policy), its restart stays pending,
+		// and the operator is told on its PVC; volume_healer_policy_evaluation_errors_total
+		// counts it.
 		volumeLogger().Error(err, "Policy evaluation failed; the volume is left alone")
 		s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 			"The policy failed on this volume, which is left alone until the policy is fixed: %v", err)
-		return nil, dispatch.Task{}, outcomeSkipped
+		return nil, dispatch.Task{}, outcomeUndecided
 	}
 	if m := s.opts.Metrics; m != nil {
 		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
@@ -225,7 +229,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 				"Volume is unhealthy on node %s (%s); the policy failed on it, so it is left alone until the policy is fixed: %v", v.NodeName, describe(res.Health), err)
-			return outcomeUnhealthy, nil
+			return outcomeUndecided, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
