@@ -119,7 +119,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if !caps.Probe && !caps.Heal {
 		return nil, dispatch.Task{}, outcomeSkipped
 	}
-	state := s.mem.get(v.PVName)
+	state := s.mem.get(v.PVName, v.NodeName)
 	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
 		if base.V(3).Enabled() {
 			volumeLogger().V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
@@ -222,7 +222,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.podsMustRestart(v, res, s.opts.Clock.Now(), in, restartPods)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
-		in.History = s.mem.get(pv).history
+		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
@@ -232,7 +232,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			return outcomeUndecided, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
-		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
+		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv, v.NodeName).offeredForHealing(gen) {
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			if !res.Has(string(policy.HealthDataLoss)) {
 				s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeUnhealthy, "Volume is unhealthy on node %s (%s) and is not healed: %s", v.NodeName, describe(res.Health), d.Reason)
@@ -249,7 +249,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	healed, err := s.opts.Sidecars.Heal(ctx, target, pv)
 	s.observe("heal", start)
 	if err != nil {
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return outcomeFailed, dispatchError(err)
@@ -262,7 +262,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	if healed.OnlyReason(healerv1alpha1.ReasonStaleMountInPods) && (confirm.Healthy() || confirm.OnlyReason(healerv1alpha1.ReasonStaleMountInPods)) {
 		// The node's mount is repaired; what is left is beyond any heal: the pods must restart.
 		// Nothing claims the volume healed, and the failing-heal alert fires until they do.
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
@@ -270,11 +270,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, "failed")
 		return outcomeFailed, fmt.Errorf("volume still unhealthy after heal: %s", describe(confirm.Health))
 	}
-	s.mem.recordHeal(pv, s.opts.Clock.Now())
+	s.mem.recordHeal(pv, v.NodeName, s.opts.Clock.Now())
 	s.count(v.Driver, false, "healed")
 	s.writeStatus(ctx, v, StatusHealed, nil, "")
 	s.setFailing(v, false)
@@ -318,12 +318,12 @@ func (s *Sweeper) probe(ctx context.Context, v planner.Volume, target probe.Targ
 	res, err := s.opts.Sidecars.Probe(ctx, target, v.PVName)
 	s.observe("probe", start)
 	if err != nil {
-		s.mem.recordFailure(v.PVName)
+		s.mem.recordFailure(v.PVName, v.NodeName)
 		s.count(v.Driver, true, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return nil, dispatchError(err)
 	}
-	s.mem.recordProbe(v.PVName, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
+	s.mem.recordProbe(v.PVName, v.NodeName, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
 	result := "healthy"
 	if !res.Healthy() {
 		result = "unhealthy"
