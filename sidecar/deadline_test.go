@@ -52,7 +52,7 @@ func TestDriverCallKeepsTheCallersDeadline(t *testing.T) {
 		callerDeadline time.Duration // 0: none
 		wantErr        bool
 	}{
-		"a caller's deadline longer than the driver timeout is kept": {callerDeadline: 2 * time.Second},
+		"a caller's deadline longer than the driver timeout is kept":   {callerDeadline: 2 * time.Second},
 		"a caller without a deadline is bounded by the driver timeout": {wantErr: true},
 		"a caller's deadline shorter than the heal ends it":            {callerDeadline: 50 * time.Millisecond, wantErr: true},
 	}
