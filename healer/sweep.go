@@ -271,11 +271,33 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
 		}
-		if err := trigger.RecordHandled(ctx, s.opts.Client, sw); err != nil {
-			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
-			return false
-		}
-		return true
+		return s.recordHandled(ctx, sw)
 	}
 	return false
+}
+
+// recordHandled records the marker of a finished restart sweep, trying again after the waits of
+// retryBackoff while the patch fails: the object may not change again, and nothing else would
+// arm the restart anew. It gives up when ctx ends or the restart is superseded; the restart is
+// then swept again (by the next leader, or for its new marker).
+func (s *Sweeper) recordHandled(ctx context.Context, sw scheduler.Sweep) bool {
+	logger := klog.FromContext(ctx)
+	backoff := s.retryBackoff()
+	for {
+		err := trigger.RecordHandled(ctx, s.opts.Client, sw)
+		if err == nil {
+			return true
+		}
+		if why := s.superseded(ctx, sw); why != "" {
+			logger.Error(err, "Restart sweep finished but its marker could not be recorded; no retry: "+why)
+			return false
+		}
+		retryIn := backoff.Step()
+		logger.Error(err, "Restart sweep finished but its marker could not be recorded; trying again", "retryIn", retryIn)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.opts.Clock.After(retryIn):
+		}
+	}
 }
