@@ -46,6 +46,8 @@ func (t *tally) add(o outcome) {
 		t.summary.Healed++
 	case outcomeFailed:
 		t.summary.Failed++
+	case outcomeUndecided:
+		t.summary.Undecided++
 	case outcomeWouldProbe:
 		t.summary.WouldProbe++
 	case outcomeWouldHeal:

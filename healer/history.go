@@ -23,11 +23,15 @@ type volumeState struct {
 	recheckAt time.Time
 }
 
-// memory holds volumeState by PV name. It lives in the leader's memory: a new leader starts
-// without history, which only makes it probe once more.
+// memory holds volumeState by PV name and node: a volume used on several nodes (RWX) has a mount,
+// a history and a "check again later" on each. A node's sidecar thus writes only its own node's
+// entries: what it answers, or lists as staged there, says nothing of another node. It lives in
+// the leader's memory: a new leader
+// starts without history, which only makes it probe once more.
 type memory struct {
-	mu     sync.Mutex
-	states map[string]*volumeState
+	mu sync.Mutex
+	// states holds, by PV name, the volume's state on each node by node name.
+	states map[string]map[string]*volumeState
 	// gens holds a generation per driver and node, new at every restart of its node plugin, from
 	// one counter (lastGen), so that a generation is never reused after a node is forgotten.
 	gens    map[string]uint64
@@ -44,25 +48,32 @@ type memory struct {
 type unhealthyKey = [2]string
 
 func newMemory() *memory {
-	return &memory{states: map[string]*volumeState{}, gens: map[string]uint64{}, unhealthyCounts: map[unhealthyKey]int{}}
+	return &memory{states: map[string]map[string]*volumeState{}, gens: map[string]uint64{}, unhealthyCounts: map[unhealthyKey]int{}}
 }
 
-func (m *memory) get(pv string) volumeState {
+// get returns the state of the PV named pv on node.
+func (m *memory) get(pv, node string) volumeState {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s, ok := m.states[pv]; ok {
+	if s, ok := m.states[pv][node]; ok {
 		return *s
 	}
 	return volumeState{}
 }
 
-func (m *memory) update(pv string, f func(*volumeState)) {
+// update changes the state of the PV named pv on node with f.
+func (m *memory) update(pv, node string, f func(*volumeState)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s, ok := m.states[pv]
+	nodes, ok := m.states[pv]
+	if !ok {
+		nodes = map[string]*volumeState{}
+		m.states[pv] = nodes
+	}
+	s, ok := nodes[node]
 	if !ok {
 		s = &volumeState{}
-		m.states[pv] = s
+		nodes[node] = s
 	}
 	// Whatever f changes, the volume's old contribution to the gauge goes out and its new one in.
 	m.countUnhealthy(s, -1)
@@ -98,8 +109,8 @@ func (s volumeState) offeredForHealing(gen uint64) bool {
 	return !s.notHealable || s.notHealableGen != gen
 }
 
-func (m *memory) recordProbe(pv, driver string, at time.Time, r *probe.Result, gen uint64) {
-	m.update(pv, func(s *volumeState) {
+func (m *memory) recordProbe(pv, node, driver string, at time.Time, r *probe.Result, gen uint64) {
+	m.update(pv, node, func(s *volumeState) {
 		s.driver = driver
 		s.history.LastProbe = &policy.ProbeRecord{Time: at, Healthy: r.Healthy(), Health: policyHealth(r.Health)}
 		if r.Healthy() {
@@ -120,12 +131,12 @@ func (m *memory) recordProbe(pv, driver string, at time.Time, r *probe.Result, g
 	})
 }
 
-func (m *memory) recordFailure(pv string) {
-	m.update(pv, func(s *volumeState) { s.history.ConsecutiveFailures++ })
+func (m *memory) recordFailure(pv, node string) {
+	m.update(pv, node, func(s *volumeState) { s.history.ConsecutiveFailures++ })
 }
 
-func (m *memory) recordHeal(pv string, at time.Time) {
-	m.update(pv, func(s *volumeState) {
+func (m *memory) recordHeal(pv, node string, at time.Time) {
+	m.update(pv, node, func(s *volumeState) {
 		t := at
 		s.history.LastHeal = &t
 		s.history.ConsecutiveFailures = 0
@@ -183,12 +194,13 @@ func repeatedStatus(earlier []policy.Health, status policy.HealthStatus) bool {
 	return false
 }
 
-// forget drops what is remembered about a deleted PV, and its part of the unhealthy-volumes gauge.
+// forget drops what is remembered about a deleted PV on every node, and its part of the
+// unhealthy-volumes gauge.
 func (m *memory) forget(pv string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s, ok := m.states[pv]; ok {
+	for _, s := range m.states[pv] {
 		m.countUnhealthy(s, -1)
-		delete(m.states, pv)
 	}
+	delete(m.states, pv)
 }

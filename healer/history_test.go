@@ -18,19 +18,26 @@ func recountUnhealthy(m *memory) map[unhealthyKey]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[unhealthyKey]int{}
-	for _, s := range m.states {
-		if s.history.LastProbe == nil || s.history.LastProbe.Healthy {
-			continue
-		}
-		seen := map[string]bool{}
-		for _, h := range s.history.LastProbe.Health {
-			if !seen[string(h.Status)] {
-				seen[string(h.Status)] = true
-				out[unhealthyKey{s.driver, string(h.Status)}]++
-			}
+	for _, nodes := range m.states {
+		for _, s := range nodes {
+			countOne(out, s)
 		}
 	}
 	return out
+}
+
+// countOne adds s's statuses to out, as the gauge counts them.
+func countOne(out map[unhealthyKey]int, s *volumeState) {
+	if s.history.LastProbe == nil || s.history.LastProbe.Healthy {
+		return
+	}
+	seen := map[string]bool{}
+	for _, h := range s.history.LastProbe.Health {
+		if !seen[string(h.Status)] {
+			seen[string(h.Status)] = true
+			out[unhealthyKey{s.driver, string(h.Status)}]++
+		}
+	}
 }
 
 func sameCounts(a, b map[unhealthyKey]int) bool {
@@ -69,20 +76,21 @@ func TestUnhealthyCountsMatchRecount(t *testing.T) {
 			var ops []string
 			for step := range 300 {
 				pv := fmt.Sprintf("pv-%d", r.IntN(12))
+				node := fmt.Sprintf("node-%d", r.IntN(2))
 				switch op := r.IntN(10); {
 				case op < 5:
 					// A volume's driver can differ between probes only if the PV was recreated under
 					// the same name; the counts must follow it all the same.
 					driver := drivers[r.IntN(len(drivers))]
 					res := randomResult(r)
-					m.recordProbe(pv, driver, at, res, 1)
-					ops = append(ops, fmt.Sprintf("probe %s %s %v", pv, driver, res.Health))
+					m.recordProbe(pv, node, driver, at, res, 1)
+					ops = append(ops, fmt.Sprintf("probe %s %s %s %v", pv, node, driver, res.Health))
 				case op < 6:
-					m.recordFailure(pv)
-					ops = append(ops, "failure "+pv)
+					m.recordFailure(pv, node)
+					ops = append(ops, "failure "+pv+" "+node)
 				case op < 7:
-					m.recordHeal(pv, at)
-					ops = append(ops, "heal "+pv)
+					m.recordHeal(pv, node, at)
+					ops = append(ops, "heal "+pv+" "+node)
 				default:
 					m.forget(pv)
 					ops = append(ops, "forget "+pv)
@@ -100,9 +108,9 @@ func TestForgetRemovesUnhealthyVolume(t *testing.T) {
 	s := &Sweeper{mem: newMemory()}
 	inaccessible := &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}
 	both := &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}, {Status: "DEGRADED", Reason: "Slow"}}}
-	s.mem.recordProbe("pv-1", "rbd", at, inaccessible, 0)
-	s.mem.recordProbe("pv-2", "rbd", at, both, 0)
-	s.mem.recordProbe("pv-3", "rbd", at, &probe.Result{}, 0)
+	s.mem.recordProbe("pv-1", "node-a", "rbd", at, inaccessible, 0)
+	s.mem.recordProbe("pv-2", "node-a", "rbd", at, both, 0)
+	s.mem.recordProbe("pv-3", "node-a", "rbd", at, &probe.Result{}, 0)
 
 	expect := func(what, want string) {
 		t.Helper()
@@ -126,10 +134,10 @@ volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 2
 	s.mem.forget("pv-unknown")
 	expect("forgotten again", `volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 1
 `)
-	s.mem.recordProbe("pv-1", "rbd", at, &probe.Result{}, 0)
+	s.mem.recordProbe("pv-1", "node-a", "rbd", at, &probe.Result{}, 0)
 	expect("pv-1 healthy again", "")
 	// A volume forgotten and probed again counts once.
-	s.mem.recordProbe("pv-2", "rbd", at, both, 0)
+	s.mem.recordProbe("pv-2", "node-a", "rbd", at, both, 0)
 	expect("pv-2 back", `volume_healer_volumes_unhealthy{driver="rbd",status="DEGRADED"} 1
 volume_healer_volumes_unhealthy{driver="rbd",status="INACCESSIBLE"} 1
 `)

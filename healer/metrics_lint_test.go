@@ -118,7 +118,7 @@ func controllerMetrics(reg prometheus.Registerer) error {
 	webhook.NewMetrics(reg)
 	reg.MustRegister(versionmetrics.NewBuildInfo(version.Get()))
 	s := &Sweeper{mem: newMemory()}
-	s.mem.recordProbe("pv-1", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)
+	s.mem.recordProbe("pv-1", "node-a", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)
 	return reg.Register(s)
 }
 

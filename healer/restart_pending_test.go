@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -283,43 +287,116 @@ func TestSlowNodeDoesNotHoldUpTheOthers(t *testing.T) {
 }
 
 // failingFor is a policy that fails at run time on one volume's input (a division by zero on that
-// namespace, say) and decides the others with the wrapped policy.
+// namespace, say) and decides the others with the wrapped policy; fixed ends the failure.
 type failingFor struct {
-	pv   string
-	next Decider
+	pv    string
+	next  Decider
+	fixed *atomic.Bool
 }
 
 func (f failingFor) Decide(ctx context.Context, in *policy.Input) (policy.Decision, error) {
-	if in.Volume.PV == f.pv {
+	if in.Volume.PV == f.pv && (f.fixed == nil || !f.fixed.Load()) {
 		return policy.Decision{}, errors.New("eval_conflict_error: division by zero at policy.rego:7")
 	}
 	return f.next.Decide(ctx, in)
 }
 
 // A policy that fails on one volume's input fails closed for that volume only: it is left alone
-// (never decided by the built-in policy) with a Warning Event on its PVC saying why, the other
-// volumes are decided and healed, and the restart is complete.
-func TestPolicyRuntimeFailureSkipsThatVolume(t *testing.T) {
+// (never decided by the built-in policy) with a Warning Event on its PVC saying why, and the other
+// volumes are decided and healed. The policy could not decide the volume, so the restart is not
+// handled: it stays pending, and is recorded once the policy decides every volume.
+func TestPolicyRuntimeFailureKeepsTheRestartPending(t *testing.T) {
 	f := newFixture(t, 2, false)
 	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
 	for _, pv := range []string{"v1", "v2"} {
 		f.sidecars.health[pv], f.sidecars.healable[pv] = gone, true
 	}
-	f.sweeper.opts.Policy = failingFor{pv: "v1", next: f.sweeper.opts.Policy}
-	sum := f.sweeper.Run(context.Background(), f.restart())
-	if sum.Incomplete != "" || sum.Healed != 1 || sum.Skipped != 1 {
-		t.Fatalf("summary %+v, want v2 healed, v1 skipped, and the sweep complete", sum)
-	}
-	if f.sidecars.probes["v1"] != 0 || f.sidecars.heals["v1"] != 0 {
-		t.Errorf("v1 was called (%d probes, %d heals) though the policy failed on it", f.sidecars.probes["v1"], f.sidecars.heals["v1"])
-	}
-	events := f.events()
+	var fixed atomic.Bool
+	f.sweeper.opts.Policy = failingFor{pv: "v1", next: f.sweeper.opts.Policy, fixed: &fixed}
+	done := f.runAsync(context.Background())
+	events := f.waitEvents(t, ReasonRestartSweepPending)
 	if !strings.Contains(events, "Warning "+ReasonVolumePolicyFailed) || !strings.Contains(events, "division by zero") {
 		t.Errorf("no %s Event naming the policy's error:\n%s", ReasonVolumePolicyFailed, events)
+	}
+	if !strings.Contains(events, "1 volume(s) not decided by the policy") {
+		t.Errorf("the pending Event does not say that the policy decided nothing for v1:\n%s", events)
+	}
+	if m := f.handledMarker(t); m != "" {
+		t.Fatalf("restart recorded as handled (%q) while the policy could not decide v1", m)
+	}
+	if f.sidecars.calls("v1") != 0 {
+		t.Errorf("v1 was called though the policy failed on it")
+	}
+
+	fixed.Store(true)
+	sum := summaryOf(t, done, "the restart sweep did not finish after the policy was fixed")
+	if sum.Incomplete != "" {
+		t.Fatalf("summary %+v, want complete", sum)
+	}
+	if m := f.handledMarker(t); m != f.restart().Marker {
+		t.Errorf("handled marker %q, want the restart recorded once the policy decides", m)
+	}
+}
+
+// A controller that starts while the configured policy is broken and no accepted copy exists
+// decides nothing: a restart sweep in that time is not recorded as handled. Once the policy is
+// fixed, the pending sweep runs at once, not at its next backoff step, and is recorded.
+func TestRestartSweepWaitsForADecidablePolicy(t *testing.T) {
+	f := newFixture(t, 1, false)
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
+	// Only the policy's change can bring the next try within the test's time.
+	f.sweeper.opts.RetryBase, f.sweeper.opts.RetryMax = time.Hour, time.Hour
+	engine := f.sweeper.opts.Policy.(*policy.Engine)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	broken := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: policy.DefaultPolicyNamespace, Name: "site-policy", Labels: map[string]string{annotations.PolicyLabel: annotations.PolicyLabelValue}},
+		Data:       map[string]string{"policy.rego": "package volumehealer\n\ndecision := {\"action\": \"probe\", \"reason\": \n"},
+	}
+	cs := k8sfake.NewClientset(broken)
+	src, err := policy.NewConfigMapSource(cs, engine, policy.ConfigMapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory := informers.NewSharedInformerFactory(cs, 0)
+	if err := src.Watch(factory); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	t.Cleanup(func() { cancel(); factory.Shutdown() })
+	go func() { _ = src.Start(ctx) }()
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return src.HasSynced(), nil
+	}); err != nil {
+		t.Fatal("the policy ConfigMaps were not read")
+	}
+
+	done := f.runAsync(ctx)
+	f.waitEvents(t, ReasonRestartSweepPending)
+	if m := f.handledMarker(t); m != "" {
+		t.Fatalf("restart recorded as handled (%q) while no policy could decide", m)
+	}
+	if f.sidecars.calls("v1") != 0 {
+		t.Errorf("v1 was called while no policy could decide")
+	}
+
+	if err := cs.CoreV1().ConfigMaps(broken.Namespace).Delete(ctx, broken.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sum := summaryOf(t, done, "the pending restart sweep did not run when the policy was fixed")
+	if sum.Incomplete != "" || sum.Healed != 1 {
+		t.Fatalf("summary %+v, want complete with v1 healed", sum)
 	}
 	if m := f.handledMarker(t); m != f.restart().Marker {
 		t.Errorf("handled marker %q, want the restart recorded", m)
 	}
+}
+
+// calls counts the probes and heals that reached pv.
+func (f *fakeSidecars) calls(pv string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.probes[pv] + f.heals[pv]
 }
 
 // A volume the driver says is not staged on the node (unstaged since the planner saw it) is

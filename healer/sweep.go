@@ -28,6 +28,9 @@ type Summary struct {
 	Probed, Healed, Skipped, Failed int
 	// Unhealthy counts volumes found unhealthy and left so (not healable, DATA_LOSS, policy).
 	Unhealthy int
+	// Undecided counts volumes the policy could not decide (a runtime error, or no accepted
+	// policy serving): left alone, and a restart sweep with any is incomplete.
+	Undecided int
 	// WouldProbe and WouldHeal count dry-run decisions.
 	WouldProbe, WouldHeal int
 	// Cancelled is true when the sweep stopped before every volume was handled.
@@ -44,6 +47,9 @@ type Summary struct {
 func (s Summary) String() string {
 	out := fmt.Sprintf("%d volumes: %d probed, %d healed, %d unhealthy left alone, %d skipped, %d failed",
 		s.Volumes, s.Probed, s.Healed, s.Unhealthy, s.Skipped, s.Failed)
+	if s.Undecided > 0 {
+		out += fmt.Sprintf(", %d not decided by the policy", s.Undecided)
+	}
 	if s.WouldProbe+s.WouldHeal > 0 {
 		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
 	}
@@ -70,9 +76,10 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary)
 	}()
 	start := s.opts.Clock.Now()
 	source := s.begin(sw)
+	policyChanged := s.policyChanged()
 	summary = s.attempt(ctx, sw)
 	if sw.Trigger == scheduler.TriggerRestart {
-		summary = s.untilComplete(ctx, sw, source, summary)
+		summary = s.untilComplete(ctx, sw, source, summary, policyChanged)
 	}
 	summary.Recorded = s.finish(ctx, sw, source, summary, start)
 	return summary
@@ -93,6 +100,9 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 	if summary.Failed > 0 {
 		why = append(why, fmt.Sprintf("%d of %d volumes failed", summary.Failed, summary.Volumes))
 	}
+	if summary.Undecided > 0 {
+		why = append(why, fmt.Sprintf("%d volume(s) not decided by the policy", summary.Undecided))
+	}
 	if summary.Incomplete != "" {
 		why = append(why, summary.Incomplete)
 	}
@@ -101,10 +111,12 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 }
 
 // untilComplete tries an incomplete restart sweep again, after the waits of retryBackoff, until
-// a try reaches every volume of the node. It gives up, leaving the restart unhandled, when ctx ends
-// (a controller restart or a new leader sweeps it again, since its marker was never recorded),
-// or when the sweep is superseded (see superseded).
-func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary) Summary {
+// a try reaches every volume of the node. A try that left volumes undecided by the policy is
+// repeated as soon as another policy revision serves (policyChanged is closed then), without
+// waiting for the backoff. It gives up, leaving the restart unhandled, when ctx ends (a
+// controller restart or a new leader sweeps it again, since its marker was never recorded), or
+// when the sweep is superseded (see superseded).
+func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, policyChanged <-chan struct{}) Summary {
 	if summary.Incomplete == "" || summary.Cancelled {
 		return summary
 	}
@@ -129,19 +141,35 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 			s.event(source, corev1.EventTypeWarning, ReasonRestartSweepPending,
 				"Restart sweep of %s on node %s is incomplete (%s); trying again in %s", sw.Driver, sw.Node, summary.Incomplete, retryIn)
 		}
+		changed := policyChanged
+		if summary.Undecided == 0 {
+			changed = nil // another policy would not reach what this try missed
+		}
 		select {
 		case <-ctx.Done():
 			summary.Cancelled = true
 			return summary
 		case <-s.opts.Clock.After(retryIn):
+		case <-changed:
+			logger.Info("Another policy revision serves; trying the restart sweep again")
 		}
 		m.restartRetried(sw.Driver)
+		policyChanged = s.policyChanged()
 		summary = s.attempt(ctx, sw)
 		if summary.Incomplete == "" || summary.Cancelled {
 			logger.Info("Restart sweep complete", "tries", try)
 			return summary
 		}
 	}
+}
+
+// policyChanged returns a channel closed when another policy revision serves, nil (never) when
+// Options.PolicyChanged is unset.
+func (s *Sweeper) policyChanged() <-chan struct{} {
+	if s.opts.PolicyChanged == nil {
+		return nil
+	}
+	return s.opts.PolicyChanged()
 }
 
 // retryBackoff spaces the tries of an incomplete restart sweep: RetryBase, doubling after each
@@ -243,11 +271,33 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
 		}
-		if err := trigger.RecordHandled(ctx, s.opts.Client, sw); err != nil {
-			logger.Error(err, "Restart sweep finished but its marker could not be recorded; it will run again")
-			return false
-		}
-		return true
+		return s.recordHandled(ctx, sw)
 	}
 	return false
+}
+
+// recordHandled records the marker of a finished restart sweep, trying again after the waits of
+// retryBackoff while the patch fails: the object may not change again, and nothing else would
+// arm the restart anew. It gives up when ctx ends or the restart is superseded; the restart is
+// then swept again (by the next leader, or for its new marker).
+func (s *Sweeper) recordHandled(ctx context.Context, sw scheduler.Sweep) bool {
+	logger := klog.FromContext(ctx)
+	backoff := s.retryBackoff()
+	for {
+		err := trigger.RecordHandled(ctx, s.opts.Client, sw)
+		if err == nil {
+			return true
+		}
+		if why := s.superseded(ctx, sw); why != "" {
+			logger.Error(err, "Restart sweep finished but its marker could not be recorded; no retry: "+why)
+			return false
+		}
+		retryIn := backoff.Step()
+		logger.Error(err, "Restart sweep finished but its marker could not be recorded; trying again", "retryIn", retryIn)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.opts.Clock.After(retryIn):
+		}
+	}
 }

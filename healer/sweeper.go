@@ -59,6 +59,11 @@ type Options struct {
 	Planner *planner.Planner
 	// Policy decides per volume. Required.
 	Policy Decider
+	// PolicyChanged returns a channel that is closed when another policy revision serves: a
+	// restart sweep with volumes the policy could not decide tries again then, not only after its
+	// backoff. Default: the Policy's Changed method when it has one (policy.Engine does), else
+	// only the backoff.
+	PolicyChanged func() <-chan struct{}
 	// Sidecars makes the calls. Required.
 	Sidecars Sidecars
 	// Dispatcher runs the calls under budgets. Required.
@@ -118,6 +123,9 @@ func New(opts Options) (*Sweeper, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if c, ok := opts.Policy.(interface{ Changed() <-chan struct{} }); ok && opts.PolicyChanged == nil {
+		opts.PolicyChanged = c.Changed
 	}
 	if opts.PrepareConcurrency <= 0 {
 		opts.PrepareConcurrency = 16

@@ -29,6 +29,9 @@ const (
 	outcomeUnhealthy
 	outcomeHealed
 	outcomeFailed
+	// outcomeUndecided is a volume the policy could not decide (a runtime error, or no accepted
+	// policy serving): left alone, and its restart kept pending.
+	outcomeUndecided
 	outcomeWouldProbe
 	outcomeWouldHeal
 )
@@ -116,7 +119,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if !caps.Probe && !caps.Heal {
 		return nil, dispatch.Task{}, outcomeSkipped
 	}
-	state := s.mem.get(v.PVName)
+	state := s.mem.get(v.PVName, v.NodeName)
 	if sw.Trigger == scheduler.TriggerSchedule && s.opts.Clock.Now().Before(state.recheckAt) {
 		if base.V(3).Enabled() {
 			volumeLogger().V(3).Info("Driver asked to check again later", "recheckAt", state.recheckAt)
@@ -137,12 +140,13 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	d, err := s.opts.Policy.Decide(ctx, in)
 	if err != nil {
 		// Fail closed: the policy governs this volume and cannot say what to do with it, so the
-		// volume is left alone (skipped, never decided by the built-in policy) and the operator
-		// is told on its PVC; volume_healer_policy_evaluation_errors_total counts it.
+		// volume is left alone (never decided by the built-in policy), its restart stays pending,
+		// and the operator is told on its PVC; volume_healer_policy_evaluation_errors_total
+		// counts it.
 		volumeLogger().Error(err, "Policy evaluation failed; the volume is left alone")
 		s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 			"The policy failed on this volume, which is left alone until the policy is fixed: %v", err)
-		return nil, dispatch.Task{}, outcomeSkipped
+		return nil, dispatch.Task{}, outcomeUndecided
 	}
 	if m := s.opts.Metrics; m != nil {
 		m.decisions.WithLabelValues(string(sw.Trigger), string(d.Action)).Inc()
@@ -218,17 +222,17 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			s.podsMustRestart(v, res, s.opts.Clock.Now(), in, restartPods)
 		}
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
-		in.History = s.mem.get(pv).history
+		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 				"Volume is unhealthy on node %s (%s); the policy failed on it, so it is left alone until the policy is fixed: %v", v.NodeName, describe(res.Health), err)
-			return outcomeUnhealthy, nil
+			return outcomeUndecided, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
-		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv).offeredForHealing(gen) {
+		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv, v.NodeName).offeredForHealing(gen) {
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			if !res.Has(string(policy.HealthDataLoss)) {
 				s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeUnhealthy, "Volume is unhealthy on node %s (%s) and is not healed: %s", v.NodeName, describe(res.Health), d.Reason)
@@ -245,7 +249,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	healed, err := s.opts.Sidecars.Heal(ctx, target, pv)
 	s.observe("heal", start)
 	if err != nil {
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return outcomeFailed, dispatchError(err)
@@ -258,7 +262,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	if healed.OnlyReason(healerv1alpha1.ReasonStaleMountInPods) && (confirm.Healthy() || confirm.OnlyReason(healerv1alpha1.ReasonStaleMountInPods)) {
 		// The node's mount is repaired; what is left is beyond any heal: the pods must restart.
 		// Nothing claims the volume healed, and the failing-heal alert fires until they do.
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
@@ -266,11 +270,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {
-		s.mem.recordFailure(pv)
+		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, "failed")
 		return outcomeFailed, fmt.Errorf("volume still unhealthy after heal: %s", describe(confirm.Health))
 	}
-	s.mem.recordHeal(pv, s.opts.Clock.Now())
+	s.mem.recordHeal(pv, v.NodeName, s.opts.Clock.Now())
 	s.count(v.Driver, false, "healed")
 	s.writeStatus(ctx, v, StatusHealed, nil, "")
 	s.setFailing(v, false)
@@ -314,12 +318,12 @@ func (s *Sweeper) probe(ctx context.Context, v planner.Volume, target probe.Targ
 	res, err := s.opts.Sidecars.Probe(ctx, target, v.PVName)
 	s.observe("probe", start)
 	if err != nil {
-		s.mem.recordFailure(v.PVName)
+		s.mem.recordFailure(v.PVName, v.NodeName)
 		s.count(v.Driver, true, errorResult(err))
 		s.opts.Metrics.callError(v.Driver, err)
 		return nil, dispatchError(err)
 	}
-	s.mem.recordProbe(v.PVName, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
+	s.mem.recordProbe(v.PVName, v.NodeName, v.Driver, s.opts.Clock.Now(), res, s.mem.generation(v.Driver, v.NodeName))
 	result := "healthy"
 	if !res.Healthy() {
 		result = "unhealthy"

@@ -100,13 +100,21 @@ const DefaultLastGoodName = "volume-healer-last-good-policy"
 // lastGoodKey is the data key of the last-good copy: the set's modules as JSON.
 const lastGoodKey = "modules.json"
 
+// failClosedFile names the one module of the fail-closed policy.
+const failClosedFile = "volume-healer/fail-closed.rego"
+
 // failClosedModules serve when the configured policy set is rejected at start and no accepted
-// copy exists: every volume the policy would have governed is left alone.
+// copy can be read: the engine decides nothing while they serve (Engine.Decide returns
+// ErrNoAcceptedPolicy), so every volume the policy would have governed is left alone and a
+// restart sweep stays pending. The rule below only keeps the module a valid policy.
 func failClosedModules() []Module {
-	return []Module{{File: "volume-healer/fail-closed.rego", Text: "package volumehealer\n\n" +
-		"# The configured policy is rejected and no accepted copy of it exists: leave every volume alone.\n" +
+	return []Module{{File: failClosedFile, Text: "package volumehealer\n\n" +
+		"# The configured policy is rejected and no accepted copy of it can be read: decide nothing.\n" +
 		`decision := {"action": "skip", "reason": "PolicyRejected"}` + "\n"}}
 }
+
+// failClosed reports whether r is the fail-closed policy.
+func (r *Revision) failClosed() bool { return len(r.files) == 1 && r.files[0] == failClosedFile }
 
 func (o ConfigMapOptions) withDefaults() ConfigMapOptions {
 	if o.Namespace == "" {
@@ -146,6 +154,9 @@ type ConfigMapSource struct {
 	configured bool
 	// savedID is the set last written to the last-good copy.
 	savedID string
+	// failClosed is set while the fail-closed policy serves because the last-good copy could
+	// not be read; each sync reads it again, and a failed read is retried with backoff.
+	failClosed bool
 }
 
 // NewConfigMapSource returns a source that loads the policy ConfigMaps into engine once started.
@@ -315,6 +326,11 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		setID = "no-modules"
 	}
 
+	// lastGoodErr says why the last-good copy could not be read; the sync is then retried.
+	var lastGoodErr error
+	if setID == s.attemptedID && s.attemptErr != nil && s.failClosed {
+		lastGoodErr = s.serveLastGood(ctx)
+	}
 	if setID != s.attemptedID {
 		var rev *Revision
 		switch {
@@ -334,15 +350,15 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 		}
 		s.attemptedID, s.attemptErr = setID, err
 		if err != nil {
-			if !s.configured {
-				s.serveLastGood(ctx)
+			if !s.configured || s.failClosed {
+				lastGoodErr = s.serveLastGood(ctx)
 			}
 			logger.Error(err, "Policy rejected; the previous revision keeps serving", "revision", s.engine.Revision().ID())
 			if s.leading() {
 				s.recordRejection(cms, le)
 			}
 		} else {
-			s.configured = true
+			s.configured, s.failClosed = true, false
 			logger.Info("Policy applied", "revision", rev.ID(), "configMaps", len(cms), "modules", len(modules), "builtin", len(modules) == 0)
 		}
 	}
@@ -356,10 +372,10 @@ func (s *ConfigMapSource) sync(ctx context.Context) error {
 	// The ConfigMaps found are applied (or rejected) even if writing a status below fails.
 	s.synced.Store(true)
 	if !s.leading() {
-		return nil
+		return lastGoodErr
 	}
 
-	var errs []error
+	errs := []error{lastGoodErr}
 	for _, cm := range cms {
 		if err := s.writeStatus(ctx, cm, s.statusOf(cm, cms)); err != nil {
 			errs = append(errs, err)
@@ -453,8 +469,8 @@ func (s *ConfigMapSource) writeStatus(ctx context.Context, cm *corev1.ConfigMap,
 
 // fallbackNote says what serves when it is not a set this process accepted.
 func (s *ConfigMapSource) fallbackNote() string {
-	if files := s.engine.Revision().Files(); len(files) == 1 && files[0] == failClosedModules()[0].File {
-		return " (no accepted policy to fall back on: every volume is skipped until the policy is fixed)"
+	if s.engine.Revision().failClosed() {
+		return " (no accepted policy to fall back on: no volume is decided, and restart sweeps stay pending, until the policy is fixed)"
 	}
 	return ""
 }
@@ -462,16 +478,18 @@ func (s *ConfigMapSource) fallbackNote() string {
 // serveLastGood runs when the configured set is rejected before this process served anything of
 // the configuration (a controller restart or a new replica while a broken policy is in place):
 // the engine still serves the built-in policy, which must not stand in for the site's. It serves
-// the last accepted set that the leader kept, or, without one, the fail-closed policy that skips
-// every volume. Either way the rejection stays visible (volume_healer_policy_rejected).
-func (s *ConfigMapSource) serveLastGood(ctx context.Context) {
+// the last accepted set that the leader kept, or, without one, the fail-closed policy, which
+// decides nothing. Either way the rejection stays visible (volume_healer_policy_rejected). It
+// returns an error when the copy could not be read, so that the read is tried again.
+func (s *ConfigMapSource) serveLastGood(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	modules, err := s.readLastGood(ctx)
+	readErr := err
 	switch {
 	case err != nil:
-		logger.Error(err, "No accepted copy of the policy to serve; every volume is skipped until the policy is fixed")
+		logger.Error(err, "Cannot read the accepted copy of the policy; no volume is decided until it is read or the policy is fixed")
 	case modules == nil:
-		logger.Info("No accepted copy of the policy exists; every volume is skipped until the policy is fixed")
+		logger.Info("No accepted copy of the policy exists; no volume is decided until the policy is fixed")
 	default:
 		var rev *Revision
 		if len(modules) == 0 {
@@ -480,21 +498,23 @@ func (s *ConfigMapSource) serveLastGood(ctx context.Context) {
 			rev, err = s.engine.Load(ctx, modules)
 		}
 		if err == nil {
-			s.configured = true
+			s.configured, s.failClosed = true, false
 			s.engine.opts.Metrics.markRejected()
 			logger.Info("The configured policy is rejected; serving the last accepted copy", "revision", rev.ID(), "copy", s.opts.Namespace+"/"+s.opts.LastGoodName)
-			return
+			return nil
 		}
-		logger.Error(err, "The accepted copy of the policy does not load; every volume is skipped until the policy is fixed")
+		logger.Error(err, "The accepted copy of the policy does not load; no volume is decided until the policy is fixed")
 	}
 	if _, err := s.engine.Load(ctx, failClosedModules()); err != nil {
 		// The fail-closed policy is one constant line; not loading it is a bug, and the built-in
 		// policy keeps serving.
 		logger.Error(err, "Cannot load the fail-closed policy")
-		return
+		return readErr
 	}
 	s.configured = true
+	s.failClosed = readErr != nil
 	s.engine.opts.Metrics.markRejected()
+	return readErr
 }
 
 // readLastGood returns the modules of the last-good copy: nil when there is none, empty when the

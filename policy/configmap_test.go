@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,11 +13,14 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
@@ -443,28 +447,55 @@ func TestStartWithABrokenPolicyServesTheLastGoodCopy(t *testing.T) {
 	}
 }
 
-// With a broken policy and no accepted copy to fall back on, every volume is skipped, never
-// decided by the built-in policy, and the rejection says so.
-func TestStartWithABrokenPolicyAndNoCopySkipsEveryVolume(t *testing.T) {
+// With a broken policy and no accepted copy to fall back on, no volume is decided: every
+// decision is an error that says so (never a skip, which would let a restart sweep count its
+// volumes handled, and never the built-in policy), and the rejection says so.
+func TestStartWithABrokenPolicyAndNoCopyDecidesNothing(t *testing.T) {
 	client := fake.NewClientset(policyConfigMap("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)}))
 	recorder := record.NewFakeRecorder(100)
 	engine, reg := newTestEngine(t, Options{})
 	h := startConfigMapSource(t, client, recorder, engine)
-	h.decides("PolicyRejected")
 	for _, trigger := range []Trigger{TriggerRestart, TriggerSchedule, TriggerManual} {
 		in := sampleInput()
 		in.Trigger = trigger
-		if d, err := engine.Decide(h.ctx, &in); err != nil || d.Action != ActionSkip {
-			t.Errorf("%s: decided %+v, %v; want skip", trigger, d, err)
-		}
+		h.eventually(string(trigger)+" is not decided", func() (bool, string) {
+			d, err := engine.Decide(h.ctx, &in)
+			return errors.Is(err, ErrNoAcceptedPolicy), fmt.Sprintf("%+v, %v", d, err)
+		})
 	}
-	if ev := nextEvent(t, recorder); !strings.Contains(ev, "every volume is skipped") {
-		t.Errorf("event %q, want it to say that every volume is skipped", ev)
+	if ev := nextEvent(t, recorder); !strings.Contains(ev, "no volume is decided") {
+		t.Errorf("event %q, want it to say that no volume is decided", ev)
 	}
 	if v := metricValue(t, reg, "volume_healer_policy_rejected", nil); v != 1 {
 		t.Errorf("volume_healer_policy_rejected = %v, want 1", v)
 	}
 	if _, err := client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, DefaultLastGoodName, metav1.GetOptions{}); err == nil {
 		t.Error("the fail-closed policy was kept as the last accepted one")
+	}
+}
+
+// A read of the last-good copy that fails at start (the API server briefly unavailable) is tried
+// again with backoff: the copy serves without waiting for a change to the policy ConfigMaps.
+func TestLastGoodCopyIsReadAgainAfterAFailedRead(t *testing.T) {
+	copyText, err := json.Marshal([]Module{{File: "volume-healer/site-policy/policy.rego", Text: skipPolicy("SiteV1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(
+		policyConfigMap("site-policy", map[string]string{"policy.rego": policyText(`decision := {"action": "skip", "reason": `)}),
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: DefaultLastGoodName}, Data: map[string]string{lastGoodKey: string(copyText)}},
+	)
+	var failures atomic.Int32
+	client.PrependReactor("get", "configmaps", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.(clienttesting.GetAction).GetName() == DefaultLastGoodName && failures.Add(1) == 1 {
+			return true, nil, apierrors.NewServiceUnavailable("etcd leader election")
+		}
+		return false, nil, nil
+	})
+	engine, _ := newTestEngine(t, Options{})
+	h := startConfigMapSourceWith(t, client, engine, ConfigMapOptions{Namespace: testNamespace, Leading: func() bool { return false }})
+	h.decides("SiteV1")
+	if n := failures.Load(); n < 2 {
+		t.Errorf("the last-good copy was read %d times, want a second read after the failure", n)
 	}
 }

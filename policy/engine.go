@@ -28,11 +28,13 @@ type Engine struct {
 
 	mu      sync.RWMutex
 	current *Revision
+	// changed is closed, and replaced, when another revision starts serving.
+	changed chan struct{}
 }
 
 // NewEngine returns an engine serving the built-in default policy.
 func NewEngine(ctx context.Context, opts Options) (*Engine, error) {
-	e := &Engine{opts: opts}
+	e := &Engine{opts: opts, changed: make(chan struct{})}
 	if _, err := e.LoadDefault(ctx); err != nil {
 		return nil, fmt.Errorf("loading the built-in policy: %w", err)
 	}
@@ -75,15 +77,29 @@ func (e *Engine) Load(ctx context.Context, modules []Module) (*Revision, error) 
 
 	e.mu.Lock()
 	e.current = rev
+	close(e.changed)
+	e.changed = make(chan struct{})
 	e.mu.Unlock()
 	e.opts.Metrics.serving(rev.id)
 	klog.FromContext(ctx).V(2).Info("Serving policy revision", "revision", rev.id, "files", rev.files, "memoized", rev.memo != nil, "detail", rev.Describe())
 	return rev, nil
 }
 
-// Decide returns the decision of the serving revision for one volume.
+// Changed returns a channel that is closed when another revision starts serving, so that work
+// the serving policy could not decide can be tried again at once.
+func (e *Engine) Changed() <-chan struct{} {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.changed
+}
+
+// Decide returns the decision of the serving revision for one volume. While the fail-closed
+// policy serves (see ConfigMapSource), it decides nothing and returns ErrNoAcceptedPolicy.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	rev := e.Revision()
+	if rev.failClosed() {
+		return Decision{}, fmt.Errorf("policy revision %s: %w", rev.id, ErrNoAcceptedPolicy)
+	}
 	start := time.Now()
 	d, memoized, err := rev.decide(ctx, in)
 	e.opts.Metrics.observeDecision(d, err, memoized, time.Since(start), rev.memo != nil)

@@ -35,6 +35,11 @@ var ErrRejected = errors.New("policy rejected")
 // ConfigMaps: without the rest of the set, a change cannot be judged.
 var ErrNotSynced = errors.New("the policy ConfigMaps have not been read yet")
 
+// ErrNoAcceptedPolicy is returned by Decide while no accepted policy serves: the configured set
+// was rejected when this process started and no accepted copy of it could be read. The policy
+// cannot decide; a restart sweep keeps such volumes pending until one serves.
+var ErrNoAcceptedPolicy = errors.New("no accepted policy serves: the configured policy is rejected and no accepted copy of it could be read; fix the policy ConfigMaps")
+
 // ErrTestsFailed is returned by CheckTests when a Rego unit test failed or errored.
 var ErrTestsFailed = errors.New("policy tests failed")
 

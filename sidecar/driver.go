@@ -224,9 +224,13 @@ func (d *driverClient) watch(ctx context.Context) {
 	}
 }
 
-// callContext bounds a call to the driver by the driver timeout; an earlier deadline of the
-// caller stays in force.
+// callContext gives a call to the driver its deadline: the caller's, when the (authenticated)
+// caller sent one, longer or shorter than the driver timeout, so that a heal the controller
+// allows timeouts.heal for is not cut at --driver-timeout; else the driver timeout.
 func (d *driverClient) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
 	return context.WithTimeout(ctx, d.timeout)
 }
 

@@ -29,7 +29,8 @@ const (
 	DefaultKubeletDir = "/var/lib/kubelet"
 	// DefaultMaxMessageSize bounds every gRPC message, in both directions, on both sides.
 	DefaultMaxMessageSize = 4 << 20
-	// DefaultDriverTimeout bounds each call to the driver.
+	// DefaultDriverTimeout bounds each call to the driver that comes without a deadline of its
+	// caller.
 	DefaultDriverTimeout = 30 * time.Second
 	// DefaultAPIQPS and DefaultAPIBurst pace the sidecar's reads of PersistentVolumes,
 	// VolumeAttachments and Secrets when KubeConfig sets no pace. Each heal, and each probe
@@ -146,8 +147,8 @@ type Options struct {
 	// the driver, in bytes. Default: DefaultMaxMessageSize (4 MiB).
 	MaxMessageSize int
 
-	// DriverTimeout bounds each call to the driver; a shorter deadline of the caller wins.
-	// Default: DefaultDriverTimeout.
+	// DriverTimeout bounds each call to the driver whose caller sent no deadline; a caller's
+	// deadline, shorter or longer, is kept. Default: DefaultDriverTimeout.
 	DriverTimeout time.Duration
 
 	// ShutdownTimeout bounds how long calls in flight may finish once Start's context is done;

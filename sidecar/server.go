@@ -294,11 +294,15 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrPVNotFound):
 		code = codes.NotFound
-	case errors.Is(err, ErrSecretNotFound), errors.Is(err, ErrNotOnNode):
+	case errors.Is(err, ErrNotOnNode):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrNotAdvertised):
 		code = codes.Unimplemented
-	case errors.Is(err, ErrNotReady), errors.Is(err, ErrSecretsUnavailable):
+	case errors.Is(err, ErrNotReady), errors.Is(err, ErrSecretsUnavailable), errors.Is(err, ErrSecretNotFound):
+		// A missing node-stage Secret is not "nothing to do here" (FAILED_PRECONDITION, which
+		// the controller takes as a volume not on the node): the volume is there and cannot be
+		// looked at until the Secret exists, so the controller retries and keeps its restart
+		// pending.
 		code = codes.Unavailable
 	case errors.Is(err, ErrMalformedResponse):
 		code = codes.Internal

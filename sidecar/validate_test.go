@@ -79,7 +79,7 @@ func TestToStatus(t *testing.T) {
 		"unknown PV":             {err: fmt.Errorf("%w: x", ErrPVNotFound), want: codes.NotFound},
 		"not CSI":                {err: ErrNotCSIVolume, want: codes.InvalidArgument},
 		"another driver":         {err: ErrOtherDriver, want: codes.InvalidArgument},
-		"secret missing":         {err: fmt.Errorf("pv x: %w", ErrSecretNotFound), want: codes.FailedPrecondition},
+		"secret missing":         {err: fmt.Errorf("pv x: %w", ErrSecretNotFound), want: codes.Unavailable},
 		"secrets not readable":   {err: ErrSecretsUnavailable, want: codes.Unavailable},
 		"not ready":              {err: ErrNotReady, want: codes.Unavailable},
 		"not advertised":         {err: ErrNotAdvertised, want: codes.Unimplemented},

@@ -320,7 +320,7 @@ func (v *volumes) secret(ctx context.Context, namespace, name string) (map[strin
 	})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: %s", ErrSecretNotFound, key)
+		return nil, fmt.Errorf("%w: %s (create it, or fix the PersistentVolume's nodeStageSecretRef)", ErrSecretNotFound, key)
 	case err != nil:
 		return nil, fmt.Errorf("%w: Secret %s (the sidecar needs get on Secrets in namespace %q): %w", ErrSecretsUnavailable, key, namespace, err)
 	}

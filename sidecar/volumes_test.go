@@ -205,7 +205,7 @@ func TestResolve(t *testing.T) {
 		"unknown PV":                       {pv: "nope", wantErr: ErrPVNotFound, wantCode: codes.NotFound},
 		"PV of another driver":             {pv: "theirs", wantErr: ErrOtherDriver, wantCode: codes.InvalidArgument},
 		"PV that is not CSI":               {pv: "nfs", wantErr: ErrNotCSIVolume, wantCode: codes.InvalidArgument},
-		"PV whose secret is missing":       {pv: "no-secret", wantErr: ErrSecretNotFound, wantCode: codes.FailedPrecondition},
+		"PV whose secret is missing":       {pv: "no-secret", wantErr: ErrSecretNotFound, wantCode: codes.Unavailable},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

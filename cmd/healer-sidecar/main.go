@@ -87,7 +87,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.DurationVar(&o.AuthCacheTTL, "auth-cache-ttl", sidecar.DefaultAuthCacheTTL, "How long an accepted token is trusted before it is reviewed again.")
 	fs.DurationVar(&o.AuthFailureCacheTTL, "auth-failure-cache-ttl", sidecar.DefaultAuthFailureCacheTTL, "How long a rejected token stays rejected before it is reviewed again.")
 	fs.IntVar(&o.MaxMessageSize, "max-message-size", sidecar.DefaultMaxMessageSize, "Largest gRPC message, in bytes, accepted or sent, toward the controller and the driver.")
-	fs.DurationVar(&o.DriverTimeout, "driver-timeout", sidecar.DefaultDriverTimeout, "Timeout of each call to the driver; a shorter deadline of the controller wins.")
+	fs.DurationVar(&o.DriverTimeout, "driver-timeout", sidecar.DefaultDriverTimeout, "Timeout of each call to the driver that comes without a deadline; a call of the controller keeps its deadline.")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", sidecar.DefaultShutdownTimeout, "On SIGTERM, how long calls in flight may still finish.")
 	fs.DurationVar(&o.SecretCacheTTL, "secret-cache-ttl", sidecar.DefaultSecretCacheTTL, "How long a node-stage Secret read is used; a rotated Secret reaches the driver within this time.")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths; read-only, the sidecar reads kubelet's volume records there to probe and list the volumes of a driver that does not.")

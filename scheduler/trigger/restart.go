@@ -79,6 +79,9 @@ func Unswept(n *csiaddonsv1alpha1.CSIAddonsNode, sweepCSIAddonsSidecarRestarts b
 	return marker, true
 }
 
+// DefaultNewPodWait is RestartOptions.NewPodWait's default.
+const DefaultNewPodWait = 30 * time.Second
+
 // RestartOptions configure Restarts.
 type RestartOptions struct {
 	// Debounce folds marker changes that arrive within this window into one sweep. Default: 0.
@@ -88,6 +91,12 @@ type RestartOptions struct {
 	// a change kills no mounter, and a driver restart that made the csi-addons sidecar exit is
 	// marked by the healer sidecar, which sees the driver reconnect.
 	SweepCSIAddonsSidecarRestarts bool
+	// NewPodWait bounds the wait for a replaced node plugin pod's healer sidecar: while the
+	// csi-addons sidecar names a new pod (annotations.CSIAddonsPod) and the healer sidecar's
+	// marker still names another (its endpoint is the old pod's, dead), the restart is not swept;
+	// once the new pod's healer sidecar registers, the marker changes and the sweep goes through
+	// it. After NewPodWait the restart is swept anyway. Default: DefaultNewPodWait.
+	NewPodWait time.Duration
 	// Clock tells time. Default: the real clock.
 	Clock clock.WithTicker
 	// Metrics counts triggers. Default: none.
@@ -113,6 +122,18 @@ type Restarts struct {
 type pendingRestart struct {
 	sweep scheduler.Sweep
 	due   time.Time
+	// waitingSince is when the object was first seen naming a new pod whose healer sidecar had
+	// not registered yet; zero when it was not.
+	waitingSince time.Time
+}
+
+// healerOfAnotherPod reports whether n's csi-addons sidecar names a pod other than the one its
+// healer sidecar's marker names: the node plugin pod was replaced and its new healer sidecar has
+// not registered yet.
+func healerOfAnotherPod(n *csiaddonsv1alpha1.CSIAddonsNode) bool {
+	pod := n.Annotations[annotations.CSIAddonsPod]
+	_, healerPod, ok := strings.Cut(n.Annotations[annotations.HealerRestart], "/")
+	return pod != "" && ok && healerPod != "" && healerPod != pod
 }
 
 // NewRestarts returns a Restarts with nothing pending.
@@ -122,6 +143,9 @@ func NewRestarts(opts RestartOptions) (*Restarts, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.NewPodWait <= 0 {
+		opts.NewPodWait = DefaultNewPodWait
 	}
 	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, swept: map[types.NamespacedName]string{}, wake: make(chan struct{}, 1)}, nil
 }
@@ -146,7 +170,7 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 		return // one marker, one sweep
 	}
 	now := r.opts.Clock.Now()
-	r.pending[key] = &pendingRestart{
+	p := &pendingRestart{
 		sweep: scheduler.Sweep{
 			Trigger: scheduler.TriggerRestart,
 			Driver:  n.Spec.Driver.Name,
@@ -156,11 +180,28 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 		},
 		due: now.Add(r.opts.Debounce),
 	}
+	if healerOfAnotherPod(n) {
+		// Sweeping now would call the old pod's dead sidecar: wait for the new one, counting
+		// from when the new pod was first seen.
+		p.waitingSince = now
+		if old, ok := r.pending[key]; ok && !old.waitingSince.IsZero() {
+			p.waitingSince = old.waitingSince
+		}
+		p.due = maxTime(p.due, p.waitingSince.Add(r.opts.NewPodWait))
+	}
+	r.pending[key] = p
 	klog.FromContext(ctx).V(2).Info("Node plugin restart seen", "csiAddonsNode", key, "driver", n.Spec.Driver.Name, "node", n.Spec.Driver.NodeID, "marker", marker)
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Forget drops a pending restart of a deleted CSIAddonsNode.
