@@ -20,6 +20,9 @@ type tally struct {
 	summary Summary
 	// notes say why the sweep is incomplete beyond failed volumes.
 	notes []string
+	// finished, when set, collects the volumes that finished well (see finishedWell), by
+	// volumeKey: a retry of an incomplete restart sweep leaves them out.
+	finished map[string]outcome
 }
 
 // note records why the sweep is incomplete.
@@ -29,39 +32,59 @@ func (t *tally) note(why string) {
 	t.notes = append(t.notes, why)
 }
 
-// add counts one volume's outcome.
-func (t *tally) add(o outcome) {
+// add counts the outcome of v.
+func (t *tally) add(v planner.Volume, o outcome) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.summary.count(o)
+	if t.finished != nil && finishedWell(o) {
+		t.finished[volumeKey(v)] = o
+	}
+}
+
+// finishedWell says whether a volume with outcome o needs no further try: it was decided and
+// acted on (or left alone as the policy or the driver said). A failed or undecided volume does.
+func finishedWell(o outcome) bool {
+	return o != outcomeFailed && o != outcomeUndecided
+}
+
+// volumeKey names a volume on its node.
+func volumeKey(v planner.Volume) string {
+	return v.Driver + "/" + v.NodeName + "/" + v.PVName
+}
+
+// count counts one volume's outcome.
+func (s *Summary) count(o outcome) {
 	switch o {
 	case outcomeSkipped:
-		t.summary.Skipped++
+		s.Skipped++
 	case outcomeHealthy:
-		t.summary.Probed++
+		s.Probed++
 	case outcomeUnhealthy:
-		t.summary.Probed++
-		t.summary.Unhealthy++
+		s.Probed++
+		s.Unhealthy++
 	case outcomeHealed:
-		t.summary.Probed++
-		t.summary.Healed++
+		s.Probed++
+		s.Healed++
 	case outcomeFailed:
-		t.summary.Failed++
+		s.Failed++
 	case outcomeUndecided:
-		t.summary.Undecided++
+		s.Undecided++
 	case outcomeWouldProbe:
-		t.summary.WouldProbe++
+		s.WouldProbe++
 	case outcomeWouldHeal:
-		t.summary.WouldHeal++
+		s.WouldHeal++
 	}
 }
 
 // submit decides each volume's action and hands the volumes to act on to the dispatcher, node by
-// node, and waits until every task has ended. Nodes are prepared concurrently (at most
+// node, and waits until every task has ended. When finished is not nil, the volumes that finish
+// well are added to it. Nodes are prepared concurrently (at most
 // Options.PrepareConcurrency at once): a node whose sidecar does not answer its capabilities call
 // holds up its own volumes only, and a node's volumes go to the dispatcher as soon as its
 // capabilities are known.
-func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume) Summary {
-	t := &tally{summary: Summary{Volumes: len(vols)}}
+func (s *Sweeper) submit(ctx context.Context, sw scheduler.Sweep, vols []planner.Volume, finished map[string]outcome) Summary {
+	t := &tally{summary: Summary{Volumes: len(vols)}, finished: finished}
 	var tasks, prepared sync.WaitGroup
 	slots := make(chan struct{}, s.opts.PrepareConcurrency)
 	for _, group := range byNode(vols) {
@@ -102,8 +125,8 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 			s.opts.Metrics.sweepPanicked(sw.Trigger)
 			klog.FromContext(ctx).Error(nil, "Preparing a volume panicked; the node's remaining volumes fail",
 				"pv", vols[next].PVName, "node", vols[next].NodeName, "panic", r, "stack", string(debug.Stack()))
-			for range vols[next:] {
-				t.add(outcomeFailed)
+			for _, v := range vols[next:] {
+				t.add(v, outcomeFailed)
 			}
 			t.note(fmt.Sprintf("preparing volume %s panicked: %v", vols[next].PVName, r))
 		}
@@ -118,7 +141,7 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 		}
 		w, task, o := s.prepare(ctx, sw, v)
 		if w == nil {
-			t.add(o)
+			t.add(v, o)
 			continue
 		}
 		w.tally, w.tasks = t, tasks

@@ -263,7 +263,7 @@ func TestSlowNodeDoesNotHoldUpTheOthers(t *testing.T) {
 	}
 	sw := scheduler.Sweep{Trigger: scheduler.TriggerManual, Driver: "rbd"}
 	done := make(chan Summary, 1)
-	go func() { done <- f.sweeper.submit(context.Background(), sw, append(slow, fast...)) }()
+	go func() { done <- f.sweeper.submit(context.Background(), sw, append(slow, fast...), nil) }()
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {

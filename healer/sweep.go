@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/volume-healer/volume-healer/scheduler"
+	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
 )
 
@@ -77,21 +78,45 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary)
 	start := s.opts.Clock.Now()
 	source := s.begin(sw)
 	policyChanged := s.policyChanged()
-	summary = s.attempt(ctx, sw)
+	var finished map[string]outcome
 	if sw.Trigger == scheduler.TriggerRestart {
-		summary = s.untilComplete(ctx, sw, source, summary, policyChanged)
+		finished = map[string]outcome{}
+	}
+	summary = s.attempt(ctx, sw, finished)
+	if sw.Trigger == scheduler.TriggerRestart {
+		summary = s.untilComplete(ctx, sw, source, summary, policyChanged, finished)
 	}
 	summary.Recorded = s.finish(ctx, sw, source, summary, start)
 	return summary
 }
 
-// attempt plans the sweep and acts on its volumes once.
-func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
+// attempt plans the sweep and acts on its volumes once. When finished is not nil (a restart
+// sweep), it holds the volumes that finished well in earlier tries: they are not called again,
+// their outcomes count in the summary as they were, and the volumes that finish well in this try
+// are added to it. A node whose volume list failed is taken again as a whole on the next try.
+func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep, finished map[string]outcome) Summary {
 	vols, skipped, planErr := s.plan(ctx, sw)
 	for _, sk := range skipped {
 		klog.FromContext(ctx).V(3).Info("Volume left out by the planner", "pv", sk.PV, "node", sk.Node, "reason", sk.Reason)
 	}
-	summary := s.submit(ctx, sw, vols)
+	if planErr != nil {
+		clear(finished)
+	}
+	var earlier []outcome
+	if len(finished) > 0 {
+		vols = filterVolumes(vols, func(v planner.Volume) bool {
+			o, ok := finished[volumeKey(v)]
+			if ok {
+				earlier = append(earlier, o)
+			}
+			return !ok
+		})
+	}
+	summary := s.submit(ctx, sw, vols, finished)
+	summary.Volumes += len(earlier)
+	for _, o := range earlier {
+		summary.count(o)
+	}
 	summary.Skipped += len(skipped)
 	var why []string
 	if planErr != nil {
@@ -111,12 +136,13 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep) Summary {
 }
 
 // untilComplete tries an incomplete restart sweep again, after the waits of retryBackoff, until
-// a try reaches every volume of the node. A try that left volumes undecided by the policy is
+// every volume of the node has finished well across the tries; each try calls only the volumes
+// that have not (finished, see attempt). A try that left volumes undecided by the policy is
 // repeated as soon as another policy revision serves (policyChanged is closed then), without
 // waiting for the backoff. It gives up, leaving the restart unhandled, when ctx ends (a
 // controller restart or a new leader sweeps it again, since its marker was never recorded), or
 // when the sweep is superseded (see superseded).
-func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, policyChanged <-chan struct{}) Summary {
+func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source *csiaddonsv1alpha1.CSIAddonsNode, summary Summary, policyChanged <-chan struct{}, finished map[string]outcome) Summary {
 	if summary.Incomplete == "" || summary.Cancelled {
 		return summary
 	}
@@ -155,7 +181,7 @@ func (s *Sweeper) untilComplete(ctx context.Context, sw scheduler.Sweep, source 
 		}
 		m.restartRetried(sw.Driver)
 		policyChanged = s.policyChanged()
-		summary = s.attempt(ctx, sw)
+		summary = s.attempt(ctx, sw, finished)
 		if summary.Incomplete == "" || summary.Cancelled {
 			logger.Info("Restart sweep complete", "tries", try)
 			return summary

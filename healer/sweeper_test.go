@@ -57,6 +57,10 @@ type fakeSidecars struct {
 	stagedErr error
 	// afterHeal is a volume's health once healed, when a heal cannot make it healthy.
 	afterHeal map[string][]probe.Health
+	// healFails is how many more heals of a volume fail, as a driver's heal that errors does.
+	healFails map[string]int
+	// healCalls counts every heal call that reached a volume, failed or not.
+	healCalls map[string]int
 }
 
 // reach fails a call to a dead endpoint as an unreachable sidecar does, and records the others.
@@ -115,6 +119,13 @@ func (f *fakeSidecars) Heal(_ context.Context, t probe.Target, pv string) (*prob
 	defer f.mu.Unlock()
 	if err := f.reach(t); err != nil {
 		return nil, err
+	}
+	if f.healCalls != nil {
+		f.healCalls[pv]++
+	}
+	if f.healFails[pv] > 0 {
+		f.healFails[pv]--
+		return nil, fmt.Errorf("%w: the mounter did not start", probe.ErrUnreachable)
 	}
 	f.heals[pv]++
 	if f.healable[pv] && !hasStatus(f.health[pv], "DATA_LOSS") {

@@ -84,18 +84,18 @@ func (w *volumeWork) done(r dispatch.Result) {
 		// planner saw it) or that it does not do this call: nothing to act on, and no
 		// failure to report; a restart sweep is not kept pending for it.
 		klog.FromContext(w.sweepCtx).V(2).Info("Nothing to do for the volume on its node", "pv", w.v.PVName, "node", w.v.NodeName, "reason", r.Err.Error())
-		w.tally.add(outcomeSkipped)
+		w.tally.add(w.v, outcomeSkipped)
 		return
 	}
 	if r.Err != nil {
 		w.s.failed(w.sweepCtx, w.v, r.Err)
-		w.tally.add(outcomeFailed)
+		w.tally.add(w.v, outcomeFailed)
 		return
 	}
 	w.mu.Lock()
 	o := w.last
 	w.mu.Unlock()
-	w.tally.add(o)
+	w.tally.add(w.v, o)
 }
 
 // prepare makes the first decision for v. It returns no work when nothing is to be called, and
