@@ -38,6 +38,8 @@ type Metrics struct {
 	restartsPending *prometheus.GaugeVec
 	restartRetries  *prometheus.CounterVec
 	sweepPanics     *prometheus.CounterVec
+	// goroutinePanics counts panics recovered in the goroutines a sweep starts, by goroutine.
+	goroutinePanics *prometheus.CounterVec
 
 	// drivers remembers the drivers whose series have been started at zero.
 	drivers sync.Map
@@ -101,6 +103,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_sweep_panics_total",
 		Help: "Sweeps that panicked, by trigger; each ended alone, unrecorded, and the controller went on.",
 	}, []string{"trigger"})
+	m.goroutinePanics = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "volume_healer_sweep_goroutine_panics_total",
+		Help: "Panics recovered in the goroutines a sweep starts, by goroutine (staged_list: listing one node's staged volumes, which then fails that node); the controller went on.",
+	}, []string{"goroutine"})
+	m.goroutinePanics.WithLabelValues(goroutineStagedList)
 	m.lastFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
 		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",
@@ -113,7 +120,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.restartsPending, m.restartRetries, m.sweepPanics)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.restartsPending, m.restartRetries, m.sweepPanics, m.goroutinePanics)
 	return m
 }
 
@@ -186,6 +193,14 @@ func (m *Metrics) sweepPanicked(t scheduler.Trigger) {
 		return
 	}
 	m.sweepPanics.WithLabelValues(string(t)).Inc()
+}
+
+// goroutinePanicked counts a panic recovered in the sweep's goroutine named goroutine.
+func (m *Metrics) goroutinePanicked(goroutine string) {
+	if m == nil {
+		return
+	}
+	m.goroutinePanics.WithLabelValues(goroutine).Inc()
 }
 
 // restartRetried counts a further try of an incomplete restart sweep of driver.

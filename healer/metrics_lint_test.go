@@ -47,6 +47,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},
 	"volume_healer_sweep_panics_total":                              {dto.MetricType_COUNTER, []string{"trigger"}},
+	"volume_healer_sweep_goroutine_panics_total":                    {dto.MetricType_COUNTER, []string{"goroutine"}},
 	"volume_healer_scheduler_schedule_errors_total":                 {dto.MetricType_COUNTER, nil},
 	"volume_healer_scheduler_schedule_invalid":                      {dto.MetricType_GAUGE, []string{"storageclass"}},
 	"volume_healer_scheduler_triggers_total":                        {dto.MetricType_COUNTER, []string{"trigger"}},

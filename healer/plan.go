@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"k8s.io/klog/v2"
@@ -80,6 +81,10 @@ func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv
 			defer wg.Done()
 			defer func() { <-slots }()
 			a := &answers[i]
+			defer s.survive(ctx, goroutineStagedList, func(r any) {
+				a.vols, a.skipped = nil, nil
+				a.err = fmt.Errorf("the staged volumes of %s on node %s could not be listed: the listing panicked: %v", driver, node, r)
+			})
 			a.vols, a.skipped, a.err = s.staged(ctx, driver, node, keep)
 		}()
 	}
@@ -94,6 +99,24 @@ func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv
 		}
 	}
 	return vols, skipped, errors.Join(errs...)
+}
+
+// goroutineStagedList names the goroutine that lists one node's staged volumes, in logs and in
+// volume_healer_sweep_goroutine_panics_total.
+const goroutineStagedList = "staged_list"
+
+// survive is deferred by a goroutine the sweeper starts, before its work: it recovers a panic,
+// logs it with the goroutine's name, counts it and calls failed with the panic's value, so that
+// the goroutine's work fails and the controller goes on, as the dispatcher does with a task that
+// panics. It must be the deferred function itself: recover stops a panic only when called there.
+func (s *Sweeper) survive(ctx context.Context, goroutine string, failed func(r any)) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	s.opts.Metrics.goroutinePanicked(goroutine)
+	klog.FromContext(ctx).Error(nil, "Goroutine panicked; its work fails, the others go on", "goroutine", goroutine, "panic", r, "stack", string(debug.Stack()))
+	failed(r)
 }
 
 // staged asks the sidecar of driver on node which volumes it has staged, restricted to the PVs
