@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -223,7 +224,7 @@ func (e *Evictor) next(ctx context.Context) bool {
 		e.queue.Forget(key)
 		return true
 	}
-	retry, after, cleared := e.process(ctx, req)
+	retry, after, cleared := e.processSurviving(ctx, req)
 	if cleared && !retry && ctx.Err() == nil && e.opts.Reprobe != nil {
 		e.reprobe(ctx, req)
 	}
@@ -255,12 +256,40 @@ func (e *Evictor) reprobe(ctx context.Context, req Request) {
 		"pv", req.PV, "node", req.Node, "pvc", req.Claim.String(), "after", e.opts.ReprobeAfter)
 	wait := e.opts.Clock.After(e.opts.ReprobeAfter)
 	go func() {
+		defer e.survive(ctx, goroutineReprobe, func(any) {})
 		select {
 		case <-wait:
 			e.opts.Reprobe(req)
 		case <-ctx.Done():
 		}
 	}()
+}
+
+// Names of the evictor's goroutines, in logs and in volume_healer_evictions_goroutine_panics_total.
+const (
+	goroutineWorker  = "worker"
+	goroutineReprobe = "reprobe"
+)
+
+// survive is deferred by a goroutine of the evictor before its work: it recovers a panic, logs it
+// with the goroutine's name, counts it and calls failed with the panic's value, so that the work
+// fails alone and the controller goes on, as the dispatcher does with a task that panics. It must
+// be the deferred function itself: recover stops a panic only when called there.
+func (e *Evictor) survive(ctx context.Context, goroutine string, failed func(r any)) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	e.opts.Metrics.goroutinePanicked(goroutine)
+	klog.FromContext(ctx).Error(nil, "Goroutine panicked; its work fails, the others go on", "goroutine", goroutine, "panic", r, "stack", string(debug.Stack()))
+	failed(r)
+}
+
+// processSurviving is process in the worker: a request whose handling panics is dropped (not
+// tried again, since it would likely panic again), and the worker goes on with the next one.
+func (e *Evictor) processSurviving(ctx context.Context, req Request) (retry bool, after time.Duration, cleared bool) {
+	defer e.survive(ctx, goroutineWorker, func(any) { retry, after, cleared = false, 0, false })
+	return e.process(ctx, req)
 }
 
 // process evicts the request's pods. It says whether the request must be tried again: after a

@@ -23,6 +23,8 @@ const (
 type Metrics struct {
 	evictions *prometheus.CounterVec
 	throttled prometheus.Counter
+	// goroutinePanics counts panics recovered in the evictor's goroutines, by goroutine.
+	goroutinePanics *prometheus.CounterVec
 }
 
 // NewMetrics creates the instruments and registers them with reg.
@@ -36,8 +38,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_evictions_throttled_total",
 			Help: "Evictions postponed because the eviction budget (remediation.evictionsPerMinute or remediation.evictionsPerNamespacePerMinute) was spent.",
 		}),
+		goroutinePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_evictions_goroutine_panics_total",
+			Help: "Panics recovered in the evictor's goroutines, by goroutine (worker: handling one request, which is then dropped; reprobe: asking for a volume's probe after its evictions); the controller went on.",
+		}, []string{"goroutine"}),
 	}
-	reg.MustRegister(m.evictions, m.throttled)
+	reg.MustRegister(m.evictions, m.throttled, m.goroutinePanics)
+	for _, g := range []string{goroutineWorker, goroutineReprobe} {
+		m.goroutinePanics.WithLabelValues(g)
+	}
 	for _, r := range []string{ResultEvicted, ResultBlocked, ResultError, ResultDryRun, ResultLeftAlone, ResultPolicyFailed} {
 		m.evictions.WithLabelValues(r)
 	}
@@ -53,5 +62,11 @@ func (m *Metrics) eviction(result string) {
 func (m *Metrics) throttle() {
 	if m != nil {
 		m.throttled.Inc()
+	}
+}
+
+func (m *Metrics) goroutinePanicked(goroutine string) {
+	if m != nil {
+		m.goroutinePanics.WithLabelValues(goroutine).Inc()
 	}
 }
