@@ -226,13 +226,21 @@ func (d *driverClient) watch(ctx context.Context) {
 
 // callContext gives a call to the driver its deadline: the caller's, when the (authenticated)
 // caller sent one, longer or shorter than the driver timeout, so that a heal the controller
-// allows timeouts.heal for is not cut at --driver-timeout; else the driver timeout.
+// allows timeouts.heal for is not cut at --driver-timeout; else the driver timeout. Of the
+// caller's deadline it keeps answerMargin back, so that a driver that does not answer in time is
+// reported by the sidecar, naming the driver, before the caller's own deadline ends the call
+// without saying which hop hung.
 func (d *driverClient) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		return context.WithTimeout(ctx, left-min(left/10, answerMargin))
 	}
 	return context.WithTimeout(ctx, d.timeout)
 }
+
+// answerMargin is the most of a caller's deadline that callContext keeps back for the answer:
+// a tenth of the time left, at most this.
+const answerMargin = time.Second
 
 // relay turns an error of a call to the driver into the error the controller gets: the
 // driver's own status codes pass unchanged, with the driver's message; the two codes that the

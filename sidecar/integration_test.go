@@ -430,14 +430,30 @@ func TestDriverHung(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A call without a deadline is bounded by the sidecar's timeout, and the answer names the
+	// driver that did not answer.
 	start := time.Now()
-	_, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+	_, err := sc.client.ProbeVolume(context.WithoutCancel(ctx), &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
 	took := time.Since(start)
 	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(status.Convert(err).Message(), f.endpoint) {
 		t.Fatalf("probe of a hung volume: %v, want DEADLINE_EXCEEDED naming the driver", err)
 	}
 	if took > 3*time.Second {
 		t.Errorf("the sidecar's timeout of 500ms took %s to fire", took)
+	}
+
+	// A caller's deadline longer than the sidecar's timeout is kept (a long heal is not cut at
+	// the timeout), less a margin in which the sidecar still answers, naming the driver.
+	dctx, cancelD := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelD()
+	start = time.Now()
+	_, err = sc.client.ProbeVolume(dctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+	took = time.Since(start)
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(status.Convert(err).Message(), f.endpoint) {
+		t.Fatalf("probe of a hung volume with a 2s caller deadline: %v, want the sidecar's DEADLINE_EXCEEDED naming the driver", err)
+	}
+	if took < time.Second {
+		t.Errorf("the call with a 2s deadline ended after %s: the sidecar's 500ms timeout cut it", took)
 	}
 
 	// A caller's deadline shorter than the sidecar's timeout wins.
@@ -590,8 +606,10 @@ func TestStageSecrets(t *testing.T) {
 	}
 
 	_, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-2")})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "does-not-exist") {
-		t.Errorf("probe of a PV whose secret is missing: %v, want FAILED_PRECONDITION naming the secret", err)
+	// UNAVAILABLE, which the controller retries: FAILED_PRECONDITION would say the volume is not
+	// on this node, and the restart would be recorded with the volume never probed.
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "does-not-exist") {
+		t.Errorf("probe of a PV whose secret is missing: %v, want UNAVAILABLE naming the secret", err)
 	}
 
 	// A rotated key reaches the driver once the cached one expires, without a restart.

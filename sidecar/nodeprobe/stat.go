@@ -1,7 +1,7 @@
 package nodeprobe
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -29,14 +29,18 @@ import (
 // so that the Prober can start it as its own child (StatterOptions.Command).
 const StatArg = "__volume-healer-stat-mount"
 
-// StatMain is the stat child's body: it stats the one path in args with driverkit.StatMount and
-// writes to out "0" when the calls succeed, else the errno of the call that failed and its name
-// ("107 statfs"). It returns the process's exit code: 0 once it has written its answer.
+// StatMain is the stat child's body: it writes the line "ready" to out, stats the one path in
+// args with driverkit.StatMount and writes to out "0" when the calls succeed, else the errno of
+// the call that failed and its name ("107 statfs"). It returns the process's exit code: 0 once it
+// has written its answer.
 func StatMain(args []string, out io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintf(os.Stderr, "%s takes one path, got %q\n", StatArg, args)
 		return 2
 	}
+	// The parent's timer starts at this line, so that a slow start of this process (a loaded
+	// node) is not taken for a frozen mount.
+	_, _ = fmt.Fprintln(out, statReady)
 	err := driverkit.StatMount(args[0])
 	if err == nil {
 		_, _ = fmt.Fprintln(out, 0)
@@ -57,8 +61,9 @@ type StatterOptions struct {
 	// Command is the program, and its first arguments, that runs StatMain with the path as its
 	// last argument. Default: this program, /proc/self/exe StatArg.
 	Command []string
-	// Timeout bounds each stat: the child is killed when it has not answered by then, and the
-	// path is reported hung. Default: 5s.
+	// Timeout bounds each stat, from the moment the child is ready to make it (StartTimeout
+	// bounds its start): the child is killed when it has not answered by then, and the path is
+	// reported hung. Default: 5s.
 	Timeout time.Duration
 	// MaxInFlight bounds the stat children alive at once, killed ones not yet reaped included.
 	// A check beyond it fails with ErrStatBusy. Default: 16.
@@ -91,6 +96,14 @@ func NewStatter(opts StatterOptions) *Statter {
 	return &Statter{opts: opts, inFlight: make(chan struct{}, opts.MaxInFlight)}
 }
 
+// statReady is the child's first line, written just before its stat.
+const statReady = "ready"
+
+// StartTimeout bounds the start of a stat child, until it writes that it is about to stat: a
+// child that is not ready by then is killed and the stat fails (not hung: the mount was not
+// reached). The stat's own Timeout counts from the child's readiness.
+const StartTimeout = 10 * time.Second
+
 // reapGrace is how long Stat waits for a killed child to be gone. SIGKILL ends a child waiting
 // on a FUSE daemon at once; one still there after this is left to its reaper goroutine, and
 // keeps its place in MaxInFlight until it is gone.
@@ -106,8 +119,11 @@ func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, er
 		return nil, fmt.Errorf("%w: %d stats are running; %s was not stat'ed", ErrStatBusy, cap(s.inFlight), path)
 	}
 	cmd := exec.Command(s.opts.Command[0], append(s.opts.Command[1:len(s.opts.Command):len(s.opts.Command)], path)...)
-	var out bytes.Buffer
-	cmd.Stdout = &out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		<-s.inFlight
+		return nil, fmt.Errorf("start the stat of %s (%s): %w", path, s.opts.Command[0], err)
+	}
 	// The child must not outlive the sidecar: a sidecar killed while a child waits on a frozen
 	// mount takes the child with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -116,11 +132,46 @@ func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, er
 		return nil, fmt.Errorf("start the stat of %s (%s): %w", path, s.opts.Command[0], err)
 	}
 	s.started.Add(1)
-	exited := make(chan error, 1)
+	// The one goroutine of a child: it reads the child's output to its end (the child's exit or
+	// kill closes it), then reaps it.
+	ready := make(chan struct{})
+	exited := make(chan childExit, 1)
 	go func() {
-		exited <- cmd.Wait()
+		r := bufio.NewReader(stdout)
+		var out strings.Builder
+		if line, err := r.ReadString('\n'); err == nil && strings.TrimSpace(line) == statReady {
+			close(ready)
+		} else {
+			out.WriteString(line)
+		}
+		rest, _ := io.ReadAll(r)
+		out.Write(rest)
+		err := cmd.Wait()
 		<-s.inFlight
+		exited <- childExit{out: out.String(), err: err}
 	}()
+	kill := func() {
+		_ = cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(reapGrace):
+		}
+	}
+
+	start := time.NewTimer(StartTimeout)
+	defer start.Stop()
+	select {
+	case <-ready:
+	case e := <-exited:
+		return answer(path, e)
+	case <-start.C:
+		kill()
+		return nil, fmt.Errorf("the stat of %s did not start within %s (%s)", path, StartTimeout, s.opts.Command[0])
+	case <-ctx.Done():
+		kill()
+		return nil, fmt.Errorf("the stat of %s was cut off before it started: %w", path, context.Cause(ctx))
+	}
+
 	timeout := s.opts.Timeout
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = time.Until(d)
@@ -128,24 +179,31 @@ func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, er
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
-	case err := <-exited:
-		if err != nil {
-			return nil, fmt.Errorf("the stat of %s failed: %w", path, err)
-		}
-		return parseStat(path, out.String())
+	case e := <-exited:
+		return answer(path, e)
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-exited:
-	case <-time.After(reapGrace):
-	}
+	kill()
 	if err := ctx.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return nil, fmt.Errorf("the stat of %s was cut off: %w", path, context.Cause(ctx))
 	}
 	return &driverkit.Finding{Path: path, Status: hungStatus, Reason: driverkit.ReasonMountHung,
 		Message: fmt.Sprintf("a stat of %s did not return within %s: its mounter is frozen or unreachable", path, timeout.Round(time.Millisecond))}, nil
+}
+
+// childExit is what a stat child wrote after its readiness line, and how it ended.
+type childExit struct {
+	out string
+	err error
+}
+
+// answer reads the answer of a child that exited on its own.
+func answer(path string, e childExit) (*driverkit.Finding, error) {
+	if e.err != nil {
+		return nil, fmt.Errorf("the stat of %s failed: %w", path, e.err)
+	}
+	return parseStat(path, e.out)
 }
 
 // parseStat reads the child's answer.
