@@ -144,6 +144,7 @@ func New(opts Options) (*Sidecar, error) {
 		// The caller is authenticated before these run (authenticatedFirst).
 		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics),
 	}
+	serverOpts = append(serverOpts, serverLimits().options()...)
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
