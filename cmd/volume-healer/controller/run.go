@@ -186,7 +186,7 @@ func newKube(ctx context.Context, cfg *config.Config) (*kube, error) {
 		scheme:      scheme,
 		reg:         reg,
 		clientset:   clientset,
-		apiClient:   apiClient,
+		apiClient:   boundWrites(apiClient, apiWriteTimeout),
 		broadcaster: broadcaster,
 		recorder:    broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"}),
 	}, nil
