@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/utils/clock"
@@ -319,12 +320,25 @@ func (c *Client) conn(t Target) (healerv1alpha1.NodeHealerClient, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.opts.MaxMessageSize)),
 		grpc.WithPerRPCCredentials(tokenCreds{c}),
+		grpc.WithKeepaliveParams(clientKeepalive()),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("%w: sidecar %s: %w", ErrUnreachable, endpoint, err)
 	}
 	c.conns[key] = cc
 	return healerv1alpha1.NewNodeHealerClient(cc), nil
+}
+
+// clientKeepalive is the keepalive of the connections to the sidecars: pings at the protocol's
+// interval, which the sidecars' enforcement policy accepts, also between sweeps, so that a
+// connection to a node that vanished is closed and re-dialled instead of holding the next calls
+// until their timeouts.
+func clientKeepalive() keepalive.ClientParameters {
+	return keepalive.ClientParameters{
+		Time:                healerv1alpha1.KeepaliveTime,
+		Timeout:             healerv1alpha1.KeepaliveTimeout,
+		PermitWithoutStream: healerv1alpha1.KeepalivePermitWithoutStream,
+	}
 }
 
 // Forget closes the connection to endpoint and drops the cached capabilities of every target behind

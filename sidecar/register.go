@@ -292,6 +292,55 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 	return name, nil
 }
 
+// deregisterTimeout bounds how long a stopping sidecar tries to take its endpoint off its
+// CSIAddonsNode: a few API round trips, well inside the pod's termination grace period, so that
+// an unreachable API server does not hold the stop.
+const deregisterTimeout = 5 * time.Second
+
+// deregister takes the sidecar's endpoint off the registered CSIAddonsNode when the sidecar stops,
+// so that the controller does not sweep the next restart through a sidecar that is gone. It does
+// so only while the object carries this start's endpoint and marker: a successor pod may have
+// written its own already (the same endpoint too, on the host network), and that one stays. The
+// write carries the resourceVersion it read, so a successor's write between the read and the
+// write is not undone. The restart marker stays: the controller must still sweep it.
+func (r *registrar) deregister(ctx context.Context) error {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	name, marker := r.current()
+	if name == "" {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: r.namespace, Name: name}
+	for {
+		var n csiaddonsv1alpha1.CSIAddonsNode
+		if err := r.client.Get(ctx, key, &n); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("get CSIAddonsNode %s: %w", key, err)
+		}
+		if annotations.Value(n.Annotations, annotations.Endpoint) != r.endpoint || annotations.Value(n.Annotations, annotations.HealerRestart) != marker {
+			klog.FromContext(ctx).Info("CSIAddonsNode carries another start's endpoint; leaving it", "csiAddonsNode", klog.KRef(r.namespace, name),
+				"endpoint", annotations.Value(n.Annotations, annotations.Endpoint), "marker", annotations.Value(n.Annotations, annotations.HealerRestart))
+			return nil
+		}
+		without := n.DeepCopy()
+		delete(without.Annotations, annotations.Endpoint)
+		delete(without.Annotations, annotations.Previous(annotations.Endpoint))
+		err := r.client.Patch(ctx, without, client.MergeFromWithOptions(&n, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case err == nil:
+			klog.FromContext(ctx).Info("Took the sidecar's endpoint off the CSIAddonsNode", "csiAddonsNode", klog.KRef(r.namespace, name), "endpoint", r.endpoint)
+			return nil
+		case apierrors.IsConflict(err):
+			// Written meanwhile: read it again, it may be a successor's now.
+			continue
+		default:
+			return fmt.Errorf("take the endpoint off CSIAddonsNode %s: %w", key, err)
+		}
+	}
+}
+
 // carriesPrevious reports whether n carries one of the sidecar's annotations or its label under
 // the key of 0.1.0, which a registration removes.
 func carriesPrevious(n *csiaddonsv1alpha1.CSIAddonsNode) bool {

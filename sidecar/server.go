@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -400,4 +401,40 @@ func (s *Sidecar) observe(ctx context.Context, req any, info *grpc.UnaryServerIn
 		log.V(2).Info("Call refused", "code", code, "error", err.Error(), "took", took)
 	}
 	return resp, err
+}
+
+// limits are the connection limits of the NodeHealer server.
+type limits struct {
+	// enforcement is the policy the controller's pings must fit (the protocol's).
+	enforcement keepalive.EnforcementPolicy
+	// params make the server ping an idle controller, so that the connection of a controller
+	// that vanished (its node lost, its pod killed without a FIN) is closed within a minute and
+	// a half instead of the two hours of TCP's own keepalive.
+	params keepalive.ServerParameters
+	// maxStreams caps the calls one connection may have in flight.
+	maxStreams uint32
+}
+
+// serverLimits returns the NodeHealer server's connection limits.
+func serverLimits() limits {
+	return limits{
+		enforcement: keepalive.EnforcementPolicy{
+			MinTime:             healerv1alpha1.KeepaliveMinTime,
+			PermitWithoutStream: healerv1alpha1.KeepalivePermitWithoutStream,
+		},
+		params: keepalive.ServerParameters{
+			Time:    time.Minute,
+			Timeout: healerv1alpha1.KeepaliveTimeout,
+		},
+		maxStreams: healerv1alpha1.MaxConcurrentStreams,
+	}
+}
+
+// options are the limits as server options.
+func (l limits) options() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(l.enforcement),
+		grpc.KeepaliveParams(l.params),
+		grpc.MaxConcurrentStreams(l.maxStreams),
+	}
 }

@@ -144,6 +144,7 @@ func New(opts Options) (*Sidecar, error) {
 		// The caller is authenticated before these run (authenticatedFirst).
 		grpc.ChainUnaryInterceptor(s.observe, s.recoverPanics),
 	}
+	serverOpts = append(serverOpts, serverLimits().options()...)
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
@@ -346,7 +347,8 @@ func (s *Sidecar) register(ctx context.Context) {
 	}
 }
 
-// shutdown stops accepting calls and gives those in flight ShutdownTimeout to finish.
+// shutdown stops accepting calls, takes the sidecar's endpoint off its CSIAddonsNode (within
+// deregisterTimeout) and gives the calls in flight ShutdownTimeout to finish.
 func (s *Sidecar) shutdown(ctx context.Context) {
 	log := klog.FromContext(ctx)
 	log.Info("Stopping: no new calls; waiting for calls in flight", "timeout", s.opts.ShutdownTimeout)
@@ -357,6 +359,11 @@ func (s *Sidecar) shutdown(ctx context.Context) {
 	}()
 	t := s.opts.Clock.NewTimer(s.opts.ShutdownTimeout)
 	defer t.Stop()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deregisterTimeout)
+	if err := s.reg.deregister(dctx); err != nil {
+		log.Error(err, "Cannot take the sidecar's endpoint off the CSIAddonsNode; the controller finds it refused until a successor registers")
+	}
+	cancel()
 	select {
 	case <-stopped:
 	case <-t.C():

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"path/filepath"
+	"time"
 )
 
 const (
@@ -45,6 +46,31 @@ const (
 	// sidecars: the token for the sidecar of a node is for NodeTokenAudience(DefaultTokenAudience,
 	// node) alone.
 	DefaultTokenAudience = "volume-healer-sidecar"
+)
+
+// The keepalive of the controller's connections to the sidecars, which both ends must agree on: a
+// client that pings more often than the server enforces gets GOAWAY (too_many_pings) and loses its
+// connection, with the calls on it.
+const (
+	// KeepaliveMinTime is the shortest interval between a client's pings that a sidecar accepts.
+	KeepaliveMinTime = 20 * time.Second
+	// KeepalivePermitWithoutStream says whether a sidecar accepts pings on a connection without
+	// calls in flight. It does: the controller keeps one connection per sidecar between sweeps,
+	// and its pings find a sidecar on a node that vanished before the next sweep's calls wait on
+	// it.
+	KeepalivePermitWithoutStream = true
+	// KeepaliveTime is how often the controller pings an idle connection to a sidecar: above
+	// KeepaliveMinTime with a margin for timers that fire early, and short enough that a node
+	// that vanished without closing its connections is found within a minute.
+	KeepaliveTime = 30 * time.Second
+	// KeepaliveTimeout is how long either end waits for a ping's answer before it closes the
+	// connection.
+	KeepaliveTimeout = 10 * time.Second
+	// MaxConcurrentStreams is the most calls a sidecar serves at once on one connection; more wait
+	// on the client for a slot, inside their own deadlines. The controller's budgets allow 4 per
+	// node by default, so this cap only bounds what a faulty or hostile client can make a sidecar
+	// (and its driver) hold at once.
+	MaxConcurrentStreams = 64
 )
 
 // NodeTokenAudience is the audience of the controller's ServiceAccount token for the sidecars of

@@ -57,6 +57,9 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
 	budget := setMemoryLimit(logger)
+	for _, w := range cfg.Warnings() {
+		logger.Error(nil, "WARNING: "+w.String(), "key", w.Key)
+	}
 
 	k, err := newKube(ctx, cfg)
 	if err != nil {
@@ -183,7 +186,7 @@ func newKube(ctx context.Context, cfg *config.Config) (*kube, error) {
 		scheme:      scheme,
 		reg:         reg,
 		clientset:   clientset,
-		apiClient:   apiClient,
+		apiClient:   boundWrites(apiClient, apiWriteTimeout),
 		broadcaster: broadcaster,
 		recorder:    broadcaster.NewRecorder(scheme, corev1.EventSource{Component: "volume-healer"}),
 	}, nil
