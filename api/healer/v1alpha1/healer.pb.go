@@ -903,9 +903,15 @@ type NodeGetHealerCapabilitiesResponse struct {
 	// driver advertises PROBE, SIDECAR when the sidecar probes the volumes
 	// itself. A caller that gets UNSPECIFIED (an older sidecar) takes it as
 	// DRIVER. This field is REQUIRED.
-	ProbeSource   ProbeSource `protobuf:"varint,6,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ProbeSource ProbeSource `protobuf:"varint,6,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
+	// True when the sidecar can restart containers in place on this node
+	// (RestartContainers): it was given the container runtime's socket and
+	// reached the runtime. False means RestartContainers answers
+	// UNIMPLEMENTED, and a caller that wants a pod to see a repaired mount
+	// must replace the pod instead. This field is OPTIONAL.
+	ContainerRestart bool `protobuf:"varint,7,opt,name=container_restart,json=containerRestart,proto3" json:"container_restart,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeGetHealerCapabilitiesResponse) Reset() {
@@ -978,6 +984,13 @@ func (x *NodeGetHealerCapabilitiesResponse) GetProbeSource() ProbeSource {
 		return x.ProbeSource
 	}
 	return ProbeSource_PROBE_SOURCE_UNSPECIFIED
+}
+
+func (x *NodeGetHealerCapabilitiesResponse) GetContainerRestart() bool {
+	if x != nil {
+		return x.ContainerRestart
+	}
+	return false
 }
 
 // NodeProbeVolumeRequest names the PersistentVolume to probe.
@@ -1378,6 +1391,129 @@ func (x *NodeListStagedVolumesResponse) GetNextToken() string {
 	return ""
 }
 
+// NodeRestartContainersRequest names a pod on the sidecar's node and the
+// PersistentVolume whose repaired mount its containers must see.
+//
+// Errors:
+//
+//	| Condition                              | gRPC code           | Caller behaviour                     |
+//	|----------------------------------------|---------------------|--------------------------------------|
+//	| pv_name or pod_uid empty, or the PV is | INVALID_ARGUMENT    | Fix the request; do not retry as is. |
+//	| not a CSI volume of this driver        |                     |                                      |
+//	| No or invalid token                    | UNAUTHENTICATED     | Fix the credentials; do not retry.   |
+//	| Caller not allowed                     | PERMISSION_DENIED   | Fix the configuration; do not retry. |
+//	| PV unknown to the sidecar              | NOT_FOUND           | Retry once the sidecar's cache has   |
+//	|                                        |                     | the PV; otherwise give up.           |
+//	| No running container of the pod on     | FAILED_PRECONDITION | Do not retry: the pod does not use   |
+//	| this node mounts the volume's publish  |                     | the volume here (any more).          |
+//	| target                                 |                     |                                      |
+//	| The sidecar has no access to the       | UNIMPLEMENTED       | Replace the pod instead (eviction);  |
+//	| container runtime                      |                     | do not retry against this sidecar.   |
+//	| Container runtime unreachable          | UNAVAILABLE         | Retry with exponential backoff.      |
+//	| The runtime did not answer in time     | DEADLINE_EXCEEDED   | Retry with exponential backoff.      |
+//	| Unexpected failure                     | INTERNAL            | Retry with exponential backoff.      |
+type NodeRestartContainersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name of the PersistentVolume. This field is REQUIRED.
+	PvName string `protobuf:"bytes,1,opt,name=pv_name,json=pvName,proto3" json:"pv_name,omitempty"`
+	// The UID of the pod whose containers to restart. This field is REQUIRED.
+	PodUid        string `protobuf:"bytes,2,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeRestartContainersRequest) Reset() {
+	*x = NodeRestartContainersRequest{}
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeRestartContainersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeRestartContainersRequest) ProtoMessage() {}
+
+func (x *NodeRestartContainersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeRestartContainersRequest.ProtoReflect.Descriptor instead.
+func (*NodeRestartContainersRequest) Descriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *NodeRestartContainersRequest) GetPvName() string {
+	if x != nil {
+		return x.PvName
+	}
+	return ""
+}
+
+func (x *NodeRestartContainersRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+// NodeRestartContainersResponse says which containers the sidecar stopped
+// for kubelet to start again.
+type NodeRestartContainersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The names of the containers that were stopped, as in the pod's spec.
+	// This field is REQUIRED (at least one entry).
+	Containers    []string `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeRestartContainersResponse) Reset() {
+	*x = NodeRestartContainersResponse{}
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeRestartContainersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeRestartContainersResponse) ProtoMessage() {}
+
+func (x *NodeRestartContainersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeRestartContainersResponse.ProtoReflect.Descriptor instead.
+func (*NodeRestartContainersResponse) Descriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *NodeRestartContainersResponse) GetContainers() []string {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
 // RPC names a Healer RPC.
 type HealerCapability_RPC struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1389,7 +1525,7 @@ type HealerCapability_RPC struct {
 
 func (x *HealerCapability_RPC) Reset() {
 	*x = HealerCapability_RPC{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1537,7 @@ func (x *HealerCapability_RPC) String() string {
 func (*HealerCapability_RPC) ProtoMessage() {}
 
 func (x *HealerCapability_RPC) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1444,7 +1580,7 @@ type ListStagedVolumesResponse_Entry struct {
 
 func (x *ListStagedVolumesResponse_Entry) Reset() {
 	*x = ListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[23]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1592,7 @@ func (x *ListStagedVolumesResponse_Entry) String() string {
 func (*ListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *ListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[23]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1654,7 @@ type NodeListStagedVolumesResponse_Entry struct {
 
 func (x *NodeListStagedVolumesResponse_Entry) Reset() {
 	*x = NodeListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[26]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1666,7 @@ func (x *NodeListStagedVolumesResponse_Entry) String() string {
 func (*NodeListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *NodeListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[26]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1776,7 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x12VolumeContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\"\n" +
-	" NodeGetHealerCapabilitiesRequest\"\xb3\x03\n" +
+	" NodeGetHealerCapabilitiesRequest\"\xe0\x03\n" +
 	"!NodeGetHealerCapabilitiesResponse\x12\x1f\n" +
 	"\vdriver_name\x18\x01 \x01(\tR\n" +
 	"driverName\x12%\n" +
@@ -1650,7 +1786,8 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\n" +
 	"attributes\x18\x05 \x03(\v2B.healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntryR\n" +
 	"attributes\x12?\n" +
-	"\fprobe_source\x18\x06 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\x1a=\n" +
+	"\fprobe_source\x18\x06 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\x12+\n" +
+	"\x11container_restart\x18\a \x01(\bR\x10containerRestart\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
@@ -1679,7 +1816,14 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x05Entry\x12\x17\n" +
 	"\apv_name\x18\x01 \x01(\tR\x06pvName\x12\x1b\n" +
 	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12.\n" +
-	"\x13staging_target_path\x18\x03 \x01(\tR\x11stagingTargetPath*^\n" +
+	"\x13staging_target_path\x18\x03 \x01(\tR\x11stagingTargetPath\"P\n" +
+	"\x1cNodeRestartContainersRequest\x12\x17\n" +
+	"\apv_name\x18\x01 \x01(\tR\x06pvName\x12\x17\n" +
+	"\apod_uid\x18\x02 \x01(\tR\x06podUid\"?\n" +
+	"\x1dNodeRestartContainersResponse\x12\x1e\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\tR\n" +
+	"containers*^\n" +
 	"\vProbeSource\x12\x1c\n" +
 	"\x18PROBE_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13PROBE_SOURCE_DRIVER\x10\x01\x12\x18\n" +
@@ -1689,14 +1833,15 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\vProbeVolume\x12#.healer.v1alpha1.ProbeVolumeRequest\x1a$.healer.v1alpha1.ProbeVolumeResponse\"\x00\x12W\n" +
 	"\n" +
 	"HealVolume\x12\".healer.v1alpha1.HealVolumeRequest\x1a#.healer.v1alpha1.HealVolumeResponse\"\x00\x12l\n" +
-	"\x11ListStagedVolumes\x12).healer.v1alpha1.ListStagedVolumesRequest\x1a*.healer.v1alpha1.ListStagedVolumesResponse\"\x002\xca\x03\n" +
+	"\x11ListStagedVolumes\x12).healer.v1alpha1.ListStagedVolumesRequest\x1a*.healer.v1alpha1.ListStagedVolumesResponse\"\x002\xc0\x04\n" +
 	"\n" +
 	"NodeHealer\x12\x80\x01\n" +
 	"\x15GetHealerCapabilities\x121.healer.v1alpha1.NodeGetHealerCapabilitiesRequest\x1a2.healer.v1alpha1.NodeGetHealerCapabilitiesResponse\"\x00\x12b\n" +
 	"\vProbeVolume\x12'.healer.v1alpha1.NodeProbeVolumeRequest\x1a(.healer.v1alpha1.NodeProbeVolumeResponse\"\x00\x12_\n" +
 	"\n" +
 	"HealVolume\x12&.healer.v1alpha1.NodeHealVolumeRequest\x1a'.healer.v1alpha1.NodeHealVolumeResponse\"\x00\x12t\n" +
-	"\x11ListStagedVolumes\x12-.healer.v1alpha1.NodeListStagedVolumesRequest\x1a..healer.v1alpha1.NodeListStagedVolumesResponse\"\x00BKZIgithub.com/volume-healer/volume-healer/api/healer/v1alpha1;healerv1alpha1b\x06proto3"
+	"\x11ListStagedVolumes\x12-.healer.v1alpha1.NodeListStagedVolumesRequest\x1a..healer.v1alpha1.NodeListStagedVolumesResponse\"\x00\x12t\n" +
+	"\x11RestartContainers\x12-.healer.v1alpha1.NodeRestartContainersRequest\x1a..healer.v1alpha1.NodeRestartContainersResponse\"\x00BKZIgithub.com/volume-healer/volume-healer/api/healer/v1alpha1;healerv1alpha1b\x06proto3"
 
 var (
 	file_healer_v1alpha1_healer_proto_rawDescOnce sync.Once
@@ -1711,67 +1856,69 @@ func file_healer_v1alpha1_healer_proto_rawDescGZIP() []byte {
 }
 
 var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_healer_v1alpha1_healer_proto_goTypes = []any{
-	(ProbeSource)(0),                          // 0: healer.v1alpha1.ProbeSource
-	(HealerCapability_RPC_Type)(0),            // 1: healer.v1alpha1.HealerCapability.RPC.Type
-	(*GetHealerCapabilitiesRequest)(nil),      // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
-	(*GetHealerCapabilitiesResponse)(nil),     // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
-	(*HealerCapability)(nil),                  // 4: healer.v1alpha1.HealerCapability
-	(*ProbeVolumeRequest)(nil),                // 5: healer.v1alpha1.ProbeVolumeRequest
-	(*ProbeVolumeResponse)(nil),               // 6: healer.v1alpha1.ProbeVolumeResponse
-	(*HealVolumeRequest)(nil),                 // 7: healer.v1alpha1.HealVolumeRequest
-	(*HealVolumeResponse)(nil),                // 8: healer.v1alpha1.HealVolumeResponse
-	(*ListStagedVolumesRequest)(nil),          // 9: healer.v1alpha1.ListStagedVolumesRequest
-	(*ListStagedVolumesResponse)(nil),         // 10: healer.v1alpha1.ListStagedVolumesResponse
-	(*NodeGetHealerCapabilitiesRequest)(nil),  // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	(*NodeGetHealerCapabilitiesResponse)(nil), // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	(*NodeProbeVolumeRequest)(nil),            // 13: healer.v1alpha1.NodeProbeVolumeRequest
-	(*NodeProbeVolumeResponse)(nil),           // 14: healer.v1alpha1.NodeProbeVolumeResponse
-	(*NodeHealVolumeRequest)(nil),             // 15: healer.v1alpha1.NodeHealVolumeRequest
-	(*NodeHealVolumeResponse)(nil),            // 16: healer.v1alpha1.NodeHealVolumeResponse
-	(*NodeListStagedVolumesRequest)(nil),      // 17: healer.v1alpha1.NodeListStagedVolumesRequest
-	(*NodeListStagedVolumesResponse)(nil),     // 18: healer.v1alpha1.NodeListStagedVolumesResponse
-	nil,                                       // 19: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	(*HealerCapability_RPC)(nil),              // 20: healer.v1alpha1.HealerCapability.RPC
-	nil,                                       // 21: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	nil,                                       // 22: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	nil,                                       // 23: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	nil,                                       // 24: healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	(*ListStagedVolumesResponse_Entry)(nil),   // 25: healer.v1alpha1.ListStagedVolumesResponse.Entry
-	nil,                                       // 26: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	nil,                                       // 27: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	(*NodeListStagedVolumesResponse_Entry)(nil), // 28: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	(*csi.VolumeCapability)(nil),                // 29: csi.v1.VolumeCapability
-	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 30: csi.v1.VolumeHealth.VolumeHealthEntry
-	(*durationpb.Duration)(nil),                 // 31: google.protobuf.Duration
+	(ProbeSource)(0),                            // 0: healer.v1alpha1.ProbeSource
+	(HealerCapability_RPC_Type)(0),              // 1: healer.v1alpha1.HealerCapability.RPC.Type
+	(*GetHealerCapabilitiesRequest)(nil),        // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
+	(*GetHealerCapabilitiesResponse)(nil),       // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
+	(*HealerCapability)(nil),                    // 4: healer.v1alpha1.HealerCapability
+	(*ProbeVolumeRequest)(nil),                  // 5: healer.v1alpha1.ProbeVolumeRequest
+	(*ProbeVolumeResponse)(nil),                 // 6: healer.v1alpha1.ProbeVolumeResponse
+	(*HealVolumeRequest)(nil),                   // 7: healer.v1alpha1.HealVolumeRequest
+	(*HealVolumeResponse)(nil),                  // 8: healer.v1alpha1.HealVolumeResponse
+	(*ListStagedVolumesRequest)(nil),            // 9: healer.v1alpha1.ListStagedVolumesRequest
+	(*ListStagedVolumesResponse)(nil),           // 10: healer.v1alpha1.ListStagedVolumesResponse
+	(*NodeGetHealerCapabilitiesRequest)(nil),    // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	(*NodeGetHealerCapabilitiesResponse)(nil),   // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	(*NodeProbeVolumeRequest)(nil),              // 13: healer.v1alpha1.NodeProbeVolumeRequest
+	(*NodeProbeVolumeResponse)(nil),             // 14: healer.v1alpha1.NodeProbeVolumeResponse
+	(*NodeHealVolumeRequest)(nil),               // 15: healer.v1alpha1.NodeHealVolumeRequest
+	(*NodeHealVolumeResponse)(nil),              // 16: healer.v1alpha1.NodeHealVolumeResponse
+	(*NodeListStagedVolumesRequest)(nil),        // 17: healer.v1alpha1.NodeListStagedVolumesRequest
+	(*NodeListStagedVolumesResponse)(nil),       // 18: healer.v1alpha1.NodeListStagedVolumesResponse
+	(*NodeRestartContainersRequest)(nil),        // 19: healer.v1alpha1.NodeRestartContainersRequest
+	(*NodeRestartContainersResponse)(nil),       // 20: healer.v1alpha1.NodeRestartContainersResponse
+	nil,                                         // 21: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	(*HealerCapability_RPC)(nil),                // 22: healer.v1alpha1.HealerCapability.RPC
+	nil,                                         // 23: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	nil,                                         // 24: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	nil,                                         // 25: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	nil,                                         // 26: healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	(*ListStagedVolumesResponse_Entry)(nil),     // 27: healer.v1alpha1.ListStagedVolumesResponse.Entry
+	nil,                                         // 28: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	nil,                                         // 29: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	(*NodeListStagedVolumesResponse_Entry)(nil), // 30: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	(*csi.VolumeCapability)(nil),                // 31: csi.v1.VolumeCapability
+	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 32: csi.v1.VolumeHealth.VolumeHealthEntry
+	(*durationpb.Duration)(nil),                 // 33: google.protobuf.Duration
 }
 var file_healer_v1alpha1_healer_proto_depIdxs = []int32{
 	4,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	19, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	20, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
-	21, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	29, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	22, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	30, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	31, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	23, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	29, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	24, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	30, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	31, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	25, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
+	21, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	22, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
+	23, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	31, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	24, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	32, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	33, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	25, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	31, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	26, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	32, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	33, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	27, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
 	4,  // 14: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	27, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	29, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
 	0,  // 16: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	30, // 17: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	31, // 18: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	32, // 17: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	33, // 18: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
 	0,  // 19: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	30, // 20: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	31, // 21: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	28, // 22: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	32, // 20: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	33, // 21: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	30, // 22: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
 	1,  // 23: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
-	26, // 24: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	28, // 24: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
 	2,  // 25: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
 	5,  // 26: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
 	7,  // 27: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
@@ -1780,16 +1927,18 @@ var file_healer_v1alpha1_healer_proto_depIdxs = []int32{
 	13, // 30: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
 	15, // 31: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
 	17, // 32: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
-	3,  // 33: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
-	6,  // 34: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
-	8,  // 35: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
-	10, // 36: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
-	12, // 37: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	14, // 38: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
-	16, // 39: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
-	18, // 40: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
-	33, // [33:41] is the sub-list for method output_type
-	25, // [25:33] is the sub-list for method input_type
+	19, // 33: healer.v1alpha1.NodeHealer.RestartContainers:input_type -> healer.v1alpha1.NodeRestartContainersRequest
+	3,  // 34: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
+	6,  // 35: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
+	8,  // 36: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
+	10, // 37: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
+	12, // 38: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	14, // 39: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
+	16, // 40: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
+	18, // 41: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
+	20, // 42: healer.v1alpha1.NodeHealer.RestartContainers:output_type -> healer.v1alpha1.NodeRestartContainersResponse
+	34, // [34:43] is the sub-list for method output_type
+	25, // [25:34] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -1809,7 +1958,7 @@ func file_healer_v1alpha1_healer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_healer_v1alpha1_healer_proto_rawDesc), len(file_healer_v1alpha1_healer_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -308,6 +308,7 @@ const (
 	NodeHealer_ProbeVolume_FullMethodName           = "/healer.v1alpha1.NodeHealer/ProbeVolume"
 	NodeHealer_HealVolume_FullMethodName            = "/healer.v1alpha1.NodeHealer/HealVolume"
 	NodeHealer_ListStagedVolumes_FullMethodName     = "/healer.v1alpha1.NodeHealer/ListStagedVolumes"
+	NodeHealer_RestartContainers_FullMethodName     = "/healer.v1alpha1.NodeHealer/RestartContainers"
 )
 
 // NodeHealerClient is the client API for NodeHealer service.
@@ -340,6 +341,17 @@ type NodeHealerClient interface {
 	// find it. For a driver that does not list them itself, the sidecar lists
 	// them from kubelet's records on the node.
 	ListStagedVolumes(ctx context.Context, in *NodeListStagedVolumesRequest, opts ...grpc.CallOption) (*NodeListStagedVolumesResponse, error)
+	// RestartContainers restarts, in place, the containers of one pod on this
+	// node that mount a volume's publish target, so that they see the node's
+	// repaired mount: a container whose mount propagation is None keeps its
+	// own copy of a dead FUSE mount after the node's mount is healed. The
+	// sidecar stops those containers through the node's container runtime (CRI)
+	// and kubelet starts them again under the pod's restart policy; the pod
+	// keeps its UID, name, node and IP. The sidecar serves it only where it was
+	// given the runtime's socket (container_restart in the capabilities), and
+	// acts only on containers whose pod UID and mounts prove that they use the
+	// volume on this node.
+	RestartContainers(ctx context.Context, in *NodeRestartContainersRequest, opts ...grpc.CallOption) (*NodeRestartContainersResponse, error)
 }
 
 type nodeHealerClient struct {
@@ -390,6 +402,16 @@ func (c *nodeHealerClient) ListStagedVolumes(ctx context.Context, in *NodeListSt
 	return out, nil
 }
 
+func (c *nodeHealerClient) RestartContainers(ctx context.Context, in *NodeRestartContainersRequest, opts ...grpc.CallOption) (*NodeRestartContainersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeRestartContainersResponse)
+	err := c.cc.Invoke(ctx, NodeHealer_RestartContainers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeHealerServer is the server API for NodeHealer service.
 // All implementations must embed UnimplementedNodeHealerServer
 // for forward compatibility.
@@ -420,6 +442,17 @@ type NodeHealerServer interface {
 	// find it. For a driver that does not list them itself, the sidecar lists
 	// them from kubelet's records on the node.
 	ListStagedVolumes(context.Context, *NodeListStagedVolumesRequest) (*NodeListStagedVolumesResponse, error)
+	// RestartContainers restarts, in place, the containers of one pod on this
+	// node that mount a volume's publish target, so that they see the node's
+	// repaired mount: a container whose mount propagation is None keeps its
+	// own copy of a dead FUSE mount after the node's mount is healed. The
+	// sidecar stops those containers through the node's container runtime (CRI)
+	// and kubelet starts them again under the pod's restart policy; the pod
+	// keeps its UID, name, node and IP. The sidecar serves it only where it was
+	// given the runtime's socket (container_restart in the capabilities), and
+	// acts only on containers whose pod UID and mounts prove that they use the
+	// volume on this node.
+	RestartContainers(context.Context, *NodeRestartContainersRequest) (*NodeRestartContainersResponse, error)
 	mustEmbedUnimplementedNodeHealerServer()
 }
 
@@ -441,6 +474,9 @@ func (UnimplementedNodeHealerServer) HealVolume(context.Context, *NodeHealVolume
 }
 func (UnimplementedNodeHealerServer) ListStagedVolumes(context.Context, *NodeListStagedVolumesRequest) (*NodeListStagedVolumesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListStagedVolumes not implemented")
+}
+func (UnimplementedNodeHealerServer) RestartContainers(context.Context, *NodeRestartContainersRequest) (*NodeRestartContainersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RestartContainers not implemented")
 }
 func (UnimplementedNodeHealerServer) mustEmbedUnimplementedNodeHealerServer() {}
 func (UnimplementedNodeHealerServer) testEmbeddedByValue()                    {}
@@ -535,6 +571,24 @@ func _NodeHealer_ListStagedVolumes_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeHealer_RestartContainers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodeRestartContainersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeHealerServer).RestartContainers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeHealer_RestartContainers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeHealerServer).RestartContainers(ctx, req.(*NodeRestartContainersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeHealer_ServiceDesc is the grpc.ServiceDesc for NodeHealer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -557,6 +611,10 @@ var NodeHealer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListStagedVolumes",
 			Handler:    _NodeHealer_ListStagedVolumes_Handler,
+		},
+		{
+			MethodName: "RestartContainers",
+			Handler:    _NodeHealer_RestartContainers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
