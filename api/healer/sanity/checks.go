@@ -9,6 +9,7 @@ import (
 
 	"github.com/csi-addons/spec/lib/go/identity"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
@@ -90,6 +91,9 @@ type runner struct {
 
 	caps     []*healerv1alpha1.HealerCapability
 	manifest map[string]string
+	// capsResp and capsErr are the driver's answer to GetHealerCapabilities, asked once.
+	capsResp *healerv1alpha1.GetHealerCapabilitiesResponse
+	capsErr  error
 	volume   string
 	// healable is what the probe of the healthy volume said; healableKnown is false when that
 	// probe failed.
@@ -114,6 +118,7 @@ func (r *runner) run(ctx context.Context) {
 	if !r.checkIdentity(ctx) {
 		return
 	}
+	r.askCapabilities(ctx)
 	r.checkIdentityAdvertisesHealer(ctx)
 	if !r.checkCapabilities(ctx) {
 		return
@@ -178,7 +183,30 @@ func (r *runner) checkIdentity(ctx context.Context) bool {
 	return true
 }
 
+// askCapabilities asks the driver for its Healer capabilities once: whether it serves the
+// Healer service at all decides what the identity must announce and which checks apply.
+func (r *runner) askCapabilities(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	r.capsResp, r.capsErr = r.healer.GetHealerCapabilities(cctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
+}
+
+// servesNoHealer reports whether the driver answered GetHealerCapabilities with UNIMPLEMENTED:
+// it serves no Healer service, as a driver that has not adopted the protocol.
+func (r *runner) servesNoHealer() bool {
+	return status.Code(r.capsErr) == codes.Unimplemented
+}
+
 func (r *runner) checkIdentityAdvertisesHealer(ctx context.Context) {
+	if r.servesNoHealer() {
+		if got, ok := r.manifest[healerv1alpha1.IdentityManifestKey]; ok {
+			r.record(CheckIdentityAdvertises, Fail, "the GetIdentity manifest has %s=%q, yet GetHealerCapabilities answers UNIMPLEMENTED: announce the protocol only when the Healer service is registered",
+				healerv1alpha1.IdentityManifestKey, got)
+			return
+		}
+		r.record(CheckIdentityAdvertises, Skip, "the driver serves no Healer service, and its identity announces none")
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
 	defer cancel()
 	caps, err := r.identity.GetCapabilities(cctx, &identity.GetCapabilitiesRequest{})
@@ -208,13 +236,20 @@ func (r *runner) checkIdentityAdvertisesHealer(ctx context.Context) {
 }
 
 func (r *runner) checkCapabilities(ctx context.Context) bool {
-	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
-	defer cancel()
-	resp, err := r.healer.GetHealerCapabilities(cctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
-	if err != nil {
-		r.record(CheckCapabilities, Fail, "GetHealerCapabilities: %s; the Healer service is not served, nothing else can be checked", describeErr(err))
+	resp, err := r.capsResp, r.capsErr
+	if r.servesNoHealer() {
+		// Not a failure: a driver that has not adopted the protocol is still helped, from the
+		// sidecar's own probe. The protocol's checks do not apply to it.
+		r.report.Tier = TierNone
+		r.record(CheckCapabilities, Skip, "GetHealerCapabilities: %s: the driver serves no Healer service (tier %s); the protocol's checks do not apply",
+			describeErr(err), TierNone)
 		return false
 	}
+	if err != nil {
+		r.record(CheckCapabilities, Fail, "GetHealerCapabilities: %s; nothing else can be checked", describeErr(err))
+		return false
+	}
+	r.report.Tier = tierOf(resp.GetCapabilities())
 	var problems, names []string
 	seen := map[healerv1alpha1.HealerCapability_RPC_Type]bool{}
 	for i, c := range resp.GetCapabilities() {

@@ -146,6 +146,10 @@ func (r Result) String() string {
 type Report struct {
 	// Results has one entry per check.
 	Results []Result
+	// Tier is what volume-healer gets from the driver, from its answer to GetHealerCapabilities
+	// (TierNone when it serves no Healer service); empty when the run could not tell (the
+	// driver's identity or capabilities could not be read).
+	Tier Tier
 }
 
 // Passed reports whether no check failed. Skipped checks do not fail a run.
@@ -174,9 +178,12 @@ func (r Report) Result(check string) (Result, bool) {
 	return Result{}, false
 }
 
-// WriteSummary writes the totals and, when checks were skipped, a warning that names them:
+// WriteSummary writes the driver's tier, the totals and, when checks were skipped, a warning that names them:
 // a run with skipped checks passes but has not verified everything.
 func (r Report) WriteSummary(w io.Writer) {
+	if r.Tier != "" {
+		fmt.Fprintf(w, "TIER %s: %s\n", r.Tier, r.Tier.Describe())
+	}
 	fmt.Fprintf(w, "%d passed, %d failed, %d skipped\n", r.Count(Pass), r.Count(Fail), r.Count(Skip))
 	if n := r.Count(Skip); n > 0 {
 		fmt.Fprintf(w, "WARNING: %d check(s) were SKIPPED and verified nothing:\n", n)

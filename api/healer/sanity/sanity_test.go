@@ -82,7 +82,8 @@ func startReference(t *testing.T, d *simulated.Driver) (endpoint string, ctl san
 	return endpoint, ctl
 }
 
-// startCustom serves identity and healer implementations (faulty ones, typically) on a socket.
+// startCustom serves identity and healer implementations (faulty ones, typically) on a socket;
+// with h nil, no Healer service, as a driver that has not adopted the protocol.
 func startCustom(t *testing.T, id identity.IdentityServer, h healerv1alpha1.HealerServer) string {
 	t.Helper()
 	path := filepath.Join(socketDir(t), "csi-addons.sock")
@@ -92,7 +93,9 @@ func startCustom(t *testing.T, id identity.IdentityServer, h healerv1alpha1.Heal
 	}
 	s := grpc.NewServer()
 	identity.RegisterIdentityServer(s, id)
-	healerv1alpha1.RegisterHealerServer(s, h)
+	if h != nil {
+		healerv1alpha1.RegisterHealerServer(s, h)
+	}
 	go func() { _ = s.Serve(lis) }()
 	t.Cleanup(s.Stop)
 	return "unix://" + path
@@ -156,6 +159,9 @@ func TestReferenceDriverPassesEveryCheck(t *testing.T) {
 		if !strings.Contains(out, "PASS "+check+": ") {
 			t.Errorf("output has no line %q:\n%s", "PASS "+check+": ...", out)
 		}
+	}
+	if report.Tier != sanity.TierHealer || !strings.Contains(out, "TIER healer: the driver serves the Healer service with HEAL") {
+		t.Errorf("tier = %q, want healer, printed:\n%s", report.Tier, out)
 	}
 	// The run leaves the volume as it found it.
 	v, err := d.Volume("vol-1")
@@ -309,6 +315,82 @@ func TestFaultyDriversFailTheBrokenCheck(t *testing.T) {
 			for _, check := range tt.wantFailed {
 				if !strings.Contains(out, "FAIL "+check+": ") {
 					t.Errorf("output does not name the broken check %s:\n%s", check, out)
+				}
+			}
+		})
+	}
+}
+
+// The tier a driver gets is printed from what it serves, and a driver that serves no Healer
+// service at all passes: it is not broken, it is helped by the sidecar's own probe.
+func TestTierOfEachDriver(t *testing.T) {
+	probeOnly := simulated.Options{Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{
+		healerv1alpha1.HealerCapability_RPC_PROBE, healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES,
+	}}
+	tests := map[string]struct {
+		opts     simulated.Options
+		noHealer bool
+		identity func(identity.IdentityServer) identity.IdentityServer
+		wantTier sanity.Tier
+		wantLine string
+		// wantFailed and wantSkipped are the checks that fail and, when set, those skipped.
+		wantFailed  []string
+		wantSkipped []string
+	}{
+		"probe and heal": {
+			wantTier: sanity.TierHealer,
+			wantLine: "TIER healer: the driver serves the Healer service with HEAL: volume-healer probes its volumes through it and heals them in place",
+		},
+		"probe only": {
+			opts:     probeOnly,
+			wantTier: sanity.TierProbeOnly,
+			wantLine: "TIER probe-only: the driver serves PROBE and no HEAL: volume-healer probes its volumes through it and cannot heal them in place",
+		},
+		"no Healer service, as an unmodified driver": {
+			noHealer:    true,
+			identity:    func(i identity.IdentityServer) identity.IdentityServer { return noManifest{i} },
+			wantTier:    sanity.TierNone,
+			wantLine:    "TIER none: the driver serves no Healer probe: the healer sidecar probes its volumes itself, on the node, and nothing heals them in place",
+			wantSkipped: []string{sanity.CheckIdentityAdvertises, sanity.CheckCapabilities},
+		},
+		"no Healer service, though the identity announces it": {
+			noHealer:    true,
+			wantTier:    sanity.TierNone,
+			wantLine:    "TIER none: ",
+			wantFailed:  []string{sanity.CheckIdentityAdvertises},
+			wantSkipped: []string{sanity.CheckCapabilities},
+		},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			d := newDriver(t, tt.opts)
+			id, h := d.IdentityServer(), d.HealerServer()
+			if tt.identity != nil {
+				id = tt.identity(id)
+			}
+			if tt.noHealer {
+				h = nil
+			}
+			endpoint := startCustom(t, id, h)
+			report, out := run(t, sanity.Options{Endpoint: endpoint, Control: directControl{d}})
+			if report.Tier != tt.wantTier {
+				t.Errorf("tier = %q, want %q:\n%s", report.Tier, tt.wantTier, out)
+			}
+			if !strings.Contains(out, "\n"+tt.wantLine) {
+				t.Errorf("output has no line starting %q:\n%s", tt.wantLine, out)
+			}
+			if got := names(report, sanity.Fail); !slices.Equal(got, tt.wantFailed) {
+				t.Errorf("failed %v, want %v:\n%s", got, tt.wantFailed, out)
+			}
+			if report.Passed() != (len(tt.wantFailed) == 0) {
+				t.Errorf("passed = %t, want %t", report.Passed(), len(tt.wantFailed) == 0)
+			}
+			if tt.noHealer {
+				if got := names(report, sanity.Skip); !slices.Equal(got, tt.wantSkipped) {
+					t.Errorf("skipped %v, want %v:\n%s", got, tt.wantSkipped, out)
+				}
+				if !strings.Contains(out, "SKIP "+sanity.CheckCapabilities+": GetHealerCapabilities: UNIMPLEMENTED") {
+					t.Errorf("output does not say that GetHealerCapabilities is UNIMPLEMENTED:\n%s", out)
 				}
 			}
 		})

@@ -16,7 +16,7 @@ func newSanityCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "sanity --endpoint unix:///path/to/csi-addons.sock",
-		Short: "Check a driver's Healer service against the volume-healer protocol",
+		Short: "Check a driver's Healer service against the volume-healer protocol, and say which tier the driver gets",
 		Long: `Runs the promises of the volume-healer protocol against a driver's CSI-Addons socket and
 prints one line per check (PASS, FAIL or SKIP). Exits 0 only when no check failed.
 
@@ -24,7 +24,12 @@ Checks that need a broken volume (heal repairs it, a lost volume stays lost, a b
 answers ABORTED) break the volume through --control: a socket that serves the control
 endpoint of package api/healer/sanity (PUT /volumes/{id}/condition and /staged), as the
 reference driver's control socket does in both modes. Without --control they are SKIPPED: the run can pass without having verified them,
-and the summary lists them.`,
+and the summary lists them.
+
+The summary starts with the tier the driver gets, from its answer to GetHealerCapabilities:
+healer (it serves HEAL: volumes are healed in place), probe-only (it serves PROBE and no HEAL),
+or none (it serves no Healer service: the healer sidecar probes its volumes itself). A driver
+that serves no Healer service is not a failure: the protocol's checks are skipped.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Out = cmd.OutOrStdout()
