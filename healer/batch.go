@@ -131,8 +131,11 @@ func (s *Sweeper) prepareNode(ctx context.Context, sw scheduler.Sweep, vols []pl
 			t.note(fmt.Sprintf("preparing volume %s panicked: %v", vols[next].PVName, r))
 		}
 	}()
-	if _, _, err := s.opts.Targets.Target(vols[0].Driver, vols[0].NodeName); err != nil {
+	if target, node, err := s.opts.Targets.Target(vols[0].Driver, vols[0].NodeName); err != nil {
 		t.note(fmt.Sprintf("no usable sidecar of %s on node %s: %v", vols[0].Driver, vols[0].NodeName, err))
+	} else if caps, err := s.opts.Sidecars.Capabilities(ctx, target); err == nil {
+		// The volumes below ask again and find the answer cached; a failure is theirs to report.
+		s.publishTier(ctx, node, caps)
 	}
 	for ; next < len(vols); next++ {
 		v := vols[next]

@@ -85,6 +85,10 @@ func (s *Sweeper) Run(ctx context.Context, sw scheduler.Sweep) (summary Summary)
 	summary = s.attempt(ctx, sw, finished)
 	if sw.Trigger == scheduler.TriggerRestart {
 		summary = s.untilComplete(ctx, sw, source, summary, policyChanged, finished)
+		if !summary.Cancelled {
+			// A node without volumes of the driver gets its tier recorded too.
+			s.publishTierOf(ctx, sw.Driver, sw.Node)
+		}
 	}
 	summary.Recorded = s.finish(ctx, sw, source, summary, start)
 	return summary

@@ -114,6 +114,7 @@ type Sweeper struct {
 	opts    Options
 	mem     *memory
 	drivers *driverTerms
+	tiers   tierWrites
 }
 
 // New returns a Sweeper.

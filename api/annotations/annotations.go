@@ -60,6 +60,11 @@ const (
 	// restart or a new leader neither loses a pending restart sweep nor repeats one. Written by
 	// the controller.
 	HandledMarker = "volume-healer.io/handled-marker"
+	// DriverTier holds, as JSON, what volume-healer gets from the driver on the node (its tier:
+	// healer, probe-only or none) and who probes its volumes (driver or sidecar), from the
+	// capabilities the sidecar last answered. Written by the controller when it changes;
+	// `healerctl status` shows it.
+	DriverTier = "volume-healer.io/driver-tier"
 	// Registration labels every CSIAddonsNode on which the healer sidecar of a driver and node
 	// wrote its endpoint, with RegistrationValue of both, so that the sidecar finds those objects
 	// again with a label selector instead of listing every node's objects. Written by the sidecar.
