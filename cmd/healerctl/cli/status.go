@@ -55,7 +55,9 @@ func newStatusCommand() *cobra.Command {
 		Use:   "status",
 		Short: "Show restarts swept and pending, volumes that need a human, and the policy in force",
 		Long: "status reads the cluster and prints, per CSI driver and node, the node plugin's last restart\n" +
-			"and whether the controller has swept it (handled) or not yet (pending, and since when); the\n" +
+			"and whether the controller has swept it (handled) or not yet (pending, and since when), with the\n" +
+			"tier the driver gets there (healer, probe-only or none, from the capabilities its sidecar\n" +
+			"answered, as the controller recorded them on the CSIAddonsNode); the\n" +
 			"volumes whose last probe or heal failed and those whose data is lost, from the status the\n" +
 			"controller writes on their PVCs; and the policy in force with the status the controller wrote\n" +
 			"on each policy ConfigMap.\n\n" +
@@ -146,7 +148,17 @@ type Restart struct {
 	LastSweep *SweepEvent `json:"lastSweep,omitempty"`
 	// NeedsHuman is true for a restart pending longer than the threshold.
 	NeedsHuman bool `json:"needsHuman"`
+	// Tier is what volume-healer gets from the driver on the node, as the controller recorded it
+	// from the capabilities the sidecar answered: healer, probe-only or none; TierUnknown until
+	// the controller has read them (or when what it recorded cannot be read).
+	Tier string `json:"tier"`
+	// ProbeSource is who probes the driver's volumes on the node, driver or sidecar; absent
+	// while the tier is unknown.
+	ProbeSource string `json:"probeSource,omitempty"`
 }
+
+// TierUnknown is Restart.Tier before the controller has recorded the driver's tier on the node.
+const TierUnknown = "unknown"
 
 // SweepEvent is an Event of a restart sweep.
 type SweepEvent struct {
@@ -246,6 +258,7 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 		if at, ok := restartTime(n); ok {
 			r.RestartedAt = &at
 		}
+		r.Tier, r.ProbeSource = driverTier(n)
 		if unswept {
 			r.State = RestartPending
 			since := n.CreationTimestamp.Time
@@ -269,6 +282,16 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 		return cmp.Or(cmp.Compare(a.Driver, b.Driver), cmp.Compare(a.Node, b.Node), cmp.Compare(a.CSIAddonsNode, b.CSIAddonsNode))
 	})
 	return nil
+}
+
+// driverTier is the tier and probe source the controller recorded on n, or TierUnknown.
+func driverTier(n *csiaddonsv1alpha1.CSIAddonsNode) (tier, probeSource string) {
+	var t healer.DriverTier
+	raw, ok := annotations.Get(n.Annotations, annotations.DriverTier)
+	if !ok || json.Unmarshal([]byte(raw), &t) != nil || t.Tier == "" {
+		return TierUnknown, ""
+	}
+	return t.Tier, t.ProbeSource
 }
 
 // sweepEventRank orders the Events of one restart sweep: started, then pending, then finished or
@@ -502,7 +525,7 @@ func (s *Status) writeTable(out io.Writer) error {
 	}
 	fmt.Fprintf(w, "NODE PLUGIN RESTARTS (%d, %d pending)\n", len(s.Restarts), pending)
 	if len(s.Restarts) > 0 {
-		fmt.Fprintln(w, "DRIVER\tNODE\tSTATE\tRESTARTED\tLAST SWEEP EVENT")
+		fmt.Fprintln(w, "DRIVER\tNODE\tTIER\tSTATE\tRESTARTED\tLAST SWEEP EVENT")
 	}
 	for _, r := range s.Restarts {
 		restarted := "-"
@@ -517,7 +540,11 @@ func (s *Status) writeTable(out io.Writer) error {
 		if r.LastSweep != nil {
 			last = r.LastSweep.Reason + " " + ago(r.LastSweep.Time) + ": " + r.LastSweep.Message
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Driver, r.Node, state, restarted, last)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Driver, r.Node, r.Tier, state, restarted, last)
+	}
+	if len(s.Restarts) > 0 {
+		fmt.Fprintln(w, "TIER: healer = the driver probes and heals in place; probe-only = the driver probes and does not heal;")
+		fmt.Fprintln(w, "none = the driver serves no Healer probe and the sidecar probes on the node; unknown = not asked yet")
 	}
 	fmt.Fprintf(w, "\nVOLUMES LEFT BROKEN (%d; %d healed since their last problem)\n", len(s.Volumes), s.HealedVolumes)
 	if len(s.Volumes) > 0 {

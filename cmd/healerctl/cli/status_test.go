@@ -74,6 +74,36 @@ func (c statusCluster) restart(node string, at time.Time, handled bool) {
 	})
 }
 
+// tier records on node's CSIAddonsNode the tier the controller recorded from its sidecar's
+// capabilities, in the controller's format (healer.DriverTier under annotations.DriverTier).
+func (c statusCluster) tier(node string, t healer.DriverTier) {
+	c.t.Helper()
+	raw, err := json.Marshal(t)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n := &csiaddonsv1alpha1.CSIAddonsNode{}
+	n.Namespace, n.Name = "csi-rbd", node+"-rbd"
+	patch := annotations.MergePatch(map[string]string{annotations.DriverTier: string(raw)})
+	if err := c.env.Client.Patch(c.t.Context(), n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// lineWith returns the line of out that contains every one of parts, or "".
+func lineWith(out string, parts ...string) string {
+	for _, line := range strings.Split(out, "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return line
+		}
+	}
+	return ""
+}
+
 // volume creates a bound PV and PVC whose status annotation is st, as the healer writes it.
 func (c statusCluster) volume(name string, st *healer.VolumeStatus) {
 	c.t.Helper()
@@ -192,6 +222,27 @@ func TestStatus(t *testing.T) {
 			"Nothing needs a human.")
 		if strings.Contains(out, "needs a human)") {
 			t.Errorf("a restart pending for 3 minutes is marked as needing a human:\n%s", out)
+		}
+		if lineWith(out, "node-1", " unknown ", "handled") == "" || lineWith(out, "node-2", " unknown ", "pending") == "" {
+			t.Errorf("the tier of nodes whose capabilities the controller has not recorded is not unknown:\n%s", out)
+		}
+	})
+
+	t.Run("the tier each driver gets on each node", func(t *testing.T) {
+		c.tier("node-1", healer.DriverTier{Tier: policy.TierHealer, ProbeSource: "driver"})
+		c.tier("node-2", healer.DriverTier{Tier: policy.TierNone, ProbeSource: "sidecar"})
+		out, _ := status(t, env.Kubeconfig)
+		mustContain(t, out, "DRIVER            NODE    TIER    STATE", "none = the driver serves no Healer probe and the sidecar probes on the node")
+		if lineWith(out, statusDriver, "node-1", " healer ", "handled") == "" {
+			t.Errorf("node-1's line does not say tier healer:\n%s", out)
+		}
+		if lineWith(out, statusDriver, "node-2", " none ", "pending") == "" {
+			t.Errorf("node-2's line does not say tier none:\n%s", out)
+		}
+		s := decodeStatus(t, must(status(t, env.Kubeconfig, "-o", "json")))
+		if len(s.Restarts) != 2 || s.Restarts[0].Tier != "healer" || s.Restarts[0].ProbeSource != "driver" ||
+			s.Restarts[1].Tier != "none" || s.Restarts[1].ProbeSource != "sidecar" {
+			t.Errorf("restarts %+v, want node-1 healer (driver probes), node-2 none (sidecar probes)", s.Restarts)
 		}
 	})
 
