@@ -129,6 +129,8 @@ type restartStatus struct {
 	Driver, Node, State string
 	NeedsHuman          bool
 	LastSweep           *struct{ Reason, Message string }
+	// Tier and ProbeSource are what the controller recorded from the sidecar's capabilities.
+	Tier, ProbeSource string
 }
 
 // healerctlStatus runs `healerctl status -o json` with args against the suite's cluster and

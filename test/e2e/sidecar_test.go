@@ -216,8 +216,10 @@ func TestRestartSweptOnceTheSidecarAnswers(t *testing.T) {
 	if got := f.SweepFinished(n.name, 2*time.Minute); got != marker {
 		t.Errorf("handled marker %q, want the restart that was pending (%q)", got, marker)
 	}
-	if _, st := f.healerctlStatus(n.name, "--pending-threshold=20s"); st.State != "handled" || st.NeedsHuman {
-		t.Errorf("healerctl status once the restart is swept: %+v, want it handled", st)
+	// The reference driver serves the Healer service: the controller recorded its tier from the
+	// capabilities the sidecar answered.
+	if _, st := f.healerctlStatus(n.name, "--pending-threshold=20s"); st.State != "handled" || st.NeedsHuman || st.Tier != "healer" || st.ProbeSource != "driver" {
+		t.Errorf("healerctl status once the restart is swept: %+v, want it handled, tier healer, probed by the driver", st)
 	}
 	c.WaitIdle(time.Minute)
 	f.verify([]*node{n}, b, outcome{healed: vols})
