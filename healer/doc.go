@@ -17,7 +17,9 @@
 //   - driverterms.go: the cache of the driver part of the policy input, shared by a node's volumes.
 //
 // What the act stage reports: events.go the Events on PVCs and CSIAddonsNodes, status.go the
-// status annotation on the PVC, metrics.go the sweep, probe and heal metrics. Around it:
+// status annotation on the PVC, tier.go the driver's tier on its CSIAddonsNode (from the
+// capabilities the sidecar answered, for healerctl status), metrics.go the sweep, probe and heal
+// metrics. Around it:
 // targets.go keeps which sidecar serves which driver on which node (from the CSIAddonsNodes),
 // history.go what each volume's last probes and heals found.
 //
