@@ -85,7 +85,10 @@ func New(opts Options) (*Plugin, error) {
 	p.records = records
 	for _, r := range records {
 		p.opts.Logger.Info("Volume staged by an earlier run", "volume", r.VolumeID, "stagingPath", r.StagingPath,
-			"publishTargets", len(r.PublishTargets), "mounterPID", r.MounterPID)
+			"publishTargets", len(r.PublishTargets), "mounter", r.mounter(), "mounterPID", r.MounterPID)
+	}
+	if opts.UnmountDeadTargetsOnStart {
+		p.unmountDeadTargets(context.Background())
 	}
 	return p, nil
 }
@@ -100,8 +103,13 @@ func (p *Plugin) Register(s grpc.ServiceRegistrar) {
 }
 
 // RegisterAddons adds the CSI-Addons Identity and Healer services (driverkit) to s, the server
-// on the CSI-Addons socket; both share the plugin's volume locks with the Node service.
+// on the CSI-Addons socket; both share the plugin's volume locks with the Node service. A Stock
+// plugin adds the CSI-Addons Identity only.
 func (p *Plugin) RegisterAddons(s grpc.ServiceRegistrar) error {
+	if p.opts.Stock {
+		p.registerStockAddons(s)
+		return nil
+	}
 	return driverkit.Register(s, p, driverkit.ServerOptions{
 		DriverName:    p.opts.DriverName,
 		VendorVersion: p.opts.VendorVersion,
