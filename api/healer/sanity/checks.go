@@ -9,6 +9,7 @@ import (
 
 	"github.com/csi-addons/spec/lib/go/identity"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 )
@@ -211,6 +212,11 @@ func (r *runner) checkCapabilities(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
 	defer cancel()
 	resp, err := r.healer.GetHealerCapabilities(cctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		r.record(CheckCapabilities, Fail, "the driver serves no Healer service (GetHealerCapabilities: %s), so it gets tier: nothing: "+
+			"volume-healer's sidecar probes its volumes itself and can only recycle them (evict their pods); none of the Healer checks apply", describeErr(err))
+		return false
+	}
 	if err != nil {
 		r.record(CheckCapabilities, Fail, "GetHealerCapabilities: %s; the Healer service is not served, nothing else can be checked", describeErr(err))
 		return false
