@@ -1,5 +1,5 @@
 // Package cli is the command line of refdriver, the volume-healer reference driver: it turns
-// flags into the options of package plugin (real mode), package simulated (simulated mode) or
+// flags into the options of package plugin (real and stock modes), package simulated (simulated mode) or
 // package mounter (`refdriver mounter`), starts what they describe and serves until the context ends.
 // cmd/refdriver only hands it the arguments and signals.
 //

@@ -7,6 +7,11 @@
 // volume-healer exists for. It is healed through package driverkit, which serves the Healer
 // service on the CSI-Addons socket.
 //
+// With Options.Stock it plays a driver that knows nothing of volume-healer instead (stock.go):
+// no Healer service, and a Node service that mounts a broken volume again by itself, as
+// ceph-csi's does. With Options.Mounter RcloneMounter its volumes' FUSE daemon is `rclone mount`,
+// a mounter nobody here wrote, in place of its own.
+//
 // Faults can be applied on purpose through the HTTP control interface (ControlHandler, package
 // control), the paths and bodies the simulated mode serves too, so that `healerctl sanity
 // --control` and tests drive both modes alike; here each fault is real: a killed, frozen or
