@@ -40,12 +40,16 @@ tools: ## Build promtool, helm, kustomize (deployment tests) and staticcheck (ca
 	@hack/tools.sh
 
 .PHONY: test
-test: node ## Run the whole test suite: unit, integration (real kube-apiserver + etcd), end-to-end and the real node.
+test: node fuse ## Run the whole test suite: unit, integration (real kube-apiserver + etcd), end-to-end and the real node.
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test $(TEST_FLAGS) $(PKGS)
 
 .PHONY: node
 node: ## Build a real node's binaries (kubelet, containerd, CSI sidecars; cached in .cache/node) where one can run.
 	@if why="$$(hack/node.sh --check)"; then hack/node.sh >/dev/null; else echo "node: no real node on this machine ($$why): test/realcluster will skip"; fi
+
+.PHONY: fuse
+fuse: ## Install rclone and fusermount from Debian where missing (root): the reference driver's third-party mounter (--mounter rclone).
+	@if ! hack/fuse.sh >/dev/null; then echo "fuse: rclone or fusermount is missing and cannot be installed here: the tests that mount with rclone will skip (and fail under CI=true)"; fi
 
 .PHONY: test-short
 test-short: ## Run only the fast tests (no control plane, no builds of external tools).

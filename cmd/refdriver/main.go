@@ -1,7 +1,8 @@
-// Command refdriver is the volume-healer reference driver, in one of two modes:
+// Command refdriver is the volume-healer reference driver, in one of three modes:
 //
 //	refdriver --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state \
 //	    --control unix:///tmp/healer-control.sock
+//	refdriver --mode stock --mounter rclone --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state
 //	refdriver --mode simulated --endpoint unix:///tmp/healer.sock --state-dir /tmp/healer-state
 //
 // Real mode (the default) is a CSI driver node plugin with real mounts (package plugin). Its
@@ -13,6 +14,12 @@
 // calls, and as the node plugin for kubelet, which it registers with itself
 // (--kubelet-registration-dir, kubelet's plugin registration API, what node-driver-registrar
 // does for other drivers); deploy/helm/healer-refdriver is that setup.
+//
+// Stock mode is the same plugin as a driver that knows nothing of volume-healer: it serves no
+// Healer service, and its NodeStageVolume and NodePublishVolume mount a broken volume again
+// themselves, as ceph-csi's do; --unmount-dead-targets-on-start adds the start-up clean-up that
+// leaves pods an empty folder. With --mounter rclone (either mode), each volume's FUSE daemon is
+// `rclone mount` of its folder instead of the driver's own mounter.
 //
 // Simulated mode is the simulated driver (package simulated): volumes are JSON records, faults
 // are flags on them, and nothing is mounted; for tests and the demo that play many nodes.

@@ -28,8 +28,13 @@
 //
 // It builds only from the repository it runs in, and needs git and the go command.
 //
+// With --cluster-images it also builds healer-refdriver-rclone: the refdriver binary with rclone
+// and fusermount from this machine's Debian packages and the libraries they load (rclone.go), so
+// that a real node can run the reference driver with a FUSE mounter nobody here wrote.
+//
 // Files: main.go (which images, from which source, the binaries' builds, the run and its
-// outputs), oci.go (an image's layer and configuration, the index, the layout and its archive).
+// outputs), oci.go (an image's layer and configuration, the index, the layout and its archive),
+// rclone.go (what the rclone image takes from the machine).
 //
 // It owns what goes into each image and the reproducibility of the bytes; the programs in them
 // (cmd/, and for --cluster-images test/cluster/pause and test/workload) it builds with the go
@@ -98,6 +103,21 @@ type Image struct {
 	Prebuilt string
 	// Tag is the image's tag when it is not the project's version (a prebuilt program's own).
 	Tag string
+	// Files are files of this machine put into the image beside the binary: a program of the
+	// distribution the binary runs, and the shared libraries it loads. Default: none.
+	Files []HostFile
+	// Path is the image's PATH. Default: "/", where the binary is.
+	Path string
+}
+
+// HostFile is a file of the machine that builds the images, put into an image.
+type HostFile struct {
+	// Path is its absolute path in the image.
+	Path string
+	// Source is the file on this machine, symbolic links followed; "" with Link.
+	Source string
+	// Link, when set, makes Path a symbolic link to it instead.
+	Link string
 }
 
 // Images are the images `make images` builds. deploy/ names the first two.
@@ -114,8 +134,8 @@ var Images = []Image{
 // the demo (`--cluster-images`): the pod sandbox's pause program and the test workload, built from
 // this module, the CSI sidecars of the reference driver's controller plugin, which hack/node.sh
 // builds into nodeBin, and, when csiAddons names it, the csi-addons sidecar that
-// hack/csi-addons-sidecar.sh builds (each binary next to a <binary>.version stamp). They are built
-// for the machine's own platform only.
+// hack/csi-addons-sidecar.sh builds (each binary next to a <binary>.version stamp), and the
+// reference driver with rclone (RcloneImage). They are built for the machine's own platform only.
 func ClusterImages(nodeBin, csiAddons string) ([]Image, error) {
 	images := []Image{
 		{Name: "healer-test-pause", Package: "./test/cluster/pause", Binary: "pause",
@@ -131,6 +151,11 @@ func ClusterImages(nodeBin, csiAddons string) ([]Image, error) {
 	if csiAddons != "" {
 		prebuilt = append(prebuilt, program{"csi-addons-sidecar", csiAddons, "hack/csi-addons-sidecar.sh"})
 	}
+	rclone, err := RcloneImage(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	images = append(images, rclone)
 	for _, p := range prebuilt {
 		v, err := os.ReadFile(p.bin + ".version")
 		if err != nil {
@@ -235,7 +260,8 @@ func BuildBinaries(ctx context.Context, root, dir string, src Source, p Platform
 	args = append(args, flags...)
 	n := len(args)
 	for _, img := range images {
-		if img.Prebuilt == "" {
+		// Two images may carry one binary (healer-refdriver and healer-refdriver-rclone).
+		if img.Prebuilt == "" && !slices.Contains(args[n:], img.Package) {
 			args = append(args, img.Package)
 		}
 	}
@@ -515,7 +541,8 @@ func inputsOf(src Source, ps []Platform, images []Image) (string, error) {
 	}
 	type input struct {
 		Image
-		Prebuilt *prebuilt `json:",omitempty"`
+		Prebuilt  *prebuilt  `json:",omitempty"`
+		HostFiles []prebuilt `json:",omitempty"`
 	}
 	in := struct {
 		Source    Source
@@ -530,6 +557,16 @@ func inputsOf(src Source, ps []Platform, images []Image) (string, error) {
 				return "", fmt.Errorf("image %s: %w", img.Name, err)
 			}
 			i.Prebuilt = &prebuilt{Path: img.Prebuilt, Size: st.Size(), ModTime: st.ModTime().UTC()}
+		}
+		for _, f := range img.Files {
+			if f.Source == "" {
+				continue
+			}
+			st, err := os.Stat(f.Source)
+			if err != nil {
+				return "", fmt.Errorf("image %s: %w", img.Name, err)
+			}
+			i.HostFiles = append(i.HostFiles, prebuilt{Path: f.Source, Size: st.Size(), ModTime: st.ModTime().UTC()})
 		}
 		in.Images = append(in.Images, i)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -26,29 +28,42 @@ const (
 	group  = "root:x:0:\nnonroot:x:65532:\n"
 )
 
+// layerEntry is one entry of a layer: a folder, a file or a symbolic link.
+type layerEntry struct {
+	name string
+	mode int64
+	data []byte
+	dir  bool
+	link string
+}
+
 // Layer returns the image's one layer, uncompressed: /etc/passwd, /etc/group, /tmp (writable by
-// all, sticky, for programs that need a temporary file) and the binary at /<name>, every entry
-// owned by root and dated mtime.
-func Layer(name string, binary []byte, mtime time.Time) ([]byte, error) {
+// all, sticky, for programs that need a temporary file) and the binary at /<name>, then the
+// host files (their folders first, in path order; files mode 0755, their content read now),
+// every entry owned by root and dated mtime.
+func Layer(name string, binary []byte, files []HostFile, mtime time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	entries := []struct {
-		name string
-		mode int64
-		data []byte
-		dir  bool
-	}{
+	entries := []layerEntry{
 		{name: "etc/", mode: 0o755, dir: true},
 		{name: "etc/group", mode: 0o644, data: []byte(group)},
 		{name: "etc/passwd", mode: 0o644, data: []byte(passwd)},
 		{name: "tmp/", mode: 0o1777, dir: true},
 		{name: name, mode: 0o755, data: binary},
 	}
+	more, err := hostEntries(files)
+	if err != nil {
+		return nil, err
+	}
+	entries = append(entries, more...)
 	for _, e := range entries {
 		h := &tar.Header{Name: e.name, Mode: e.mode, ModTime: mtime, Format: tar.FormatPAX}
-		if e.dir {
+		switch {
+		case e.dir:
 			h.Typeflag = tar.TypeDir
-		} else {
+		case e.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.data))
 		}
 		if err := tw.WriteHeader(h); err != nil {
@@ -62,6 +77,38 @@ func Layer(name string, binary []byte, mtime time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// hostEntries are the layer entries of files: each folder on their paths that the layer does not
+// have yet, then each file, in path order.
+func hostEntries(files []HostFile) ([]layerEntry, error) {
+	have := map[string]bool{"etc/": true, "tmp/": true}
+	var dirs, out []layerEntry
+	sorted := slices.Clone(files)
+	slices.SortFunc(sorted, func(a, b HostFile) int { return strings.Compare(a.Path, b.Path) })
+	for _, f := range sorted {
+		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || (f.Source == "") == (f.Link == "") {
+			return nil, fmt.Errorf("host file %+v: want a clean absolute path and either a source or a link", f)
+		}
+		rel := strings.TrimPrefix(f.Path, "/")
+		for dir := filepath.Dir(rel); dir != "."; dir = filepath.Dir(dir) {
+			if !have[dir+"/"] {
+				have[dir+"/"] = true
+				dirs = append(dirs, layerEntry{name: dir + "/", mode: 0o755, dir: true})
+			}
+		}
+		if f.Link != "" {
+			out = append(out, layerEntry{name: rel, mode: 0o777, link: f.Link})
+			continue
+		}
+		data, err := os.ReadFile(f.Source)
+		if err != nil {
+			return nil, fmt.Errorf("host file %s: %w", f.Path, err)
+		}
+		out = append(out, layerEntry{name: rel, mode: 0o755, data: data})
+	}
+	slices.SortFunc(dirs, func(a, b layerEntry) int { return strings.Compare(a.name, b.name) })
+	return append(dirs, out...), nil
 }
 
 // Labels are the OCI labels of img's images and annotations of its index.
@@ -78,7 +125,7 @@ func Labels(img Image, src Source) map[string]string {
 
 // NewImage returns img's image for p, from its binary.
 func NewImage(img Image, p Platform, binary []byte, src Source) (v1.Image, error) {
-	raw, err := Layer(img.Binary, binary, src.Time)
+	raw, err := Layer(img.Binary, binary, img.Files, src.Time)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +138,7 @@ func NewImage(img Image, p Platform, binary []byte, src Source) (v1.Image, error
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	out, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
 		Created:   v1.Time{Time: src.Time},
-		CreatedBy: "hack/images: /" + img.Binary + " from " + img.Package,
+		CreatedBy: createdBy(img),
 	}})
 	if err != nil {
 		return nil, err
@@ -108,10 +155,23 @@ func NewImage(img Image, p Platform, binary []byte, src Source) (v1.Image, error
 		Entrypoint: []string{"/" + img.Binary},
 		User:       User,
 		WorkingDir: "/",
-		Env:        []string{"PATH=/"},
+		Env:        []string{"PATH=" + cmp.Or(img.Path, "/")},
 		Labels:     Labels(img, src),
 	}
 	return mutate.ConfigFile(out, cfg)
+}
+
+// createdBy is the history line of img's layer.
+func createdBy(img Image) string {
+	line := "hack/images: /" + img.Binary + " from " + img.Package
+	if len(img.Files) > 0 {
+		paths := make([]string, 0, len(img.Files))
+		for _, f := range img.Files {
+			paths = append(paths, f.Path)
+		}
+		line += ", with " + strings.Join(paths, " ") + " from this machine"
+	}
+	return line
 }
 
 // NewIndex returns the image index of img over the platforms' images.

@@ -1,5 +1,5 @@
 // Package cli is the command line of refdriver, the volume-healer reference driver: it turns
-// flags into the options of package plugin (real mode), package simulated (simulated mode) or
+// flags into the options of package plugin (real and stock modes), package simulated (simulated mode) or
 // package mounter (`refdriver mounter`), starts what they describe and serves until the context ends.
 // cmd/refdriver only hands it the arguments and signals.
 //
@@ -40,18 +40,20 @@ func Run(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet("refdriver", flag.ContinueOnError)
 	f := &driverFlags{
-		mode:        fs.String("mode", "real", "real: a CSI node plugin with real FUSE mounts; simulated: volumes are records and nothing is mounted"),
-		endpoint:    fs.String("endpoint", "", "CSI-Addons socket to serve Identity and Healer on, unix:///path (required)"),
-		csiEndpoint: fs.String("csi-endpoint", "", "real mode: CSI socket to serve Identity, Controller and Node on, unix:///path (default: the --endpoint socket)"),
-		control:     fs.String("control", "", "socket for the HTTP control interface, unix:///path (default: none)"),
-		stateDir:    fs.String("state-dir", "", "folder that keeps the volumes and their state across restarts (required)"),
-		driverName:  fs.String("driver-name", "healer.example.com", "driver name reported by GetIdentity (and GetPluginInfo)"),
-		nodeID:      fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest (and NodeGetInfo)"),
-		statTimeout: fs.Duration("stat-timeout", 5*time.Second, "real mode: how long a stat of a mount may take before the mount counts as hung"),
-		caps:        fs.String("capabilities", "probe,heal,list", "Healer RPCs to advertise and serve: any of probe, heal, list"),
+		mode:               fs.String("mode", "real", "real: a CSI node plugin with real FUSE mounts that serves the Healer service; stock: the same plugin as a driver that knows nothing of volume-healer (no Healer service; NodeStageVolume and NodePublishVolume mount a broken volume again, as ceph-csi's do); simulated: volumes are records and nothing is mounted"),
+		endpoint:           fs.String("endpoint", "", "CSI-Addons socket to serve Identity and Healer on (stock mode: Identity only), unix:///path (required)"),
+		csiEndpoint:        fs.String("csi-endpoint", "", "real and stock modes: CSI socket to serve Identity, Controller and Node on, unix:///path (default: the --endpoint socket)"),
+		control:            fs.String("control", "", "socket for the HTTP control interface, unix:///path (default: none)"),
+		stateDir:           fs.String("state-dir", "", "folder that keeps the volumes and their state across restarts (required)"),
+		driverName:         fs.String("driver-name", "healer.example.com", "driver name reported by GetIdentity (and GetPluginInfo)"),
+		nodeID:             fs.String("node-id", "node-1", "node this instance plays, reported in the identity manifest (and NodeGetInfo)"),
+		statTimeout:        fs.Duration("stat-timeout", 5*time.Second, "real and stock modes: how long a stat of a mount may take before the mount counts as hung"),
+		caps:               fs.String("capabilities", "probe,heal,list", "real and simulated modes: Healer RPCs to advertise and serve: any of probe, heal, list"),
+		mounter:            fs.String("mounter", string(plugin.OwnMounter), "real and stock modes: userspace mounter of the volumes staged from now on: refdriver (this program's own FUSE daemon) or rclone (rclone mount of the volume's folder; needs rclone and fusermount on the PATH, Debian packages rclone and fuse3)"),
+		unmountDeadTargets: fs.Bool("unmount-dead-targets-on-start", false, "stock mode: at start-up, detach the dead or hung mounts of the publish targets recorded by an earlier run and keep their folders, as some drivers' start-up clean-up does; kubelet still counts them published, so their pods see an empty folder on the node's disk (for tests of that worst case)"),
 
-		registrationDir:    fs.String("kubelet-registration-dir", "", "real mode: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
-		kubeletCSIEndpoint: fs.String("kubelet-csi-endpoint", "", "real mode: path of the CSI socket as kubelet sees it, reported to kubelet at registration, such as /var/lib/kubelet/plugins/healer.example.com/csi.sock (default: the --csi-endpoint path)"),
+		registrationDir:    fs.String("kubelet-registration-dir", "", "real and stock modes: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
+		kubeletCSIEndpoint: fs.String("kubelet-csi-endpoint", "", "real and stock modes: path of the CSI socket as kubelet sees it, reported to kubelet at registration, such as /var/lib/kubelet/plugins/healer.example.com/csi.sock (default: the --csi-endpoint path)"),
 
 		stagingRoot:  fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with"),
 		volumes:      fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)"),
@@ -85,11 +87,13 @@ func Run(ctx context.Context, args []string) error {
 
 	switch *f.mode {
 	case "real":
-		err = runReal(ctx, f, capabilities, log)
+		err = runReal(ctx, f, capabilities, false, log)
+	case "stock":
+		err = runReal(ctx, f, nil, true, log)
 	case "simulated":
 		err = runSimulated(ctx, f, capabilities, log)
 	default:
-		return fmt.Errorf("--mode %q: want real or simulated", *f.mode)
+		return fmt.Errorf("--mode %q: want real, stock or simulated", *f.mode)
 	}
 	if err != nil {
 		return err
@@ -100,11 +104,12 @@ func Run(ctx context.Context, args []string) error {
 
 // driverFlags are the driver's flags as parsed, and which of them were given.
 type driverFlags struct {
-	mode, endpoint, csiEndpoint, control, stateDir, driverName, nodeID, caps *string
-	statTimeout                                                              *time.Duration
-	registrationDir, kubeletCSIEndpoint                                      *string
-	stagingRoot, volumes, healMounters                                       *string
-	defaultHang                                                              *time.Duration
+	mode, endpoint, csiEndpoint, control, stateDir, driverName, nodeID, caps, mounter *string
+	statTimeout                                                                       *time.Duration
+	unmountDeadTargets                                                                *bool
+	registrationDir, kubeletCSIEndpoint                                               *string
+	stagingRoot, volumes, healMounters                                                *string
+	defaultHang                                                                       *time.Duration
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
 }
@@ -119,11 +124,25 @@ func (f *driverFlags) sockets(log klog.Logger) control.ServerOptions {
 	return control.ServerOptions{Endpoint: *f.endpoint, ControlEndpoint: *f.control, Logger: log}
 }
 
-// runReal serves the real mode (package plugin) until ctx ends: a CSI node plugin with real FUSE
-// mounts, registered with kubelet when --kubelet-registration-dir is given.
-func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
-	if err := rejectFlags(f.set, "real", "staging-root", "volumes", "heal-mounters", "default-hang"); err != nil {
+// runReal serves the real mode, or with stock the stock mode (package plugin) until ctx ends: a
+// CSI node plugin with real FUSE mounts, registered with kubelet when
+// --kubelet-registration-dir is given.
+func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, stock bool, log klog.Logger) error {
+	mode := "real"
+	rejected := []string{"staging-root", "volumes", "heal-mounters", "default-hang"}
+	if stock {
+		mode = "stock"
+		// A stock driver serves no Healer service.
+		rejected = append(rejected, "capabilities")
+	} else {
+		rejected = append(rejected, "unmount-dead-targets-on-start")
+	}
+	if err := rejectFlags(f.set, mode, rejected...); err != nil {
 		return err
+	}
+	mounter, err := plugin.ParseMounter(*f.mounter)
+	if err != nil {
+		return fmt.Errorf("--mounter: %w", err)
 	}
 	if *f.registrationDir == "" && *f.kubeletCSIEndpoint != "" {
 		return errors.New("--kubelet-csi-endpoint is reported to kubelet at registration: give --kubelet-registration-dir too, or drop it")
@@ -146,7 +165,11 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 		Identity:     f.identity(),
 		StatTimeout:  *f.statTimeout,
 		Capabilities: capabilities,
+		Stock:        stock,
+		Mounter:      mounter,
 		Logger:       log,
+
+		UnmountDeadTargetsOnStart: *f.unmountDeadTargets,
 	})
 	if err != nil {
 		return err
@@ -155,7 +178,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	if err != nil {
 		return err
 	}
-	log.Info("Serving", "mode", "real", "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
+	log.Info("Serving", "mode", mode, "mounter", mounter, "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
 		"driver", *f.driverName, "node", *f.nodeID, "statTimeout", *f.statTimeout)
 	return serveReal(ctx, srv, registration)
 }
@@ -163,7 +186,8 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 // runSimulated serves the simulated mode (package simulated) until ctx ends: volumes are records in
 // the state folder and nothing is mounted.
 func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
-	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint"); err != nil {
+	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint",
+		"mounter", "unmount-dead-targets-on-start"); err != nil {
 		return err
 	}
 	seeds, err := parseVolumes(*f.volumes)

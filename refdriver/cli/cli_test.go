@@ -104,7 +104,23 @@ func TestRunRejectsFlags(t *testing.T) {
 		},
 		"an unknown mode": {
 			args: append([]string{"--mode", "fake"}, base...),
-			want: []string{`"fake"`, "real or simulated"},
+			want: []string{`"fake"`, "real, stock or simulated"},
+		},
+		"capabilities for a stock driver": {
+			args: append([]string{"--mode", "stock", "--capabilities", "probe"}, base...),
+			want: []string{"--capabilities", "stock mode"},
+		},
+		"the start-up clean-up for a Healer driver": {
+			args: append([]string{"--unmount-dead-targets-on-start"}, base...),
+			want: []string{"--unmount-dead-targets-on-start", "real mode"},
+		},
+		"a mounter for the simulated mode": {
+			args: append([]string{"--mode", "simulated", "--mounter", "rclone"}, base...),
+			want: []string{"--mounter", "simulated mode"},
+		},
+		"an unknown mounter": {
+			args: append([]string{"--mode", "stock", "--mounter", "sshfs"}, base...),
+			want: []string{"--mounter", `"sshfs"`, "refdriver or rclone"},
 		},
 		"no endpoint": {
 			args: []string{"--state-dir", "/nonexistent"},

@@ -110,9 +110,19 @@ func TestPluginKilledAlone(t *testing.T) {
 
 // TestFaults breaks a published volume in each way the control interface can, at the level of
 // the mounts, and checks what a workload would notice, what a probe reports, and what a heal
-// repairs.
+// repairs; with the plugin's own mounter and with rclone.
 func TestFaults(t *testing.T) {
+	for _, mounter := range stockMounters {
+		t.Run(mounter, func(t *testing.T) { testFaults(t, mounter) })
+	}
+}
+
+func testFaults(t *testing.T, mounter string) {
+	if mounter == "rclone" {
+		requireRclone(t)
+	}
 	e := newEnv(t)
+	e.args = []string{"--mounter", mounter}
 	p := e.start()
 
 	t.Run("mounter killed", func(t *testing.T) {
@@ -183,11 +193,18 @@ func TestFaults(t *testing.T) {
 	t.Run("data lost", func(t *testing.T) {
 		v := p.createStagePublish(e, "pvc-lost")
 		defer p.teardown(v)
+		if err := writeRead(v.target, "f", "written before the loss"); err != nil {
+			t.Fatal(err)
+		}
 		vs := p.status(v.id)
 		if err := os.RemoveAll(vs.BackingPath); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.ReadDir(v.target); err == nil {
+		if got, err := os.ReadFile(filepath.Join(v.target, "f")); err == nil {
+			t.Errorf("reading a file of a volume whose data is gone succeeded: %q", got)
+		}
+		// The own mounter fails a listing of its removed folder; rclone's listing may still succeed.
+		if _, err := os.ReadDir(v.target); err == nil && mounter == "refdriver" {
 			t.Errorf("listing the target of a volume whose data is gone succeeded")
 		}
 		expectCondition(t, p, v, control.Lost)

@@ -87,6 +87,8 @@ type env struct {
 	sockDir     string
 	root        string
 	statTimeout time.Duration
+	// args are more flags for every run of the plugin, such as --mode stock.
+	args []string
 }
 
 // newEnv makes a node's folders. Its cleanup, which runs before the folders are removed, kills
@@ -190,6 +192,7 @@ func (e *env) startAs(name, nodeID string) *proc {
 	if nodeID != "" {
 		args = append(args, "--node-id", nodeID)
 	}
+	args = append(args, e.args...)
 	p.cmd = exec.Command(refdriverBin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// Its own group: killing the group kills the plugin and its mounters, as a container dies.
@@ -425,10 +428,14 @@ func detachAll(t *testing.T, dir string) {
 	t.Errorf("mounts stay under %s: %v", dir, mountPoints(t, dir))
 }
 
-// mountersOf lists the live mounter processes serving volumes of the state folder.
+// mountersOf lists the live mounter processes serving volumes of the state folder: the
+// plugin's own mounters and rclone's.
 func mountersOf(stateDir string) []int {
 	return harness.ProcessesWhere(func(pid int) bool {
 		args := harness.CommandLine(pid)
+		if len(args) > 2 && filepath.Base(args[0]) == "rclone" && args[1] == "mount" && strings.HasPrefix(args[2], stateDir+"/") {
+			return true
+		}
 		for i := 0; i+1 < len(args); i++ {
 			if args[i] == "--source" && strings.HasPrefix(args[i+1], stateDir+"/") && slices.Contains(args, "mounter") {
 				return true
@@ -436,6 +443,26 @@ func mountersOf(stateDir string) []int {
 		}
 		return false
 	})
+}
+
+// requireRclone skips a test that runs rclone mount on a machine without rclone or fusermount,
+// except under CI=true, where that is a failure: hack/fuse.sh installs both.
+func requireRclone(t *testing.T) {
+	t.Helper()
+	var missing []string
+	for _, program := range []string{"rclone", "fusermount"} {
+		if _, err := exec.LookPath(program); err != nil {
+			missing = append(missing, program)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := "this test mounts volumes with rclone and needs " + strings.Join(missing, " and ") + " on the PATH (hack/fuse.sh installs them)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
 }
 
 // expectNothingLeft checks that no mount is left under the node's folders and that no mounter

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/volume-healer/volume-healer/driverkit"
 	"github.com/volume-healer/volume-healer/refdriver/mounter"
 )
 
@@ -24,10 +25,56 @@ type child struct {
 	done chan struct{}
 }
 
-// mounterArgs are the flags that start the mounter of a volume. isMounterOf finds the same
+// Mounter names the userspace mounter a plugin starts for each staged volume.
+type Mounter string
+
+const (
+	// OwnMounter is the reference driver's own FUSE daemon (package mounter, run as
+	// `refdriver mounter`).
+	OwnMounter Mounter = "refdriver"
+	// RcloneMounter is `rclone mount` of the volume's backing folder: a FUSE daemon nobody
+	// here wrote, installed from the distribution's packages, as operators run ceph-fuse or
+	// s3fs. It needs the rclone program and fusermount (package fuse3) on the PATH.
+	RcloneMounter Mounter = "rclone"
+)
+
+// Mounters lists the mounters a plugin can run, for help texts and errors.
+var Mounters = []Mounter{OwnMounter, RcloneMounter}
+
+// fsType is the filesystem type the mounts of m show in the mount table.
+func (m Mounter) fsType() string {
+	if m == RcloneMounter {
+		return "fuse.rclone"
+	}
+	return mounter.FSType
+}
+
+// ParseMounter reads a mounter's name.
+func ParseMounter(s string) (Mounter, error) {
+	for _, m := range Mounters {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown mounter %q: want %s or %s", s, OwnMounter, RcloneMounter)
+}
+
+// mounterArgs are the flags that start the own mounter of a volume. isMounterOf finds the same
 // flags in /proc/PID/cmdline.
 func mounterArgs(backing string, r *record) []string {
 	return []string{"--source", backing, "--target", r.StagingPath, "--fsname", r.FsName, "--ready-fd", strconv.Itoa(readyFD)}
+}
+
+// rcloneArgs are the arguments that start `rclone mount` of a volume in the foreground: a
+// local folder needs no remote, so no configuration is read (--config /dev/null). The mount
+// source in the mount table is the volume's FsName (--devname), which the checks and
+// isMounterOf go by. --allow-other lets pods of other users in, as ceph-fuse's allow_other;
+// the VFS cache is off so that every write goes to the backing folder at once; directory
+// entries are cached as briefly as the own mounter's, since the folder can change behind the
+// mount's back (a fault removes it).
+func rcloneArgs(backing string, r *record) []string {
+	return []string{"mount", backing, r.StagingPath, "--config", "/dev/null", "--devname", r.FsName,
+		"--allow-other", "--vfs-cache-mode", "off", "--dir-cache-time", "1s"}
 }
 
 // startMounter starts the mounter of r's volume at r.StagingPath and waits until it has
@@ -35,24 +82,19 @@ func mounterArgs(backing string, r *record) []string {
 // kills the group kills the mounters with it, as a container runtime kills ceph-fuse with its
 // node plugin container. It is reaped in the background.
 func (p *Plugin) startMounter(ctx context.Context, r *record) (pid int, err error) {
-	readR, readW, err := os.Pipe()
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMounter, err)
+	if r.mounter() == RcloneMounter {
+		return p.startRclone(ctx, r)
 	}
-	defer func() { _ = readR.Close() }()
+	return p.startOwnMounter(ctx, r)
+}
 
-	name := p.opts.MounterCommand[0]
-	args := append(slices.Clone(p.opts.MounterCommand[1:]), mounterArgs(p.store.backing(r.VolumeID), r)...)
-	cmd := exec.Command(name, args...)
-	cmd.ExtraFiles = []*os.File{readW}
+// startChild starts cmd and reaps it in the background; c.done closes once it is reaped.
+func (p *Plugin) startChild(cmd *exec.Cmd) (pid int, c *child, err error) {
 	cmd.Stdout, cmd.Stderr = p.opts.MounterOutput, p.opts.MounterOutput
-	err = cmd.Start()
-	// The child holds its own copy; without closing ours the read below never sees the end.
-	_ = readW.Close()
-	if err != nil {
-		return 0, fmt.Errorf("%w: start %s: %w", ErrMounter, name, err)
+	if err := cmd.Start(); err != nil {
+		return 0, nil, fmt.Errorf("%w: start %s: %w", ErrMounter, cmd.Path, err)
 	}
-	c := &child{done: make(chan struct{})}
+	c = &child{done: make(chan struct{})}
 	pid = cmd.Process.Pid
 	p.mu.Lock()
 	p.children[pid] = c
@@ -64,6 +106,34 @@ func (p *Plugin) startMounter(ctx context.Context, r *record) (pid int, err erro
 		p.mu.Unlock()
 		close(c.done)
 	}()
+	return pid, c, nil
+}
+
+// abandonMounter kills a mounter that did not mount, and says why.
+func abandonMounter(pid int, c *child, r *record, why string) error {
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	<-c.done
+	return fmt.Errorf("%w: the %s mounter of volume %s at %s %s (its output is in the plugin's log)", ErrMounter, r.mounter(), r.VolumeID, r.StagingPath, why)
+}
+
+// startOwnMounter starts `refdriver mounter`, which says on a pipe when it has mounted.
+func (p *Plugin) startOwnMounter(ctx context.Context, r *record) (pid int, err error) {
+	readR, readW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMounter, err)
+	}
+	defer func() { _ = readR.Close() }()
+
+	name := p.opts.MounterCommand[0]
+	args := append(slices.Clone(p.opts.MounterCommand[1:]), mounterArgs(p.store.backing(r.VolumeID), r)...)
+	cmd := exec.Command(name, args...)
+	cmd.ExtraFiles = []*os.File{readW}
+	pid, c, err := p.startChild(cmd)
+	// The child holds its own copy; without closing ours the read below never sees the end.
+	_ = readW.Close()
+	if err != nil {
+		return 0, err
+	}
 
 	line := make(chan string, 1)
 	go func() {
@@ -84,10 +154,56 @@ func (p *Plugin) startMounter(ctx context.Context, r *record) (pid int, err erro
 	case <-ctx.Done():
 		why = "was abandoned: " + ctx.Err().Error()
 	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	<-c.done
-	return 0, fmt.Errorf("%w: the mounter of volume %s at %s %s (its output is in the plugin's log)", ErrMounter, r.VolumeID, r.StagingPath, why)
+	return 0, abandonMounter(pid, c, r, why)
 }
+
+// startRclone starts `rclone mount`, which says nothing when it has mounted: the mount table
+// does, once the staging path shows a mount of the volume's source and rclone's type.
+func (p *Plugin) startRclone(ctx context.Context, r *record) (pid int, err error) {
+	name := p.opts.RcloneCommand[0]
+	args := append(slices.Clone(p.opts.RcloneCommand[1:]), rcloneArgs(p.store.backing(r.VolumeID), r)...)
+	pid, c, err := p.startChild(exec.Command(name, args...))
+	if err != nil {
+		return 0, err
+	}
+	timer := time.NewTimer(p.opts.ReadyTimeout)
+	defer timer.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	want := r.expect()
+	for {
+		mounted, err := mountedAs(r.StagingPath, want)
+		if err != nil {
+			return 0, abandonMounter(pid, c, r, "could not be watched: "+err.Error())
+		}
+		if mounted {
+			return pid, nil
+		}
+		select {
+		case <-tick.C:
+		case <-c.done:
+			return 0, abandonMounter(pid, c, r, "exited before it mounted")
+		case <-timer.C:
+			return 0, abandonMounter(pid, c, r, fmt.Sprintf("did not mount within %s", p.opts.ReadyTimeout))
+		case <-ctx.Done():
+			return 0, abandonMounter(pid, c, r, "was abandoned: "+ctx.Err().Error())
+		}
+	}
+}
+
+// mountedAs tells whether the top-most mount at path has want's source and type, from this
+// process's mount table.
+func mountedAs(path string, want driverkit.Expect) (bool, error) {
+	infos, err := driverkit.ReadMountTable(selfMountInfo)
+	if err != nil {
+		return false, err
+	}
+	top := driverkit.TopMount(infos, path)
+	return top != nil && top.Source == want.Source && top.FSType == want.FSType, nil
+}
+
+// selfMountInfo is this process's mount table.
+const selfMountInfo = "/proc/self/mountinfo"
 
 // isMounterOf tells whether pid is alive and is the mounter of r's volume at r's staging path,
 // from its command line: a PID recorded by an earlier run may have been reused by any other
@@ -108,6 +224,13 @@ func isMounterOf(pid int, r *record) bool {
 			}
 		}
 		return false
+	}
+	if r.mounter() == RcloneMounter {
+		// rclone mount <source> <mount point> ... --devname <fsName>
+		isArg := func(value string) bool {
+			return slices.ContainsFunc(args, func(a []byte) bool { return string(a) == value })
+		}
+		return isArg("mount") && isArg(r.StagingPath) && has("--devname", r.FsName)
 	}
 	return has("--target", r.StagingPath) && has("--fsname", r.FsName)
 }

@@ -47,7 +47,9 @@ func (s *nodeServer) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi
 }
 
 // NodeStageVolume starts the volume's mounter at the staging path. Staging a volume staged
-// there already is a no-op when its mount is healthy, and repairs it otherwise.
+// there already is a no-op when its mount is healthy, and repairs it otherwise: the Healer
+// driver repairs its publish targets too, as a heal; a Stock one only mounts the staging path
+// again.
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	switch {
@@ -67,6 +69,9 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if r, ok := s.p.record(id); ok {
 		if r.StagingPath != staging {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is staged at %s, not at %s", id, r.StagingPath, staging)
+		}
+		if s.p.opts.Stock {
+			return &csi.NodeStageVolumeResponse{}, s.p.restoreStaging(ctx, r)
 		}
 		return &csi.NodeStageVolumeResponse{}, s.p.ensureHealthy(ctx, r)
 	}
@@ -107,7 +112,8 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
-// NodePublishVolume bind-mounts the staging mount at the target, read-only when asked.
+// NodePublishVolume bind-mounts the staging mount at the target, read-only when asked. A Stock
+// driver first mounts a broken staging mount again, and replaces a broken mount at the target.
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	id, path, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
 	switch {
@@ -129,6 +135,13 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	r, ok := s.p.record(id)
 	if !ok || r.StagingPath != staging {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is not staged at %s", id, staging)
+	}
+	if s.p.opts.Stock {
+		if err := s.p.restoreStaging(ctx, r); err != nil {
+			return nil, err
+		}
+		// A new mounter is recorded.
+		r, _ = s.p.record(id)
 	}
 	if err := s.p.publish(ctx, r, target{Path: path, ReadOnly: req.GetReadonly()}); err != nil {
 		return nil, err
@@ -252,10 +265,16 @@ func (p *Plugin) stage(ctx context.Context, r *record) error {
 	if _, err := os.Stat(p.store.backing(r.VolumeID)); err != nil {
 		return status.Errorf(codes.FailedPrecondition, "volume %q cannot be staged: its backing folder: %v", r.VolumeID, err)
 	}
+	if p.opts.Stock {
+		if err := p.detachStrayStaging(ctx, r.VolumeID, r.StagingPath); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(r.StagingPath, 0o750); err != nil {
 		return status.Errorf(codes.Internal, "create staging folder: %v", err)
 	}
 	r.FsName = p.fsName(r.VolumeID)
+	r.Mounter = p.opts.Mounter
 	if r.VolumeContext == nil {
 		r.VolumeContext = map[string]string{}
 	}
@@ -323,7 +342,9 @@ func (p *Plugin) unstage(ctx context.Context, r *record) error {
 
 // publish bind-mounts the staging mount at t. The target is recorded before it is mounted, so
 // that no mount of the plugin is ever unknown to it. Publishing again where the volume is
-// published already is a no-op, unless the bind is missing. The caller holds the volume's lock.
+// published already is a no-op, unless the bind is missing. The Healer driver stacks the bind on
+// whatever the target shows; a Stock one detaches a mount there that is not the staging
+// mount's first. The caller holds the volume's lock.
 func (p *Plugin) publish(ctx context.Context, r *record, t target) error {
 	if have, ok := r.target(t.Path); ok {
 		if have.ReadOnly != t.ReadOnly {
@@ -344,6 +365,11 @@ func (p *Plugin) publish(ctx context.Context, r *record, t target) error {
 			return status.Errorf(codes.Internal, "%v", err)
 		}
 		r = next
+	}
+	if p.opts.Stock {
+		if err := p.replaceTargetMount(ctx, r, t.Path); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(t.Path, 0o750); err != nil {
 		return status.Errorf(codes.Internal, "create target folder: %v", err)

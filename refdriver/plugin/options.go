@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -31,8 +32,36 @@ type Options struct {
 	StatTimeout time.Duration
 
 	// Capabilities lists the Healer RPCs to advertise and serve; the others answer
-	// UNIMPLEMENTED. Default: PROBE, HEAL and LIST_VOLUMES.
+	// UNIMPLEMENTED. Default: PROBE, HEAL and LIST_VOLUMES. Must be empty with Stock.
 	Capabilities []healerv1alpha1.HealerCapability_RPC_Type
+
+	// Stock makes the plugin a driver as operators run them today, one that knows nothing of
+	// volume-healer: it serves no Healer service (the CSI-Addons socket carries the CSI-Addons
+	// Identity only, without the Healer protocol in its manifest), and its NodeStageVolume and
+	// NodePublishVolume repair a corrupted mount themselves, the way ceph-csi's do for
+	// ceph-fuse. NodeStageVolume on a staging path whose mount is dead, hung or gone detaches
+	// it and starts the mounter again; NodePublishVolume restores the staging mount first when
+	// it is broken (kubelet does not stage a volume again while it counts it staged, so a
+	// replacement pod gets only NodePublishVolume), and replaces a broken mount at the target
+	// instead of stacking on it. Neither touches the volume's other publish targets: pods
+	// that kept a dead mount keep it until they are replaced. Default: false, the Healer
+	// driver.
+	Stock bool
+
+	// UnmountDeadTargetsOnStart makes New detach the dead or hung mounts of the recorded
+	// publish targets, as the start-up clean-up of some drivers does, and keep the folders and
+	// the records: kubelet still counts those targets published, their pods see an empty
+	// folder on the node's disk (propagation HostToContainer) or keep the dead mount (None).
+	// It reproduces the worst case of a driver restart, for tests. Stock only. Default: false.
+	UnmountDeadTargetsOnStart bool
+
+	// Mounter is the userspace mounter of the volumes this plugin stages. Volumes staged
+	// already keep theirs. Default: OwnMounter.
+	Mounter Mounter
+
+	// RcloneCommand is the program and leading arguments that run rclone, for RcloneMounter;
+	// the plugin appends `mount` and its arguments. Default: "rclone" from the PATH.
+	RcloneCommand []string
 
 	// MounterCommand is the program and leading arguments that start a mounter; the plugin
 	// appends the mounter's flags (--source, --target, --fsname, --ready-fd). Default: this
@@ -70,6 +99,34 @@ func (o *Options) setDefaults() error {
 	}
 	if len(o.MounterCommand) == 0 || o.MounterCommand[0] == "" {
 		return fmt.Errorf("%w: MounterCommand names no program", control.ErrInvalidOptions)
+	}
+	switch o.Mounter {
+	case "":
+		o.Mounter = OwnMounter
+	case OwnMounter, RcloneMounter:
+	default:
+		return fmt.Errorf("%w: Mounter %q: want %s or %s", control.ErrInvalidOptions, o.Mounter, OwnMounter, RcloneMounter)
+	}
+	if o.RcloneCommand == nil {
+		o.RcloneCommand = []string{"rclone"}
+	}
+	if len(o.RcloneCommand) == 0 || o.RcloneCommand[0] == "" {
+		return fmt.Errorf("%w: RcloneCommand names no program", control.ErrInvalidOptions)
+	}
+	if o.Mounter == RcloneMounter {
+		if _, err := exec.LookPath(o.RcloneCommand[0]); err != nil {
+			return fmt.Errorf("%w: Mounter %s needs the rclone program (Debian package rclone): %w", control.ErrInvalidOptions, o.Mounter, err)
+		}
+		// rclone mounts through fusermount, found on the PATH (Debian package fuse3).
+		if _, err := exec.LookPath("fusermount"); err != nil {
+			return fmt.Errorf("%w: Mounter %s needs fusermount (Debian package fuse3): %w", control.ErrInvalidOptions, o.Mounter, err)
+		}
+	}
+	if o.Stock && len(o.Capabilities) > 0 {
+		return fmt.Errorf("%w: a Stock plugin serves no Healer service, so Capabilities must be empty, got %v", control.ErrInvalidOptions, o.Capabilities)
+	}
+	if o.UnmountDeadTargetsOnStart && !o.Stock {
+		return fmt.Errorf("%w: UnmountDeadTargetsOnStart is the start-up clean-up of a stock driver: set Stock too", control.ErrInvalidOptions)
 	}
 	if o.MounterOutput == nil {
 		o.MounterOutput = os.Stderr

@@ -7,6 +7,11 @@
 // volume-healer exists for. It is healed through package driverkit, which serves the Healer
 // service on the CSI-Addons socket.
 //
+// With Options.Stock it plays a driver that knows nothing of volume-healer instead (stock.go):
+// no Healer service, and a Node service that mounts a broken volume again by itself, as
+// ceph-csi's does. With Options.Mounter RcloneMounter its volumes' FUSE daemon is `rclone mount`,
+// a mounter nobody here wrote, in place of its own.
+//
 // Faults can be applied on purpose through the HTTP control interface (ControlHandler, package
 // control), the paths and bodies the simulated mode serves too, so that `healerctl sanity
 // --control` and tests drive both modes alike; here each fault is real: a killed, frozen or
@@ -85,7 +90,10 @@ func New(opts Options) (*Plugin, error) {
 	p.records = records
 	for _, r := range records {
 		p.opts.Logger.Info("Volume staged by an earlier run", "volume", r.VolumeID, "stagingPath", r.StagingPath,
-			"publishTargets", len(r.PublishTargets), "mounterPID", r.MounterPID)
+			"publishTargets", len(r.PublishTargets), "mounter", r.mounter(), "mounterPID", r.MounterPID)
+	}
+	if opts.UnmountDeadTargetsOnStart {
+		p.unmountDeadTargets(context.Background())
 	}
 	return p, nil
 }
@@ -100,8 +108,13 @@ func (p *Plugin) Register(s grpc.ServiceRegistrar) {
 }
 
 // RegisterAddons adds the CSI-Addons Identity and Healer services (driverkit) to s, the server
-// on the CSI-Addons socket; both share the plugin's volume locks with the Node service.
+// on the CSI-Addons socket; both share the plugin's volume locks with the Node service. A Stock
+// plugin adds the CSI-Addons Identity only.
 func (p *Plugin) RegisterAddons(s grpc.ServiceRegistrar) error {
+	if p.opts.Stock {
+		p.registerStockAddons(s)
+		return nil
+	}
 	return driverkit.Register(s, p, driverkit.ServerOptions{
 		DriverName:    p.opts.DriverName,
 		VendorVersion: p.opts.VendorVersion,

@@ -18,7 +18,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/volume-healer/volume-healer/driverkit"
-	"github.com/volume-healer/volume-healer/refdriver/mounter"
 )
 
 // volumeIDPattern is the shape of the IDs CreateVolume hands out. Any other ID is unknown,
@@ -51,6 +50,10 @@ type record struct {
 	// FsName is the mount source the volume's mounter gives its mount.
 	FsName         string   `json:"fsName"`
 	PublishTargets []target `json:"publishTargets,omitempty"`
+	// Mounter is the mounter the volume was staged with; "" (records of earlier versions) is
+	// OwnMounter. A volume keeps its mounter until it is unstaged, whatever the plugin's
+	// options say meanwhile: its mounts are that mounter's.
+	Mounter Mounter `json:"mounter,omitempty"`
 	// MounterPID is the mounter started last for the volume, by this run of the plugin or an
 	// earlier one; 0 while none was started yet.
 	MounterPID int `json:"mounterPid,omitempty"`
@@ -84,9 +87,17 @@ func (r *record) withoutTarget(path string) *record {
 	return c
 }
 
+// mounter is the mounter the volume was staged with.
+func (r *record) mounter() Mounter {
+	if r.Mounter == "" {
+		return OwnMounter
+	}
+	return r.Mounter
+}
+
 // expect is what the volume's healthy staging mount looks like.
 func (r *record) expect() driverkit.Expect {
-	return driverkit.Expect{Source: r.FsName, FSType: mounter.FSType}
+	return driverkit.Expect{Source: r.FsName, FSType: r.mounter().fsType()}
 }
 
 // kitVolume is the record as driverkit sees it.

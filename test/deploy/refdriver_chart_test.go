@@ -316,6 +316,49 @@ func TestRefdriverChartValues(t *testing.T) {
 	}
 }
 
+// TestRefdriverChartStockMode: the node plugin can run as a driver that serves no Healer
+// service, with rclone as its mounter and the start-up clean-up, as the tests of drivers without
+// the protocol need; the controller plugin is the same either way.
+func TestRefdriverChartStockMode(t *testing.T) {
+	defaults := refdriverTemplate(t, "rd", "storage")
+	stock := refdriverTemplate(t, "rd", "storage", "node.mode=stock", "node.mounter=rclone",
+		"node.unmountDeadTargetsOnStart=true", "images.refdriver.repository=healer-refdriver-rclone")
+	nodeDriver := func(objs []*unstructured.Unstructured) corev1.Container {
+		var ds appsv1.DaemonSet
+		convert(t, find(t, objs, "DaemonSet", "rd-healer-refdriver-node"), &ds)
+		return container(t, ds.Spec.Template.Spec, "refdriver")
+	}
+	controllerDriver := func(objs []*unstructured.Unstructured) corev1.Container {
+		var dep appsv1.Deployment
+		convert(t, find(t, objs, "Deployment", "rd-healer-refdriver-controller"), &dep)
+		return container(t, dep.Spec.Template.Spec, "refdriver")
+	}
+	d := nodeDriver(defaults)
+	for _, want := range []string{"--mode=real", "--mounter=refdriver", "--capabilities=probe,heal,list"} {
+		if !slices.Contains(d.Args, want) {
+			t.Errorf("default node plugin args %q: no %s", d.Args, want)
+		}
+	}
+	if slices.Contains(d.Args, "--unmount-dead-targets-on-start") {
+		t.Errorf("default node plugin args %q: the start-up clean-up is on", d.Args)
+	}
+	s := nodeDriver(stock)
+	for _, want := range []string{"--mode=stock", "--mounter=rclone", "--unmount-dead-targets-on-start"} {
+		if !slices.Contains(s.Args, want) {
+			t.Errorf("stock node plugin args %q: no %s", s.Args, want)
+		}
+	}
+	if slices.ContainsFunc(s.Args, func(a string) bool { return strings.HasPrefix(a, "--capabilities") }) {
+		t.Errorf("stock node plugin args %q: a stock driver takes no --capabilities", s.Args)
+	}
+	if s.Image != "healer-refdriver-rclone:v0.1.0" {
+		t.Errorf("stock node plugin image %q, want healer-refdriver-rclone:v0.1.0", s.Image)
+	}
+	if a, b := controllerDriver(defaults).Args, controllerDriver(stock).Args; !slices.Equal(a, b) {
+		t.Errorf("the controller plugin's args changed with the node plugin's mode: %q, then %q", a, b)
+	}
+}
+
 // TestRefdriverChartRequiredValues checks that the chart refuses, naming the value, what
 // cannot work.
 func TestRefdriverChartRequiredValues(t *testing.T) {
@@ -324,12 +367,15 @@ func TestRefdriverChartRequiredValues(t *testing.T) {
 		set  []string
 		want string
 	}{
-		"an image without a tag":        {[]string{"images.csiAttacher.tag="}, "csi-attacher needs a tag or a digest"},
-		"an image without a repository": {[]string{"images.refdriver.repository="}, "images.<name>.repository"},
-		"no node ServiceAccount":        {[]string{"node.serviceAccountName="}, "node.serviceAccountName is required"},
-		"TLS without its key pair":      {[]string{"healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
-		"TLS without a server name":     {[]string{"healerSidecar.tls.serverName="}, "healerSidecar.tls.serverName is required"},
-		"no controller ServiceAccount":  {[]string{"controller.serviceAccountName="}, "controller.serviceAccountName is required"},
+		"an image without a tag":          {[]string{"images.csiAttacher.tag="}, "csi-attacher needs a tag or a digest"},
+		"an image without a repository":   {[]string{"images.refdriver.repository="}, "images.<name>.repository"},
+		"no node ServiceAccount":          {[]string{"node.serviceAccountName="}, "node.serviceAccountName is required"},
+		"TLS without its key pair":        {[]string{"healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
+		"TLS without a server name":       {[]string{"healerSidecar.tls.serverName="}, "healerSidecar.tls.serverName is required"},
+		"no controller ServiceAccount":    {[]string{"controller.serviceAccountName="}, "controller.serviceAccountName is required"},
+		"an unknown mode":                 {[]string{"node.mode=simulated"}, `node.mode "simulated": want real or stock`},
+		"an unknown mounter":              {[]string{"node.mounter=sshfs"}, `node.mounter "sshfs": want refdriver or rclone`},
+		"the clean-up of a Healer driver": {[]string{"node.unmountDeadTargetsOnStart=true"}, "set node.mode=stock too"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"template", "rd", refdriverChart, "--kube-version", kubeVersion}

@@ -241,7 +241,7 @@ func (r *runner) checkCapabilities(ctx context.Context) bool {
 		// Not a failure: a driver that has not adopted the protocol is still helped, from the
 		// sidecar's own probe. The protocol's checks do not apply to it.
 		r.report.Tier = TierNone
-		r.record(CheckCapabilities, Skip, "GetHealerCapabilities: %s: the driver serves no Healer service (tier %s); the protocol's checks do not apply",
+		r.record(CheckCapabilities, Skip, "GetHealerCapabilities: %s: the driver serves no Healer service (tier %s): volume-healer's sidecar probes its volumes itself, and only remedies outside the driver are left; the protocol's checks do not apply",
 			describeErr(err), TierNone)
 		return false
 	}

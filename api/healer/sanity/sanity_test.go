@@ -405,6 +405,33 @@ func TestUnreachableDriverFailsAtOnce(t *testing.T) {
 	}
 }
 
+// TestDriverWithoutHealer: a driver that serves the CSI-Addons Identity and no Healer service
+// (any CSI driver as it ships) is no failure: the capabilities check is skipped with words that
+// say so and name the tier it gets, and no Healer check runs after it.
+func TestDriverWithoutHealer(t *testing.T) {
+	d := newDriver(t, simulated.Options{})
+	path := filepath.Join(socketDir(t), "csi-addons.sock")
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	identity.RegisterIdentityServer(s, d.IdentityServer())
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(s.Stop)
+
+	report, out := run(t, sanity.Options{Endpoint: "unix://" + path})
+	res, ok := report.Result(sanity.CheckCapabilities)
+	if !ok || res.Outcome != sanity.Skip || report.Tier != sanity.TierNone ||
+		!strings.Contains(res.Detail, "the driver serves no Healer service") || !strings.Contains(res.Detail, "tier none") ||
+		!strings.Contains(res.Detail, "UNIMPLEMENTED") {
+		t.Errorf("capabilities check %+v, tier %q; want it skipped saying the driver serves no Healer service (tier none):\n%s", res, report.Tier, out)
+	}
+	if last := report.Results[len(report.Results)-1]; last.Check != sanity.CheckCapabilities {
+		t.Errorf("the run went on after the capabilities check, to %s:\n%s", last.Check, out)
+	}
+}
+
 func TestInvalidOptions(t *testing.T) {
 	tests := map[string]sanity.Options{
 		"no endpoint":         {},
