@@ -221,6 +221,9 @@ type Evictor struct {
 	// noRestart holds the pods whose containers the sidecar could not restart in place: it is
 	// not tried again for them; entries expire with handled's.
 	noRestart map[types.UID]time.Time
+	// evictPod evicts one pod: evict, or in tests the fake clientset's typed call, whose
+	// reactors stand for the API server.
+	evictPod func(ctx context.Context, pod *corev1.Pod) error
 }
 
 // handledPod is when a pod was handled and whether that evicted it. A pod the policy left alone
@@ -265,7 +268,7 @@ func New(opts Options) (*Evictor, error) {
 	q := workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](opts.BackoffBase, opts.BackoffMax),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "evictions", Clock: opts.Clock})
-	return &Evictor{
+	e := &Evictor{
 		opts:      opts,
 		queue:     q,
 		budget:    newBudget(opts.PerMinute, opts.PerNamespacePerMinute),
@@ -273,7 +276,9 @@ func New(opts Options) (*Evictor, error) {
 		handled:   map[types.UID]handledPod{},
 		progress:  map[string]*Progress{},
 		noRestart: map[types.UID]time.Time{},
-	}, nil
+	}
+	e.evictPod = e.evict
+	return e, nil
 }
 
 // Progress returns how far the remedy of volume pv on node has come, and whether one is known
@@ -546,7 +551,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 			reason, why = ReasonEvictedForRecycle, "claim %s is recycled on this node: %s; its replacement gets a fresh mount from the driver"
 			claimWhy = "Evicted pod %s for %s"
 		}
-		switch err := e.evict(ctx, pod); {
+		switch err := e.evictPod(ctx, pod); {
 		case err == nil:
 			staying--
 			tally.evicted++
