@@ -413,7 +413,16 @@ func (r *recordingRestarter) Finish(pv, node string, recycled bool) {
 func (r *recordingRestarter) set(p evict.Progress) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.progress == nil {
+		r.progress = map[string]evict.Progress{}
+	}
 	r.progress[p.PV+"/"+p.Node] = p
+}
+
+func (r *recordingRestarter) finishes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.finished...)
 }
 
 func (r *recordingRestarter) requests() []evict.Request {
