@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
@@ -38,6 +41,7 @@ func recycles(r *recordingRestarter) []evict.Request {
 // finished (VolumeRecycled, with the time it took) and the restart recorded.
 func TestRecycleKeepsTheRestartPendingUntilTheVolumeProbesHealthy(t *testing.T) {
 	f, r := stockFixture(t, 2)
+	f.sweeper.opts.Metrics = NewMetrics(prometheus.NewRegistry())
 	f.sidecars.health["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone", Message: "transport endpoint is not connected"}}
 
 	done := f.runAsync(context.Background())
@@ -49,6 +53,14 @@ func TestRecycleKeepsTheRestartPendingUntilTheVolumeProbesHealthy(t *testing.T) 
 	if m := f.handledMarker(t); m != "" {
 		t.Fatalf("restart recorded as handled (%q) while its volume is being recycled", m)
 	}
+	gauge := f.sweeper.opts.Metrics.recyclingSince
+	if got := testutil.ToFloat64(gauge.WithLabelValues("app", "claim-v1", "rbd")); got <= 0 {
+		t.Errorf("volume_healer_volume_recycling_since_timestamp_seconds of app/claim-v1 = %v while recycling, want its start", got)
+	}
+	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.healFailing.WithLabelValues("app", "claim-v1", "rbd")); got != 0 {
+		t.Errorf("volume_healer_volume_heal_failing of app/claim-v1 = %v while recycling, want 0: a recycle under way is no failed heal", got)
+	}
+	f.sweeper.opts.Metrics.healFailing.Reset()
 	reqs := recycles(r)
 	if len(reqs) < 2 {
 		t.Fatalf("recycle requests %+v; want one per try", reqs)
@@ -71,6 +83,9 @@ func TestRecycleKeepsTheRestartPendingUntilTheVolumeProbesHealthy(t *testing.T) 
 	}
 	if m := f.handledMarker(t); m != f.restart().Marker {
 		t.Errorf("handled marker %q, want %q", m, f.restart().Marker)
+	}
+	if n := testutil.CollectAndCount(gauge); n != 0 {
+		t.Errorf("%d recycling series left once the volume probed healthy, want none", n)
 	}
 	if !slices.Contains(r.finishes(), "v1/node-a recycled=true") {
 		t.Errorf("finishes %v; want v1 on node-a finished as recycled", r.finishes())

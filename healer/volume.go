@@ -451,10 +451,15 @@ func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Resu
 		}
 		s.opts.Restarter.Add(req)
 	}
-	p, _ := s.opts.Restarter.Progress(v.PVName, v.NodeName)
+	p, ok := s.opts.Restarter.Progress(v.PVName, v.NodeName)
+	if !ok {
+		p.Since = now
+	}
 	logger.Info("Recycling the volume on its node", "reason", reason, "finding", finding, "progress", p.String())
 	s.writeRecycling(ctx, v, health, p)
-	s.setFailing(v, true)
+	// Not a failing heal: a recycle takes the time its pods take to go; the recycling gauge and
+	// its alert say when it takes too long.
+	s.opts.Metrics.recycling(claim.Namespace, claim.Name, v.Driver, true, p.Since)
 	return outcomeRecycling
 }
 
@@ -494,6 +499,8 @@ func (s *Sweeper) remedyDone(v planner.Volume, how string) {
 	if p.Remedy != policy.RemedyRecycle {
 		return
 	}
+	claim := v.ClaimName()
+	s.opts.Metrics.recycling(claim.Namespace, claim.Name, v.Driver, false, time.Time{})
 	took := s.opts.Clock.Since(p.Since).Round(time.Second)
 	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeRecycled,
 		"Volume recycled: %s, %s after its recycle began (%s; %s)", how, took, p.Finding, p.String())
