@@ -34,6 +34,7 @@ const (
 	outcomeUndecided
 	outcomeWouldProbe
 	outcomeWouldHeal
+	outcomeWouldRecycle
 	// outcomeRecycling is a volume recycled on its node and not yet found healthy there: a
 	// restart sweep with one stays pending.
 	outcomeRecycling
@@ -172,7 +173,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		return nil, dispatch.Task{}, outcomeSkipped
 	case s.opts.DryRun && action == policy.ActionRecycle:
 		volumeLogger().Info("Dry run: would recycle", "reason", d.Reason)
-		return nil, dispatch.Task{}, outcomeWouldHeal
+		return nil, dispatch.Task{}, outcomeWouldRecycle
 	case s.opts.DryRun && action == policy.ActionProbe:
 		volumeLogger().Info("Dry run: would probe", "reason", d.Reason)
 		return nil, dispatch.Task{}, outcomeWouldProbe
