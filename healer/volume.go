@@ -241,6 +241,9 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
+			if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
+				s.podsMustRestart(v, res, probedAt, in, restartPods)
+			}
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
