@@ -32,8 +32,11 @@ type Summary struct {
 	// Undecided counts volumes the policy could not decide (a runtime error, or no accepted
 	// policy serving): left alone, and a restart sweep with any is incomplete.
 	Undecided int
-	// WouldProbe and WouldHeal count dry-run decisions.
-	WouldProbe, WouldHeal int
+	// Recycling counts volumes recycled on their node and not yet found healthy there: a restart
+	// sweep with any is incomplete, and tries them again until they are.
+	Recycling int
+	// WouldProbe, WouldHeal and WouldRecycle count dry-run decisions.
+	WouldProbe, WouldHeal, WouldRecycle int
 	// Cancelled is true when the sweep stopped before every volume was handled.
 	Cancelled bool
 	// Incomplete says why the sweep did not decide and act on every volume it should have (a
@@ -51,8 +54,14 @@ func (s Summary) String() string {
 	if s.Undecided > 0 {
 		out += fmt.Sprintf(", %d not decided by the policy", s.Undecided)
 	}
-	if s.WouldProbe+s.WouldHeal > 0 {
+	if s.Recycling > 0 {
+		out += fmt.Sprintf(", %d being recycled", s.Recycling)
+	}
+	if s.WouldProbe+s.WouldHeal+s.WouldRecycle > 0 {
 		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
+		if s.WouldRecycle > 0 {
+			out += fmt.Sprintf(", would recycle %d", s.WouldRecycle)
+		}
 	}
 	if s.Incomplete != "" {
 		out += "; incomplete: " + s.Incomplete
@@ -131,6 +140,9 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep, finished map[
 	}
 	if summary.Undecided > 0 {
 		why = append(why, fmt.Sprintf("%d volume(s) not decided by the policy", summary.Undecided))
+	}
+	if summary.Recycling > 0 {
+		why = append(why, fmt.Sprintf("%d volume(s) being recycled, not yet found healthy", summary.Recycling))
 	}
 	if summary.Incomplete != "" {
 		why = append(why, summary.Incomplete)
