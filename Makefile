@@ -47,6 +47,16 @@ test: node ## Run the whole test suite: unit, integration (real kube-apiserver +
 node: ## Build a real node's binaries (kubelet, containerd, CSI sidecars; cached in .cache/node) where one can run.
 	@if why="$$(hack/node.sh --check)"; then hack/node.sh >/dev/null; else echo "node: no real node on this machine ($$why): test/realcluster will skip"; fi
 
+# The chaos soak's length of faults and its seed (0: a new one, printed at the start).
+SOAK_DURATION ?= 30m
+SOAK_SEED     ?= 0
+SOAK_TIMEOUT  ?= 90m
+
+.PHONY: soak
+soak: node ## Run the chaos soak on the real node: SOAK_DURATION (default 30m) of faults at random; SOAK_SEED=N replays a run (docs/operations.md, "Chaos soak").
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test -count=1 -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) -v ./test/realcluster/ \
+	  -args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED)
+
 .PHONY: test-short
 test-short: ## Run only the fast tests (no control plane, no builds of external tools).
 	$(GO) test -short $(PKGS)
