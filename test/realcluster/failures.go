@@ -196,6 +196,11 @@ func (e *Env) KillControllerContainer(t harness.TB) {
 	e.killContainer(t, healerNS, controllerPods, "controller")
 }
 
+// containerRestartBound is how long kubelet may take to restart a killed container: its
+// crash-loop back-off doubles from 10s at each restart up to 5 minutes (reset after 10 minutes
+// of running), and the container must then start and be ready.
+const containerRestartBound = 6 * time.Minute
+
 // controllerPods selects the controller's pods.
 const controllerPods = "app.kubernetes.io/component=controller"
 
@@ -209,7 +214,7 @@ func (e *Env) killContainer(t harness.TB, ns, selector, container string) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 %d (the %s container of %s): %v", pid, container, pod.Name, err)
 	}
-	harness.Eventually(t, 2*time.Minute, "kubelet to restart the "+container+" container of "+pod.Name, func() (bool, string) {
+	harness.Eventually(t, containerRestartBound, "kubelet to restart the "+container+" container of "+pod.Name, func() (bool, string) {
 		p, err := e.c.Clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()

@@ -64,9 +64,11 @@ type SoakOptions struct {
 	// Faults caps the number of faults; 0: no cap.
 	Faults int
 	// RecoveryBound is how long every workload may take to write and read its volume again
-	// after a fault. Default: 3m, TestRealNode's bound: a periodic sweep of the class every 10s,
-	// a heal within the controller's timeouts.heal (45s), an eviction and a new pod started on a
-	// loaded 2-core node.
+	// once a fault is injected (a stopped mounter continued, a killed container restarted by
+	// kubelet, whose crash-loop back-off grows with each kill). Default: 3m, TestRealNode's
+	// bound: a periodic sweep of the class every 10s, a heal within the controller's
+	// timeouts.heal (45s), an eviction and a new pod started on a loaded 2-core node; after a
+	// controller kill, the killed process's Lease expiring (60s).
 	RecoveryBound time.Duration
 }
 
@@ -214,6 +216,9 @@ func (e *Env) Soak(t harness.TB, workloads []*Workload, o SoakOptions) *SoakRepo
 		t.Logf("soak: fault %s at %s", f, f.at.Format(time.RFC3339Nano))
 		r.Faults[f.kind]++
 		end := e.inject(t, f, stop)
+		if injected := time.Since(f.at); injected > time.Second {
+			t.Logf("soak: fault %s injected in %s", f, injected.Round(100*time.Millisecond))
+		}
 		took, last := e.waitRecovered(t, inv, workloads, f, before, o.RecoveryBound)
 		end()
 		t.Logf("soak: fault %s: every workload writes and reads again %s after it (last waited for: %s)", f, took.Round(100*time.Millisecond), last)
@@ -340,16 +345,17 @@ func podClaim(p *corev1.Pod) string {
 	return ""
 }
 
-// waitRecovered waits until the controller leads (after a controller kill), every claim of the workloads has a running pod whose latest try
-// succeeded and, for the claims f broke, whose pod saw the fault (a failed try after it, then a
-// successful one) or replaced the pod that did; it returns how long that took after f and what
-// it waited for last (the slowest part of the recovery). A pod of
-// a HostToContainer workload must not be replaced: it sees the healed mount in place.
+// waitRecovered waits, for at most bound from now (the fault injected), until the controller
+// leads (after a controller kill) and every claim of the workloads has a running pod whose
+// latest try succeeded and, for the claims f broke, whose pod saw the fault (a failed try after
+// it, then a successful one) or replaced the pod that did. It returns how long that took after
+// f began and what it waited for last (the slowest part of the recovery). A pod of a
+// HostToContainer workload must not be replaced: it sees the healed mount in place.
 func (e *Env) waitRecovered(t harness.TB, inv *invariants, workloads []*Workload, f *fault, before map[types.UID]corev1.Pod, bound time.Duration) (time.Duration, string) {
 	t.Helper()
 	ctx := t.Context()
 	last := "nothing"
-	harness.Eventually(t, bound-time.Since(f.at), fmt.Sprintf("every workload to write and read its volume again after fault %s", f), func() (bool, string) {
+	harness.Eventually(t, bound, fmt.Sprintf("every workload to write and read its volume again after fault %s", f), func() (bool, string) {
 		ok, state := e.recovered(ctx, inv, workloads, f, before)
 		if !ok {
 			last = state
