@@ -505,8 +505,15 @@ func (e *Env) countEvents(t harness.TB, kind, reason string, since time.Time) in
 // each with a probe bounded by timeouts.probe (10s).
 const quietBound = 90 * time.Second
 
+// deadMountGauge has a series for each claim whose volume was repaired while running pods still
+// see its dead mount; it goes when a probe finds the volume healthy, once they were evicted.
+const deadMountGauge = "volume_healer_pods_on_dead_mount_since_timestamp_seconds"
+
 // waitQuiet waits until nothing is in flight: no workload pod terminating, the controller's
-// dispatcher without calls in flight or queued and no restart sweep pending.
+// dispatcher without calls in flight or queued, no restart sweep pending, and no claim with pods
+// on a dead mount. A workload may write again while a pod with propagation None is still to be
+// evicted: a detached staging mount's heal stops the old mounter, which that pod still uses, and
+// its next try fails; the eviction belongs to the fault, not to the quiet time after it.
 func (e *Env) waitQuiet(t harness.TB) {
 	t.Helper()
 	ctx := t.Context()
@@ -527,6 +534,11 @@ func (e *Env) waitQuiet(t harness.TB) {
 		inFlight := harness.MetricSum(fams, "volume_healer_dispatch_in_flight", nil)
 		queued := harness.MetricSum(fams, "volume_healer_dispatch_queued", nil)
 		pending := harness.MetricSum(fams, "volume_healer_restart_sweeps_pending", nil)
-		return inFlight == 0 && queued == 0 && pending == 0, fmt.Sprintf("in flight %g, queued %g, restart sweeps pending %g", inFlight, queued, pending)
+		dead := 0
+		if f := fams[deadMountGauge]; f != nil {
+			dead = len(f.GetMetric())
+		}
+		return inFlight == 0 && queued == 0 && pending == 0 && dead == 0,
+			fmt.Sprintf("in flight %g, queued %g, restart sweeps pending %g, claims with pods on a dead mount %d", inFlight, queued, pending, dead)
 	})
 }
