@@ -26,6 +26,8 @@ type Metrics struct {
 	authFailures *prometheus.CounterVec
 	driverErrors *prometheus.CounterVec
 	panics       *prometheus.CounterVec
+	// goroutinePanics counts the panics recovered in the sidecar's own goroutines, by goroutine.
+	goroutinePanics *prometheus.CounterVec
 }
 
 // NewMetrics creates the sidecar's instruments and registers them with reg, with the build info
@@ -57,8 +59,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_sidecar_panics_total",
 			Help: "Calls whose handling panicked, by RPC; each was answered Internal and the sidecar went on.",
 		}, []string{"rpc"}),
+		goroutinePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_sidecar_goroutine_panics_total",
+			Help: "Panics recovered in the sidecar's own goroutines, by goroutine (read_ahead: reading one volume ahead at a start, " +
+				"which is then read by its first call; registration: writing the restart marker, started again; " +
+				"registration_watch: keeping the CSIAddonsNode's annotations, started again); the sidecar went on.",
+		}, []string{"goroutine"}),
 	}
-	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, versionmetrics.NewBuildInfo(version.Get()))
+	for _, g := range goroutines {
+		m.goroutinePanics.WithLabelValues(g)
+	}
+	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, m.goroutinePanics, versionmetrics.NewBuildInfo(version.Get()))
 	return m
 }
 
@@ -89,4 +100,12 @@ func (m *Metrics) panicked(rpc string) {
 		return
 	}
 	m.panics.WithLabelValues(rpc).Inc()
+}
+
+// goroutinePanicked counts a panic recovered in the sidecar's goroutine named goroutine.
+func (m *Metrics) goroutinePanicked(goroutine string) {
+	if m == nil {
+		return
+	}
+	m.goroutinePanics.WithLabelValues(goroutine).Inc()
 }

@@ -31,6 +31,8 @@ type nodeHealer struct {
 	volumes  *volumes
 	// local probes and lists volumes from kubelet's records for a driver that does not.
 	local *nodeprobe.Prober
+	// metrics counts the panics of the read ahead.
+	metrics *Metrics
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
@@ -221,7 +223,8 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, 
 
 // warm reads, at the sidecar's start, the VolumeAttachment, the PV and the node-stage Secret of
 // each volume the driver lists as staged here, a few at a time, so that the restart sweep finds
-// them read, and is answered even if the API server goes away during it.
+// them read, and is answered even if the API server goes away during it. A panic while reading
+// one volume loses that volume's read alone (counted in volume_healer_sidecar_goroutine_panics_total).
 // What it reads is this node's alone. A volume a call has already read is skipped, and one
 // without a VolumeAttachment here (a driver without an attach step) is read when a call first
 // names it.
@@ -253,6 +256,8 @@ func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
 	g.SetLimit(8)
 	for _, handle := range handles {
 		g.Go(func() error {
+			// A panic loses this volume's read alone: its first call reads it.
+			defer survive(ctx, h.metrics, goroutineReadAhead, nil)
 			if h.volumes.pvNameFor(info.name, handle) != "" {
 				// A call read it first.
 				return nil

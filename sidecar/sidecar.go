@@ -149,7 +149,7 @@ func New(opts Options) (*Sidecar, error) {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, local: nodeprobe.New(nodeprobe.Options{
+	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, metrics: s.metrics, local: nodeprobe.New(nodeprobe.Options{
 		KubeletDir: opts.KubeletDir,
 		Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
 	})}
@@ -255,7 +255,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		g.Go(func() error { return s.keys.Start(gctx) })
 	}
 	g.Go(func() error {
-		s.register(gctx)
+		s.runRegistration(gctx)
 		return nil
 	})
 	g.Go(func() error {
@@ -281,6 +281,14 @@ const (
 	warmHeadStart = 5 * time.Second
 	warmTimeout   = 30 * time.Second
 )
+
+// runRegistration runs register until ctx ends. A panic in it is logged and counted, and it
+// starts over after a backoff: without a registration the controller would never sweep the
+// node's restarts. Starting over writes a new restart marker, which costs one sweep of the node,
+// as a restart does.
+func (s *Sidecar) runRegistration(ctx context.Context) {
+	s.supervise(ctx, goroutineRegistration, s.register)
+}
 
 // register writes the restart marker once the sidecar can answer: the driver has told its name,
 // and the node's volumes have been read ahead (warm), or warmHeadStart has passed. Marking the
@@ -311,6 +319,8 @@ func (s *Sidecar) register(ctx context.Context) {
 	warmed := make(chan struct{})
 	go func() {
 		defer close(warmed)
+		// A panic ends the read ahead; the calls read what it did not.
+		defer survive(ctx, s.metrics, goroutineReadAhead, nil)
 		wctx, cancel := context.WithTimeout(ctx, warmTimeout)
 		defer cancel()
 		s.healer.warm(wctx, info)
@@ -332,7 +342,17 @@ func (s *Sidecar) register(ctx context.Context) {
 		return
 	}
 	s.registeredOnce.Do(func() { close(s.registered) })
-	go s.reg.keep(ctx, info.name)
+	// The keeping of this registration ends with it, also when register panics and starts over.
+	kctx, stopKeep := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		s.supervise(kctx, goroutineRegistrationWatch, func(ctx context.Context) { s.reg.keep(ctx, info.name) })
+	}()
+	defer func() {
+		stopKeep()
+		<-kept
+	}()
 	for {
 		select {
 		case <-ctx.Done():
