@@ -27,7 +27,7 @@ type Revision struct {
 	// admission webhook; hasPropagation says whether a module defines it.
 	propagationQuery rego.PreparedEvalQuery
 	hasPropagation   bool
-	timeout      time.Duration
+	timeout          time.Duration
 
 	plan    *keyPlan // the input fields decisions depend on; nil when they cannot be memoized
 	memoOff string   // why decisions are not memoized, when they are not
