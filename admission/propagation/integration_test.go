@@ -63,8 +63,8 @@ func TestWebhookAgainstAPIServer(t *testing.T) {
 		pv := "pv-" + ns
 		create(t, client, &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: pv}, Spec: corev1.PersistentVolumeSpec{
 			StorageClassName: "fuse", AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			Capacity:         corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			ClaimRef:         &corev1.ObjectReference{Namespace: ns, Name: "data"},
+			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: "data"},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: pv}},
 		}})
 		class := "fuse"

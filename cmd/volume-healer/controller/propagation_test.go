@@ -49,8 +49,8 @@ func TestPropagationWebhookOfRun(t *testing.T) {
 		objs = append(objs,
 			&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-" + ns}, Spec: corev1.PersistentVolumeSpec{
 				StorageClassName: class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Capacity:         corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				ClaimRef:         &corev1.ObjectReference{Namespace: ns, Name: "data"},
+				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: "data"},
 				PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: "pv-" + ns}},
 			}},
 			claim(ns, "data", class, "pv-"+ns),
@@ -186,7 +186,9 @@ func claim(ns, name, class, pv string) *corev1.PersistentVolumeClaim {
 
 // workload is a pod of namespace shop mounting the claims data and later and an emptyDir.
 func workload(name string) *corev1.Pod {
-	volume := func(name string, src corev1.VolumeSource) corev1.Volume { return corev1.Volume{Name: name, VolumeSource: src} }
+	volume := func(name string, src corev1.VolumeSource) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: src}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
 		Spec: corev1.PodSpec{
