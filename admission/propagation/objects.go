@@ -2,6 +2,7 @@ package propagation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -62,7 +63,7 @@ func get[T any](ctx context.Context, store cache.Store, key string, from func(an
 	}
 	o, err := read(ctx)
 	if apierrors.IsNotFound(err) {
-		return nil, ErrNotFound
+		return nil, fmt.Errorf("%w (read from the API server after a cache miss)", ErrNotFound)
 	}
 	return o, err
 }
@@ -129,7 +130,7 @@ func (c *Caches) PersistentVolume(ctx context.Context, name string) (*corev1.Per
 func (c *Caches) StorageClass(name string) (*storagev1.StorageClass, error) {
 	sc, err := get(context.Background(), c.StorageClasses, name, asIs[storagev1.StorageClass], nil)
 	switch {
-	case err == ErrNotFound:
+	case errors.Is(err, ErrNotFound):
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("StorageClass %s: %w", name, err)
