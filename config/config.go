@@ -35,6 +35,8 @@ type Config struct {
 	Policy Policy
 	// Webhook configures the validating admission webhook of policy ConfigMaps.
 	Webhook Webhook
+	// PropagationWebhook configures the mutating admission webhook of pods' mount propagation.
+	PropagationWebhook PropagationWebhook
 	// Schedule configures periodic sweeps.
 	Schedule Schedule
 	// Restart configures sweeps triggered by a node plugin restart.
@@ -124,6 +126,16 @@ type Webhook struct {
 	// KeyFile is the PEM private key of CertFile, read again when it changes. Required when
 	// Enabled. Default "".
 	KeyFile string
+}
+
+// PropagationWebhook configures the mutating admission webhook that sets mountPropagation
+// HostToContainer on the claim volumes of pods being created, where the policy's propagation rule
+// asks for it (docs/policy.md), so that a heal of the node's mount reaches running containers
+// without a restart. It is served beside the policy webhook, on webhook.bindAddress with its
+// certificate; the MutatingWebhookConfiguration comes with deploy/, off by default.
+type PropagationWebhook struct {
+	// Enabled serves the webhook; it needs webhook.enabled. Default false.
+	Enabled bool
 }
 
 // Schedule configures periodic sweeps. Specs use robfig/cron/v3's standard syntax: five fields

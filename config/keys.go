@@ -135,6 +135,13 @@ var settings = []setting{
 		allowed: "a path; required when webhook.enabled is true",
 	},
 	{
+		path:  "propagationWebhook.enabled",
+		field: func(c *Config) any { return &c.PropagationWebhook.Enabled },
+		help: "Serve the mutating admission webhook that sets mountPropagation HostToContainer on the claim volumes of pods being created where the policy's propagation rule asks for it, " +
+			"beside the policy webhook on webhook.bindAddress; it never refuses a pod. deploy/ registers it only when turned on.",
+		allowed: "true or false; true needs webhook.enabled",
+	},
+	{
 		path:    "schedule.default",
 		field:   func(c *Config) any { return &c.Schedule.Default },
 		help:    "Cron schedule of periodic sweeps for StorageClasses without their own; empty means no periodic sweep for them.",

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/volume-healer/volume-healer/admission/propagation"
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
@@ -71,6 +72,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_policy_decisions_total":                          {dto.MetricType_COUNTER, []string{"action"}},
 	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
+	"volume_healer_propagation_webhook_requests_total":              {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_propagation_webhook_request_duration_seconds":    {dto.MetricType_HISTOGRAM, nil},
 	"volume_healer_build_info":                                      {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 	"volume_healer_evictions_total":                                 {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_evictions_throttled_total":                       {dto.MetricType_COUNTER, nil},
@@ -121,6 +124,7 @@ func controllerMetrics(reg prometheus.Registerer) error {
 	dispatch.NewMetrics(reg)
 	policy.NewMetrics(reg)
 	webhook.NewMetrics(reg)
+	propagation.NewMetrics(reg)
 	reg.MustRegister(versionmetrics.NewBuildInfo(version.Get()))
 	s := &Sweeper{mem: newMemory()}
 	s.mem.recordProbe("pv-1", "node-a", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)

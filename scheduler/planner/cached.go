@@ -423,22 +423,36 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 }
 
 // cachedClaim is what the controller keeps of a PersistentVolumeClaim: its identity, labels and
-// annotations (the policy reads them; manual sweep requests and the status live there) and the
-// volume it is bound to.
+// annotations (the policy reads them; manual sweep requests and the status live there), the
+// volume it is bound to, and its StorageClass (the propagation webhook reads it while the claim is
+// not bound yet).
 type cachedClaim struct {
 	namespace, name, resourceVersion string
 	uid                              packedUID
 	volumeName                       string
-	labels, annotations              stringMap
-	deleting                         bool
+	// storageClass is the claim's spec.storageClassName when classSet; a claim that names no
+	// class gets the default one, an empty name none.
+	storageClass        string
+	classSet            bool
+	labels, annotations stringMap
+	deleting            bool
 }
 
 func compactClaim(o *corev1.PersistentVolumeClaim) *cachedClaim {
-	return &cachedClaim{
+	return compactClaimClass(&cachedClaim{
 		namespace: intern(o.Namespace), name: o.Name, resourceVersion: o.ResourceVersion, uid: packUID(o.UID),
-		volumeName: o.Spec.VolumeName, labels: newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
+		volumeName: o.Spec.VolumeName,
+		labels:     newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
 		deleting: o.DeletionTimestamp != nil,
+	}, o)
+}
+
+// compactClaimClass keeps the claim's StorageClass name without an allocation per claim.
+func compactClaimClass(c *cachedClaim, o *corev1.PersistentVolumeClaim) *cachedClaim {
+	if p := o.Spec.StorageClassName; p != nil {
+		c.storageClass, c.classSet = intern(*p), true
 	}
+	return c
 }
 
 // GetObjectMeta makes the record keyable by the informer's store.
@@ -449,11 +463,16 @@ func (c *cachedClaim) GetObjectMeta() metav1.Object {
 
 // object builds the PersistentVolumeClaim the policy, Events and status patches use.
 func (c *cachedClaim) object() *corev1.PersistentVolumeClaim {
+	var class *string
+	if c.classSet {
+		name := c.storageClass
+		class = &name
+	}
 	return &corev1.PersistentVolumeClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid.uid(),
 			Labels: c.labels.toMap(), Annotations: c.annotations.toMap(), DeletionTimestamp: deletionOf(c.deleting)},
-		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: c.volumeName},
+		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: c.volumeName, StorageClassName: class},
 	}
 }
 

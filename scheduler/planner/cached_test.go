@@ -59,7 +59,8 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 	}
 	gotClaim := ClaimFrom(rec)
 	if gotClaim.Namespace != "shop" || gotClaim.Name != "db" || gotClaim.UID != "u1" || gotClaim.ResourceVersion != "3" ||
-		gotClaim.Spec.VolumeName != pvName || !equality.Semantic.DeepEqual(gotClaim.Labels, pvc.Labels) ||
+		gotClaim.Spec.VolumeName != pvName || gotClaim.Spec.StorageClassName == nil || *gotClaim.Spec.StorageClassName != "gold" ||
+		!equality.Semantic.DeepEqual(gotClaim.Labels, pvc.Labels) ||
 		!equality.Semantic.DeepEqual(gotClaim.Annotations, pvc.Annotations) || gotClaim.Kind != "PersistentVolumeClaim" {
 		t.Errorf("PVC after the cache: %+v", gotClaim)
 	}

@@ -104,6 +104,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	renders := map[string][]*unstructured.Unstructured{
 		"kustomize deploy/base":                  kustomize(t, "deploy/base"),
 		"kustomize deploy/base with remediation": baseWithRemediation(t),
+		"kustomize deploy/base with propagation": baseWithPropagation(t),
 		"kustomize deploy/examples/ceph-csi-rbd": kustomize(t, "deploy/examples/ceph-csi-rbd"),
 		"helm template, default values":          helmTemplate(t, "volume-healer", "volume-healer", nil),
 		"helm template, every option":            helmTemplate(t, "storage-healer", "healer-system", []string{fullValues}),
@@ -214,6 +215,9 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"chart: remediation deletes no pods":               {"healer-system/healer", ra("delete", "", "pods", "shop"), false},
 		"chart: remediation reads no pod logs":             {"healer-system/healer", ra("get", "", "pods/log", "shop"), false},
 		"chart: remediation changes no disruption budgets": {"healer-system/healer", ra("update", "policy", "poddisruptionbudgets", "shop"), false},
+		"base: no namespace watch without propagation":     {"volume-healer/volume-healer", ra("watch", "", "namespaces", ""), false},
+		"chart: propagation webhook watches namespaces":    {"healer-system/healer", ra("watch", "", "namespaces", ""), true},
+		"chart: propagation changes no namespaces":         {"healer-system/healer", ra("update", "", "namespaces", ""), false},
 		"chart defaults: no evictions":                     {"plain-healer/plain-healer-volume-healer", ra("create", "", "pods/eviction", "shop"), false},
 		"chart: controller marks policy ConfigMaps":        {"healer-system/healer", ra("patch", "", "configmaps", "healer-policies"), true},
 		"chart: controller keeps the last accepted policy": {"healer-system/healer", ra("create", "", "configmaps", "healer-policies"), true},
