@@ -31,6 +31,15 @@ build: ## Build every binary into bin/, and bin/kubectl-healer (healerctl as a k
 images: ## Build the container images (controller, sidecar, reference driver; amd64 and arm64) into .cache/images.
 	$(GO) run ./hack/images --out .cache/images
 
+# The folder `make release` writes to, and the URL its archives are to be published below (the
+# krew manifest's download links; empty: the GitHub release of the version).
+DIST             ?= dist
+RELEASE_BASE_URL ?=
+
+.PHONY: release
+release: ## Build every release artifact into DIST (default dist/), pushing nothing: images, Helm charts, kustomize bundle, healerctl/kubectl-healer archives, krew manifest, SBOMs, SHA256SUMS (docs/release.md).
+	RELEASE_BASE_URL="$(RELEASE_BASE_URL)" $(GO) run ./hack/release --out $(DIST) --images .cache/images
+
 .PHONY: control-plane
 control-plane: ## Build kube-apiserver and install etcd for tests (cached in .cache/control-plane).
 	@hack/control-plane.sh
