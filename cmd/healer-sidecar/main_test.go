@@ -26,6 +26,17 @@ func TestParse(t *testing.T) {
 					!slices.Equal(o.AllowedIdentities, []string{sidecar.DefaultAllowedIdentity}) {
 					t.Errorf("defaults = %+v", o)
 				}
+				if o.ContainerRuntimeEndpoint != "" {
+					t.Errorf("container runtime endpoint %q by default, want none", o.ContainerRuntimeEndpoint)
+				}
+			},
+		},
+		"container runtime access": {
+			args: []string{"--container-runtime-endpoint=unix:///run/containerd/containerd.sock", "--container-stop-grace-period=20s"},
+			check: func(t *testing.T, c *config) {
+				if c.opts.ContainerRuntimeEndpoint != "unix:///run/containerd/containerd.sock" || c.opts.ContainerStopGracePeriod != 20*time.Second {
+					t.Errorf("container runtime flags not applied: %q, %s", c.opts.ContainerRuntimeEndpoint, c.opts.ContainerStopGracePeriod)
+				}
 			},
 		},
 		"--version": {

@@ -31,10 +31,19 @@ type Target struct {
 	SubpathDir string
 }
 
+// CheckPodUID checks that uid can be a pod's UID: kubelet names a folder after it, so it is one
+// path element, and a label value, so it is at most 63 characters. It fails with
+// ErrInvalidTarget.
+func CheckPodUID(uid string) error {
+	if uid == "" || uid == "." || uid == ".." || len(uid) > 63 || strings.ContainsAny(uid, "/\x00") {
+		return fmt.Errorf("%w: %q is not a pod UID (one path element of at most 63 characters)", ErrInvalidTarget, uid)
+	}
+	return nil
+}
+
 func (t Target) validate() error {
-	uid := t.PodUID
-	if uid == "" || uid == "." || uid == ".." || strings.ContainsAny(uid, "/\x00") {
-		return fmt.Errorf("%w: pod UID %q is not a pod UID", ErrInvalidTarget, uid)
+	if err := CheckPodUID(t.PodUID); err != nil {
+		return err
 	}
 	if !filepath.IsAbs(t.PublishTarget) || filepath.Clean(t.PublishTarget) != t.PublishTarget {
 		return fmt.Errorf("%w: publish target %q is not a clean absolute path", ErrInvalidTarget, t.PublishTarget)

@@ -139,11 +139,15 @@ func (r *Runtime) Calls() int {
 	return n
 }
 
-// Hang makes the calls of method (such as "ListContainers") wait for their caller to give up.
-func (r *Runtime) Hang(method string) {
+// Hang makes the calls of the methods named (such as "ListContainers"), and of those alone, wait
+// for their caller to give up. Hang() ends the hangs.
+func (r *Runtime) Hang(methods ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.hang[method] = true
+	clear(r.hang)
+	for _, m := range methods {
+		r.hang[m] = true
+	}
 }
 
 // HoldStops makes StopContainer calls wait, once they are recorded, until release is called or
