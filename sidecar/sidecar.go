@@ -8,8 +8,11 @@
 // checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
 // calls the driver with a bounded timeout. For a driver that does not probe or list its volumes
 // (no Healer service, or no PROBE or LIST_VOLUMES), the sidecar does so itself from kubelet's
-// records on its node (package nodeprobe), and says so in its answers. On every start it writes a fresh restart marker
-// on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
+// records on its node (package nodeprobe), and says so in its answers. Given the node's container
+// runtime socket, it serves RestartContainers itself, without the driver: it stops the containers
+// of a pod that mount a volume's publish target, for kubelet to start them again (package
+// restart). On every start it writes a fresh restart marker on the node's CSIAddonsNode, so that
+// the controller sweeps the node's volumes.
 //
 // The package holds no global state: a test or a scale harness can run many sidecars in one
 // process, each with its own Options.
