@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/volume-healer/volume-healer/sidecar/restart"
 	"github.com/volume-healer/volume-healer/test/fakecri"
 	"github.com/volume-healer/volume-healer/test/harness/poll"
@@ -367,6 +369,20 @@ func TestReachability(t *testing.T) {
 				t.Fatalf("change %d of reachability = %v, want %v", i+1, got, want)
 			}
 		}
+	})
+	t.Run("a runtime that goes away while no call comes is found gone within a minute", func(t *testing.T) {
+		s, path := serve(t)
+		fc := clocktesting.NewFakeClock(time.Now())
+		r := newRuntime(t, path, func(o *restart.Options) { o.Clock = fc })
+		started(t, r)
+		poll.Eventually(t, 10*time.Second, "the runtime reachable", poll.True(func() bool { ok, _ := r.Reachable(); return ok }))
+		s.Stop()
+		poll.Eventually(t, 10*time.Second, "the next check to wait", poll.True(fc.HasWaiters))
+		if ok, _ := r.Reachable(); !ok {
+			t.Fatal("found gone before the minute passed")
+		}
+		fc.Step(time.Minute)
+		poll.Eventually(t, 10*time.Second, "the runtime found gone", poll.True(func() bool { ok, _ := r.Reachable(); return !ok }))
 	})
 	t.Run("a runtime that hangs is not", func(t *testing.T) {
 		s, path := serve(t)

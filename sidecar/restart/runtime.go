@@ -30,10 +30,12 @@ const (
 )
 
 // The waits between two checks of a runtime that did not answer: they double from the first up
-// to the last.
+// to the last. A runtime that answers is asked again every healthyRecheck, so that the
+// capability follows a runtime that went away while no call came.
 const (
-	firstRecheck = time.Second
-	maxRecheck   = 30 * time.Second
+	firstRecheck   = time.Second
+	maxRecheck     = 30 * time.Second
+	healthyRecheck = time.Minute
 )
 
 // maxMessageSize bounds the runtime's answers. One pod's containers and the status of one
@@ -155,35 +157,30 @@ func (r *Runtime) Reachable() (bool, error) {
 func (r *Runtime) Close() error { return r.conn.Close() }
 
 // Start asks the runtime for its version, and asks again, with waits that double from 1s up to
-// 30s, until it answers; then again each time a call finds it gone. Each ask is bounded by
-// CheckTimeout. It returns nil when ctx is done.
+// 30s, until it answers; then every minute, and at once each time a call finds it gone. Each ask
+// is bounded by CheckTimeout. It returns nil when ctx is done.
 func (r *Runtime) Start(ctx context.Context) error {
 	log := klog.FromContext(ctx).WithValues("endpoint", r.opts.Endpoint)
 	ctx = klog.NewContext(ctx, log)
 	retries := recheckBackoff()
 	for {
-		err := r.check(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		var retry <-chan time.Time
-		var timer clock.Timer
-		if err != nil {
-			wait := retries.Step()
+		wait := healthyRecheck
+		if err := r.check(ctx); err != nil {
+			wait = retries.Step()
 			log.V(2).Info("The container runtime does not answer; asking again", "error", err.Error(), "retryIn", wait)
-			timer = r.opts.Clock.NewTimer(wait)
-			retry = timer.C()
 		} else {
 			retries = recheckBackoff()
 		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		timer := r.opts.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 		case <-r.recheck:
-		case <-retry:
+		case <-timer.C():
 		}
-		if timer != nil {
-			timer.Stop()
-		}
+		timer.Stop()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -207,15 +204,12 @@ func (r *Runtime) check(ctx context.Context) error {
 		r.set(ctx, false, err)
 		return err
 	}
-	if r.set(ctx, true, nil) {
-		klog.FromContext(ctx).Info("The container runtime answers; containers can be restarted in place",
-			"runtime", v.GetRuntimeName(), "runtimeVersion", v.GetRuntimeVersion(), "criVersion", v.GetRuntimeApiVersion())
-	}
+	r.set(ctx, true, nil, "runtime", v.GetRuntimeName(), "runtimeVersion", v.GetRuntimeVersion(), "criVersion", v.GetRuntimeApiVersion())
 	return nil
 }
 
-// set records whether the runtime answered, and reports whether that changed.
-func (r *Runtime) set(ctx context.Context, reachable bool, why error) bool {
+// set records whether the runtime answered, and logs and reports a change, with kv.
+func (r *Runtime) set(ctx context.Context, reachable bool, why error, kv ...any) {
 	r.mu.Lock()
 	changed := r.reachable != reachable
 	r.reachable = reachable
@@ -224,16 +218,18 @@ func (r *Runtime) set(ctx context.Context, reachable bool, why error) bool {
 	}
 	r.mu.Unlock()
 	if !changed {
-		return false
+		return
 	}
-	if !reachable {
-		klog.FromContext(ctx).Info("The container runtime does not answer; containers cannot be restarted in place until it does",
-			"endpoint", r.opts.Endpoint, "error", why.Error())
+	log := klog.FromContext(ctx)
+	if reachable {
+		log.Info("The container runtime answers; containers can be restarted in place", append([]any{"endpoint", r.opts.Endpoint}, kv...)...)
+	} else {
+		log.Info("The container runtime does not answer; containers cannot be restarted in place until it does",
+			append([]any{"endpoint", r.opts.Endpoint, "error", why.Error()}, kv...)...)
 	}
 	if r.opts.OnReachable != nil {
 		r.opts.OnReachable(reachable)
 	}
-	return true
 }
 
 // lost records that a call found the runtime unreachable, and has Start check it again.
