@@ -34,6 +34,9 @@ import (
 func TestRealNodeRestartsContainersInPlace(t *testing.T) {
 	c, assets := cluster.StartForTest(t)
 	e := InstallWith(t, c, assets, InstallOptions{ContainerRestart: true, NoRemediation: true})
+	// Without the label that opts the namespace in to pod restarts: nothing but the call below
+	// may restart the pod.
+	e.namespace(appsNS, nil)
 	private := e.Deployment("private", corev1.MountPropagationNone)
 	other := e.Deployment("other", corev1.MountPropagationNone)
 	ctx := t.Context()
