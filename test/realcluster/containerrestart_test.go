@@ -54,8 +54,9 @@ func TestRealNodeRestartsContainersInPlace(t *testing.T) {
 
 	at := time.Now()
 	e.KillMounter(t, private)
-	// The periodic sweep heals the node's mount; the pod, with propagation None, keeps the dead one.
-	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumeHealed, at)
+	// The periodic sweep heals the node's mount; the pod, with propagation None, keeps the dead
+	// one, and the driver's probe after the heal says so.
+	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
 	harness.Eventually(t, time.Minute, "the private pod's writes to fail on its dead mount after the heal", func() (bool, string) {
 		writing, failure, err := private.PodState(ctx, pod.Name)
 		if err != nil {
