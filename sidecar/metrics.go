@@ -76,8 +76,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"rpc"}),
 		goroutinePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_sidecar_goroutine_panics_total",
-			Help: "Panics recovered in the sidecar's own goroutines, by goroutine (read_ahead: reading one volume ahead at a start, " +
-				"which is then read by its first call; registration: writing the restart marker, started again; " +
+			Help: "Panics recovered in the sidecar's own goroutines, by goroutine (registration: writing the restart marker, started again; " +
 				"registration_watch: keeping the CSIAddonsNode's annotations, started again); the sidecar went on.",
 		}, []string{"goroutine"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
