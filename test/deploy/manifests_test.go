@@ -1021,7 +1021,7 @@ func TestHelmRequiredValues(t *testing.T) {
 		"existing ServiceAccount unnamed":        {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
 		"policy selector not key=value":          {[]string{"config.policy.labelSelector=tier in (gold)"}, "config.policy.labelSelector of the form key=value"},
 		"webhook Secret without its CA":          {[]string{"webhook.certificate.source=secret", "webhook.certificate.secretName=mine"}, "webhook.certificate.caBundle is required"},
-		"webhook certificate from nowhere":       {[]string{"webhook.certificate.source=vault"}, "one of helm, certManager, secret"},
+		"webhook certificate from nowhere":       {[]string{"webhook.certificate.source=vault"}, "at '/webhook/certificate/source': value must be one of 'helm', 'certManager', 'secret'"},
 		"webhook key apart from its certificate": {[]string{"config.webhook.keyFile=/etc/keys/tls.key"}, "must be in one folder"},
 	} {
 		t.Run(name, func(t *testing.T) {
