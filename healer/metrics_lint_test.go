@@ -87,13 +87,15 @@ var controllerFamilies = map[string]family{
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
 var sidecarFamilies = map[string]family{
-	"volume_healer_sidecar_calls_total":            {dto.MetricType_COUNTER, []string{"code", "rpc"}},
-	"volume_healer_sidecar_call_duration_seconds":  {dto.MetricType_HISTOGRAM, []string{"rpc"}},
-	"volume_healer_sidecar_auth_failures_total":    {dto.MetricType_COUNTER, []string{"reason"}},
-	"volume_healer_sidecar_driver_errors_total":    {dto.MetricType_COUNTER, []string{"code"}},
-	"volume_healer_sidecar_panics_total":           {dto.MetricType_COUNTER, []string{"rpc"}},
-	"volume_healer_sidecar_goroutine_panics_total": {dto.MetricType_COUNTER, []string{"goroutine"}},
-	"volume_healer_build_info":                     {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
+	"volume_healer_sidecar_calls_total":                 {dto.MetricType_COUNTER, []string{"code", "rpc"}},
+	"volume_healer_sidecar_call_duration_seconds":       {dto.MetricType_HISTOGRAM, []string{"rpc"}},
+	"volume_healer_sidecar_auth_failures_total":         {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_sidecar_driver_errors_total":         {dto.MetricType_COUNTER, []string{"code"}},
+	"volume_healer_sidecar_panics_total":                {dto.MetricType_COUNTER, []string{"rpc"}},
+	"volume_healer_sidecar_goroutine_panics_total":      {dto.MetricType_COUNTER, []string{"goroutine"}},
+	"volume_healer_sidecar_container_restarts_total":    {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_sidecar_container_runtime_reachable": {dto.MetricType_GAUGE, nil},
+	"volume_healer_build_info":                          {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 }
 
 // volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that
