@@ -94,8 +94,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "For each PVC whose volume is being recycled on a node (its pods there evicted so that the driver mounts it again), when the recycle began; the series goes away when the volume is found healthy there again, or unstaged with no pod left.",
 		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "volume_healer_sidecar_call_errors_total",
-			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
+			Name: "volume_healer_call_errors_total",
+			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not_staged, unsupported, not_found, malformed, other).",
 		}, []string{"driver", "reason"}),
 	}
 	m.restartsPending = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -179,7 +179,7 @@ func (m *Metrics) startDriver(driver string) {
 	for _, r := range []string{"healed", "failed", "error", "busy", "pods_must_restart"} {
 		m.heals.WithLabelValues(driver, r)
 	}
-	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not-staged", "unsupported", "not-found", "malformed", "other"} {
+	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not_staged", "unsupported", "not_found", "malformed", "other"} {
 		m.callErrors.WithLabelValues(driver, r)
 	}
 	m.restartsPending.WithLabelValues(driver)
@@ -232,8 +232,8 @@ func errorReason(err error) string {
 		reason string
 	}{
 		{probe.ErrUnreachable, "unreachable"}, {probe.ErrNoEndpoint, "unreachable"}, {probe.ErrTimeout, "timeout"},
-		{probe.ErrRejected, "rejected"}, {probe.ErrBusy, "busy"}, {probe.ErrNotStaged, "not-staged"},
-		{probe.ErrUnsupported, "unsupported"}, {probe.ErrNotFound, "not-found"}, {probe.ErrMalformed, "malformed"}, {probe.ErrListTooLarge, "malformed"},
+		{probe.ErrRejected, "rejected"}, {probe.ErrBusy, "busy"}, {probe.ErrNotStaged, "not_staged"},
+		{probe.ErrUnsupported, "unsupported"}, {probe.ErrNotFound, "not_found"}, {probe.ErrMalformed, "malformed"}, {probe.ErrListTooLarge, "malformed"},
 	} {
 		if errors.Is(err, r.err) {
 			return r.reason

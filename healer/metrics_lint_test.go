@@ -1,6 +1,8 @@
 package healer
 
 import (
+	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
+	"sigs.k8s.io/yaml"
 
 	"github.com/volume-healer/volume-healer/admission/propagation"
 	"github.com/volume-healer/volume-healer/healer/evict"
@@ -44,7 +47,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_volume_heal_failing":                             {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_volumes_unhealthy":                               {dto.MetricType_GAUGE, []string{"driver", "status"}},
 	"volume_healer_pods_on_dead_mount_since_timestamp_seconds":      {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
-	"volume_healer_sidecar_call_errors_total":                       {dto.MetricType_COUNTER, []string{"driver", "reason"}},
+	"volume_healer_call_errors_total":                               {dto.MetricType_COUNTER, []string{"driver", "reason"}},
 	"volume_healer_restart_sweeps_pending":                          {dto.MetricType_GAUGE, []string{"driver"}},
 	"volume_healer_restart_sweep_retries_total":                     {dto.MetricType_COUNTER, []string{"driver"}},
 	"volume_healer_sweep_panics_total":                              {dto.MetricType_COUNTER, []string{"trigger"}},
@@ -84,13 +87,15 @@ var controllerFamilies = map[string]family{
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
 var sidecarFamilies = map[string]family{
-	"volume_healer_sidecar_calls_total":            {dto.MetricType_COUNTER, []string{"code", "rpc"}},
-	"volume_healer_sidecar_call_duration_seconds":  {dto.MetricType_HISTOGRAM, []string{"rpc"}},
-	"volume_healer_sidecar_auth_failures_total":    {dto.MetricType_COUNTER, []string{"reason"}},
-	"volume_healer_sidecar_driver_errors_total":    {dto.MetricType_COUNTER, []string{"code"}},
-	"volume_healer_sidecar_panics_total":           {dto.MetricType_COUNTER, []string{"rpc"}},
-	"volume_healer_sidecar_goroutine_panics_total": {dto.MetricType_COUNTER, []string{"goroutine"}},
-	"volume_healer_build_info":                     {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
+	"volume_healer_sidecar_calls_total":                 {dto.MetricType_COUNTER, []string{"code", "rpc"}},
+	"volume_healer_sidecar_call_duration_seconds":       {dto.MetricType_HISTOGRAM, []string{"rpc"}},
+	"volume_healer_sidecar_auth_failures_total":         {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_sidecar_driver_errors_total":         {dto.MetricType_COUNTER, []string{"code"}},
+	"volume_healer_sidecar_panics_total":                {dto.MetricType_COUNTER, []string{"rpc"}},
+	"volume_healer_sidecar_goroutine_panics_total":      {dto.MetricType_COUNTER, []string{"goroutine"}},
+	"volume_healer_sidecar_container_restarts_total":    {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_sidecar_container_runtime_reachable": {dto.MetricType_GAUGE, nil},
+	"volume_healer_build_info":                          {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 }
 
 // volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that
@@ -118,7 +123,9 @@ func exposed(t *testing.T, build func(prometheus.Registerer) error) []*dto.Metri
 // them (the webhook's with webhook.enabled), with the Sweeper as the collector of the unhealthy volumes. That gauge is computed from
 // the sweeper's memory at scrape time, so one volume is remembered unhealthy for it to show.
 func controllerMetrics(reg prometheus.Registerer) error {
-	NewMetrics(reg)
+	// A driver seen once: its probe, heal and call error series start at zero with every result
+	// and reason the code can count.
+	NewMetrics(reg).startDriver("rbd.csi.ceph.com")
 	evict.NewMetrics(reg)
 	trigger.NewMetrics(reg)
 	dispatch.NewMetrics(reg)
@@ -185,25 +192,188 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
-// TestMetricsNamesAndLabels checks the naming rules of the project that promlint does not know:
-// one prefix, and no per-volume label on a series that outlives the volume's trouble.
+// binaries are the programs that expose metrics, each with the prefix its own metrics start with:
+// volume_healer_ for the controller, volume_healer_sidecar_ for the healer sidecar, so that a
+// metric's name says which program's job to look at. A controller metric never takes the sidecar's
+// prefix, even when it counts calls to the sidecars.
+var binaries = []struct {
+	name, prefix, notPrefix string
+	build                   func(prometheus.Registerer) error
+	families                map[string]family
+}{
+	{name: "controller", prefix: "volume_healer_", notPrefix: "volume_healer_sidecar_", build: controllerMetrics, families: controllerFamilies},
+	{name: "sidecar", prefix: "volume_healer_sidecar_", build: sidecarMetrics, families: sidecarFamilies},
+}
+
+// sharedFamilies are exposed by every binary under one name, told apart by the job.
+var sharedFamilies = map[string]bool{"volume_healer_build_info": true}
+
+// nameLabels hold names of things in the cluster or of the build, not values the code picks:
+// bounded by the cluster's size (driver, storageclass) or by the gauges that drop their series
+// (the per-volume ones), never checked for style.
+var nameLabels = map[string]bool{
+	"driver": true, "namespace": true, "persistentvolumeclaim": true, "storageclass": true,
+	"revision": true, "version": true, "commit": true, "goversion": true,
+}
+
+// vocabularyLabels take their values verbatim from a protocol's own vocabulary, which operators
+// know from elsewhere: gRPC status code names (OK, Unavailable, as grpc_code of the gRPC
+// ecosystem's metrics) and CSI VolumeHealth statuses (INACCESSIBLE, as the driver reports them).
+var vocabularyLabels = map[string]*regexp.Regexp{
+	"code":   regexp.MustCompile(`^(OK|Canceled|Unknown|InvalidArgument|DeadlineExceeded|NotFound|AlreadyExists|PermissionDenied|ResourceExhausted|FailedPrecondition|Aborted|OutOfRange|Unimplemented|Internal|Unavailable|DataLoss|Unauthenticated|x)$`),
+	"status": regexp.MustCompile(`^(DEGRADED|INACCESSIBLE|DATA_LOSS|x)$`),
+}
+
+var (
+	snakeCase = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+	camelCase = regexp.MustCompile(`^[A-Z][a-z0-9]+([A-Z][a-z0-9]+)*$`)
+)
+
+// maxLabelValues bounds the values the code starts a label of its own choosing with: more would
+// be a sign of an unbounded value (an error message, an object's name) taken for an enumeration.
+const maxLabelValues = 16
+
+// TestMetricsNamesAndLabels checks the naming rules of the project that promlint does not know,
+// for every metric of every binary: the binary's prefix, snake_case label names, label values the
+// code chooses in snake_case and few (or from a protocol's vocabulary), and no per-volume label on
+// a series that outlives the volume's trouble.
 func TestMetricsNamesAndLabels(t *testing.T) {
-	var mfs []*dto.MetricFamily
-	for _, build := range []func(prometheus.Registerer) error{controllerMetrics, sidecarMetrics} {
-		mfs = append(mfs, exposed(t, build)...)
+	for _, b := range binaries {
+		t.Run(b.name, func(t *testing.T) {
+			mfs := exposed(t, b.build)
+			for _, mf := range mfs {
+				name := mf.GetName()
+				switch {
+				case sharedFamilies[name]:
+				case !strings.HasPrefix(name, b.prefix):
+					t.Errorf("%s does not start with the %s's prefix %s", name, b.name, b.prefix)
+				case b.notPrefix != "" && strings.HasPrefix(name, b.notPrefix):
+					t.Errorf("%s of the %s starts with %s, another binary's prefix", name, b.name, b.notPrefix)
+				}
+				values := map[string]map[string]bool{}
+				for _, m := range mf.GetMetric() {
+					for _, lp := range m.GetLabel() {
+						if values[lp.GetName()] == nil {
+							values[lp.GetName()] = map[string]bool{}
+						}
+						values[lp.GetName()][lp.GetValue()] = true
+					}
+				}
+				for label, vals := range values {
+					if !snakeCase.MatchString(label) {
+						t.Errorf("%s: label name %q is not snake_case", name, label)
+					}
+					if slices.Contains(volumeLabels, label) && mf.GetType() != dto.MetricType_GAUGE {
+						t.Errorf("%s is a %s with the per-volume label %q: its series would never go away", name, mf.GetType(), label)
+					}
+					if nameLabels[label] {
+						continue
+					}
+					if len(vals) > maxLabelValues {
+						t.Errorf("%s: label %s starts with %d values, more than %d: is it bounded?", name, label, len(vals), maxLabelValues)
+					}
+					for v := range vals {
+						if re, ok := vocabularyLabels[label]; ok {
+							if !re.MatchString(v) {
+								t.Errorf("%s{%s=%q}: not a value of the %s vocabulary", name, label, v, label)
+							}
+						} else if !snakeCase.MatchString(v) {
+							t.Errorf("%s{%s=%q}: label values the code chooses are snake_case", name, label, v)
+						}
+					}
+				}
+			}
+			if len(mfs) != len(b.families) {
+				t.Errorf("%d families exposed, %d listed", len(mfs), len(b.families))
+			}
+		})
 	}
-	for _, mf := range mfs {
-		name := mf.GetName()
-		if !strings.HasPrefix(name, "volume_healer_") {
-			t.Errorf("%s does not start with volume_healer_", name)
+}
+
+// TestAlertNamesAndMetrics checks deploy/prometheus/rules.yaml (its copies agree, test/deploy
+// checks): alert names in CamelCase, every volume_healer_ metric an expression selects exposed by
+// one of the binaries, and every value its matchers name for a label the code chooses one the code
+// starts that label with, so that renaming a metric or a label value cannot leave an alert
+// silently selecting nothing.
+func TestAlertNamesAndMetrics(t *testing.T) {
+	raw, err := os.ReadFile("../deploy/prometheus/rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `json:"alert"`
+				Expr  string `json:"expr"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatalf("deploy/prometheus/rules.yaml: %v", err)
+	}
+	// The label values each family starts with, across the binaries.
+	known := map[string]map[string]map[string]bool{}
+	for _, b := range binaries {
+		for _, mf := range exposed(t, b.build) {
+			byLabel := map[string]map[string]bool{}
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if byLabel[lp.GetName()] == nil {
+						byLabel[lp.GetName()] = map[string]bool{}
+					}
+					byLabel[lp.GetName()][lp.GetValue()] = true
+				}
+			}
+			known[mf.GetName()] = byLabel
 		}
-		for _, lp := range mf.GetMetric()[0].GetLabel() {
-			if slices.Contains(volumeLabels, lp.GetName()) && mf.GetType() != dto.MetricType_GAUGE {
-				t.Errorf("%s is a %s with the per-volume label %q: its series would never go away", name, mf.GetType(), lp.GetName())
+	}
+	selector := regexp.MustCompile(`\b(volume_healer_[a-z0-9_]+)(\{[^}]*\})?`)
+	matcher := regexp.MustCompile(`([a-z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
+	alerts := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts++
+			if !camelCase.MatchString(r.Alert) || !strings.HasPrefix(r.Alert, "Volume") {
+				t.Errorf("alert %q: alert names are CamelCase and start with Volume", r.Alert)
+			}
+			for _, sel := range selector.FindAllStringSubmatch(r.Expr, -1) {
+				name := sel[1]
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if base := strings.TrimSuffix(name, suffix); base != name && known[base] != nil {
+						name = base
+					}
+				}
+				labels, ok := known[name]
+				if !ok {
+					t.Errorf("alert %s selects %s, which no binary exposes", r.Alert, sel[1])
+					continue
+				}
+				for _, m := range matcher.FindAllStringSubmatch(sel[2], -1) {
+					label, value := m[1], m[3]
+					if label == "job" || nameLabels[label] {
+						continue
+					}
+					if labels[label] == nil {
+						t.Errorf("alert %s matches %s on label %s, which it does not have", r.Alert, name, label)
+						continue
+					}
+					for _, v := range strings.Split(value, "|") {
+						if re, ok := vocabularyLabels[label]; ok {
+							if !re.MatchString(v) {
+								t.Errorf("alert %s matches %s{%s=%q}, not a value of the %s vocabulary", r.Alert, name, label, v, label)
+							}
+						} else if !labels[label][v] {
+							t.Errorf("alert %s matches %s{%s=%q}, a value the code never gives that label", r.Alert, name, label, v)
+						}
+					}
+				}
 			}
 		}
 	}
-	if len(mfs) != len(controllerFamilies)+len(sidecarFamilies) {
-		t.Errorf("%d families exposed, %d listed", len(mfs), len(controllerFamilies)+len(sidecarFamilies))
+	if alerts < 5 {
+		t.Errorf("%d alerts read from deploy/prometheus/rules.yaml", alerts)
 	}
 }

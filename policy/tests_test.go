@@ -160,7 +160,7 @@ func opaBinary() (string, error) {
 }
 
 // TestRealOPAAgrees runs the real `opa test`, built from the module go.mod requires, on the
-// built-in policy and the documented examples.
+// built-in policy, the documented examples and the library of examples/.
 func TestRealOPAAgrees(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds opa from source, which takes minutes the first time; run without -short")
@@ -172,6 +172,9 @@ func TestRealOPAAgrees(t *testing.T) {
 	runs := map[string][]string{"builtin default": {"default"}}
 	for _, dir := range exampleDirs(t) {
 		runs["example "+filepath.Base(dir)] = []string{"default/default.rego", dir}
+	}
+	for _, name := range libraryExamples {
+		runs["library "+name] = []string{"default/default.rego", filepath.Join("examples", name)}
 	}
 	for name, paths := range runs {
 		t.Run(name, func(t *testing.T) {

@@ -10,76 +10,14 @@ import (
 	csiaddonsv1alpha1 "github.com/csi-addons/kubernetes-csi-addons/api/csiaddons/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"google.golang.org/grpc"
-	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
-	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
-
-// stagedLister is a driver's Healer client that lists handles as staged.
-type stagedLister struct {
-	healerv1alpha1.HealerClient
-	handles []string
-}
-
-func (l stagedLister) ListStagedVolumes(context.Context, *healerv1alpha1.ListStagedVolumesRequest, ...grpc.CallOption) (*healerv1alpha1.ListStagedVolumesResponse, error) {
-	resp := &healerv1alpha1.ListStagedVolumesResponse{}
-	for _, h := range l.handles {
-		resp.Entries = append(resp.Entries, &healerv1alpha1.ListStagedVolumesResponse_Entry{VolumeId: h})
-	}
-	return resp, nil
-}
-
-// A panic while reading one volume ahead (a bug in the handling of one object) loses that
-// volume's read alone: the other volumes are read, the panic is counted, and the sidecar lives on.
-func TestReadAheadSurvivesAPanicOnOneVolume(t *testing.T) {
-	client := fake.NewClientset()
-	for _, h := range []string{"vol-1", "vol-2"} {
-		pv := "pv-" + h
-		if err := client.Tracker().Add(testPV(pv, "d", h)); err != nil {
-			t.Fatal(err)
-		}
-		va := &storagev1.VolumeAttachment{}
-		va.Name = healerv1alpha1.VolumeAttachmentName(h, "d", "node-1")
-		va.Spec = storagev1.VolumeAttachmentSpec{Attacher: "d", NodeName: "node-1", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}}
-		va.Status.Attached = true
-		if err := client.Tracker().Add(va); err != nil {
-			t.Fatal(err)
-		}
-	}
-	broken := healerv1alpha1.VolumeAttachmentName("vol-1", "d", "node-1")
-	client.PrependReactor("get", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() == broken {
-			panic("index out of range")
-		}
-		return false, nil, nil
-	})
-	metrics := NewMetrics(prometheus.NewRegistry())
-	h := &nodeHealer{
-		nodeName: "node-1",
-		driver:   &driverClient{timeout: time.Second, healer: stagedLister{handles: []string{"vol-1", "vol-2"}}},
-		volumes:  runVolumes(client),
-		metrics:  metrics,
-	}
-	info := &driverInfo{name: "d", capabilities: []*healerv1alpha1.HealerCapability{healerv1alpha1.NewRPCCapability(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES)}}
-
-	h.warm(context.Background(), info)
-	if got := h.volumes.pvNameFor("d", "vol-2"); got != "pv-vol-2" {
-		t.Errorf("vol-2 read ahead as %q, want pv-vol-2: a panic on vol-1 must not stop the other reads", got)
-	}
-	if got := testutil.ToFloat64(metrics.goroutinePanics.WithLabelValues(goroutineReadAhead)); got != 1 {
-		t.Errorf("volume_healer_sidecar_goroutine_panics_total{goroutine=%q} = %v, want 1", goroutineReadAhead, got)
-	}
-}
 
 // panickingWatcher panics on its first Watch, as a bug in following the CSIAddonsNode would.
 type panickingWatcher struct {
@@ -111,7 +49,7 @@ func TestRegistrationSurvivesPanics(t *testing.T) {
 		opts:            Options{RegisterBackoff: time.Millisecond, RegisterMaxBackoff: 5 * time.Millisecond, Clock: clock.RealClock{}},
 		metrics:         NewMetrics(prometheus.NewRegistry()),
 		reg:             r,
-		driver:          &driverClient{info: &driverInfo{name: "rbd.csi.ceph.com"}},
+		driver:          loadedDriver(&driverInfo{name: "rbd.csi.ceph.com"}),
 		registered:      make(chan struct{}),
 		driverRestarted: make(chan struct{}, 1),
 	}
@@ -161,4 +99,11 @@ func TestRegistrationSurvivesPanics(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the registration did not stop with its context")
 	}
+}
+
+// loadedDriver is a driver client whose driver has answered, as info says.
+func loadedDriver(info *driverInfo) *driverClient {
+	d := &driverClient{info: info, loaded: make(chan struct{})}
+	close(d.loaded)
+	return d
 }

@@ -10,9 +10,6 @@ import (
 // Names of the sidecar's own goroutines (those that serve no call), in logs and in
 // volume_healer_sidecar_goroutine_panics_total.
 const (
-	// goroutineReadAhead reads the node's volumes ahead at a start (nodeHealer.warm), one
-	// volume per goroutine.
-	goroutineReadAhead = "read_ahead"
 	// goroutineRegistration writes the restart marker on the CSIAddonsNode at a start and at
 	// each restart of the driver (Sidecar.register).
 	goroutineRegistration = "registration"
@@ -22,7 +19,7 @@ const (
 )
 
 // goroutines are the names above, each exposed at 0 from the start.
-var goroutines = []string{goroutineReadAhead, goroutineRegistration, goroutineRegistrationWatch}
+var goroutines = []string{goroutineRegistration, goroutineRegistrationWatch}
 
 // survive is deferred by a goroutine of the sidecar before its work: it recovers a panic, logs it
 // with the goroutine's name and its stack, counts it and calls failed (when set) with the panic's

@@ -338,6 +338,12 @@ type pvShape struct {
 	accessModes  []corev1.PersistentVolumeAccessMode
 	mountOptions []string
 	phase        corev1.PersistentVolumePhase
+	// What the sidecar's calls carry to stage the volume alike (probe.Options.PersistentVolume):
+	// spec.volumeMode, spec.csi.fsType, spec.csi.readOnly and spec.csi.nodeStageSecretRef.
+	volumeMode                            corev1.PersistentVolumeMode
+	fsType                                string
+	readOnly                              bool
+	stageSecretNamespace, stageSecretName string
 }
 
 // shapeTable shares equal pvShapes between records, at most maxSharedSets of them: past that a
@@ -358,6 +364,11 @@ func (t *shapeTable) get(s pvShape) *pvShape {
 	key.WriteString(string(s.phase))
 	if s.csi {
 		key.WriteString("\x00csi")
+	}
+	// NUL occurs in none of these names, so the key stays unambiguous.
+	key.WriteString("\x00v" + string(s.volumeMode) + "\x00f" + s.fsType + "\x00s" + s.stageSecretNamespace + "/" + s.stageSecretName)
+	if s.readOnly {
+		key.WriteString("\x00ro")
 	}
 	for _, m := range s.accessModes {
 		key.WriteString("\x00m")
@@ -386,8 +397,15 @@ func compactPV(o *corev1.PersistentVolume) *cachedPV {
 		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))),
 	}
 	c := &cachedPV{name: o.Name, resourceVersion: o.ResourceVersion, deleting: o.DeletionTimestamp != nil}
+	if o.Spec.VolumeMode != nil {
+		shape.volumeMode = *o.Spec.VolumeMode
+	}
 	if csi := o.Spec.CSI; csi != nil {
 		shape.csi, shape.driver = true, intern(csi.Driver)
+		shape.fsType, shape.readOnly = intern(csi.FSType), csi.ReadOnly
+		if ref := csi.NodeStageSecretRef; ref != nil {
+			shape.stageSecretNamespace, shape.stageSecretName = intern(ref.Namespace), intern(ref.Name)
+		}
 		c.handle = csi.VolumeHandle
 		c.attributes = newStringMap(csi.VolumeAttributes)
 	}
@@ -412,9 +430,16 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 		},
 		Status: corev1.PersistentVolumeStatus{Phase: c.phase},
 	}
+	if c.volumeMode != "" {
+		mode := c.volumeMode
+		pv.Spec.VolumeMode = &mode
+	}
 	if c.csi {
 		pv.Spec.CSI = &corev1.CSIPersistentVolumeSource{Driver: c.driver, VolumeHandle: c.handle,
-			VolumeAttributes: c.attributes.toMap()}
+			VolumeAttributes: c.attributes.toMap(), FSType: c.fsType, ReadOnly: c.readOnly}
+		if c.stageSecretName != "" {
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: c.stageSecretNamespace, Name: c.stageSecretName}
+		}
 	}
 	if c.claimName != "" {
 		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.claimNamespace, Name: c.claimName, UID: c.claimUID.uid()}

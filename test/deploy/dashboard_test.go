@@ -105,7 +105,7 @@ func TestDashboard(t *testing.T) {
 		"claims whose pods see a dead mount":    "volume_healer_pods_on_dead_mount_since_timestamp_seconds",
 		"pod evictions":                         "volume_healer_evictions_total",
 		"unhealthy volumes":                     "volume_healer_volumes_unhealthy",
-		"failed sidecar calls":                  "volume_healer_sidecar_call_errors_total",
+		"failed sidecar calls":                  "volume_healer_call_errors_total",
 		"calls in flight":                       "volume_healer_dispatch_in_flight",
 		"budgets, for saturation":               "volume_healer_dispatch_budget",
 		"time waited for a budget":              "volume_healer_dispatch_budget_wait_seconds_bucket",

@@ -194,6 +194,9 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"chart: sidecar gets VolumeAttachments":            {"csi-rbd/csi-rbd-plugin", ra("get", "storage.k8s.io", "volumeattachments", ""), true},
 		"chart: sidecar lists no VolumeAttachments":        {"csi-rbd/csi-rbd-plugin", ra("list", "storage.k8s.io", "volumeattachments", ""), false},
 		"chart: sidecar lists no PersistentVolumes":        {"csi-rbd/csi-rbd-plugin", ra("list", "", "persistentvolumes", ""), false},
+		"sidecar watches its Node":                         {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "", "nodes", ""), true},
+		"chart: sidecar watches its Node":                  {"csi-rbd/csi-rbd-plugin", ra("watch", "", "nodes", ""), true},
+		"chart: sidecar updates no Node":                   {"csi-rbd/csi-rbd-plugin", ra("update", "", "nodes", ""), false},
 		"sidecar reviews tokens":                           {"ceph-csi/rbd-csi-nodeplugin", ra("create", "authentication.k8s.io", "tokenreviews", ""), true},
 		"sidecar registers its CSIAddonsNode":              {"ceph-csi/rbd-csi-nodeplugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
 		"sidecar keeps its CSIAddonsNode registered":       {"ceph-csi/rbd-csi-nodeplugin", ra("watch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), true},
@@ -1018,7 +1021,7 @@ func TestHelmRequiredValues(t *testing.T) {
 		"existing ServiceAccount unnamed":        {[]string{"serviceAccount.create=false"}, "serviceAccount.name is required"},
 		"policy selector not key=value":          {[]string{"config.policy.labelSelector=tier in (gold)"}, "config.policy.labelSelector of the form key=value"},
 		"webhook Secret without its CA":          {[]string{"webhook.certificate.source=secret", "webhook.certificate.secretName=mine"}, "webhook.certificate.caBundle is required"},
-		"webhook certificate from nowhere":       {[]string{"webhook.certificate.source=vault"}, "one of helm, certManager, secret"},
+		"webhook certificate from nowhere":       {[]string{"webhook.certificate.source=vault"}, "at '/webhook/certificate/source': value must be one of 'helm', 'certManager', 'secret'"},
 		"webhook key apart from its certificate": {[]string{"config.webhook.keyFile=/etc/keys/tls.key"}, "must be in one folder"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -373,8 +373,8 @@ func TestRefdriverChartRequiredValues(t *testing.T) {
 		"TLS without its key pair":        {[]string{"healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
 		"TLS without a server name":       {[]string{"healerSidecar.tls.serverName="}, "healerSidecar.tls.serverName is required"},
 		"no controller ServiceAccount":    {[]string{"controller.serviceAccountName="}, "controller.serviceAccountName is required"},
-		"an unknown mode":                 {[]string{"node.mode=simulated"}, `node.mode "simulated": want real or stock`},
-		"an unknown mounter":              {[]string{"node.mounter=sshfs"}, `node.mounter "sshfs": want refdriver or rclone`},
+		"an unknown mode":                 {[]string{"node.mode=simulated"}, `at '/node/mode': value must be one of 'real', 'stock'`},
+		"an unknown mounter":              {[]string{"node.mounter=sshfs"}, `at '/node/mounter': value must be one of 'refdriver', 'rclone'`},
 		"the clean-up of a Healer driver": {[]string{"node.unmountDeadTargetsOnStart=true"}, "set node.mode=stock too"},
 	} {
 		t.Run(name, func(t *testing.T) {

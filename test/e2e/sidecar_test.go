@@ -67,7 +67,7 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	}
 	t.Logf("the other node's sweep finished %s after the sidecar froze", time.Since(pausedAt).Round(100*time.Millisecond))
 	harness.Eventually(t, time.Minute, "calls to the frozen sidecar to time out", func() (bool, string) {
-		n := c.Metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
+		n := c.Metric("volume_healer_call_errors_total", map[string]string{"reason": "timeout"})
 		return n >= 4, fmt.Sprintf("%v calls timed out", n)
 	})
 	// The frozen sidecar is killed, as a failed liveness probe would have it; its restart stays
@@ -94,8 +94,8 @@ func TestSidecarHungAndKilledMidCall(t *testing.T) {
 	f.sweepsFinished([]*node{hungNode, killedNode}, 2*time.Minute)
 	c.WaitIdle(time.Minute)
 	c.MustRun()
-	timeouts := c.Metric("volume_healer_sidecar_call_errors_total", map[string]string{"reason": "timeout"})
-	failures := c.Metric("volume_healer_sidecar_call_errors_total", nil) - timeouts
+	timeouts := c.Metric("volume_healer_call_errors_total", map[string]string{"reason": "timeout"})
+	failures := c.Metric("volume_healer_call_errors_total", nil) - timeouts
 	var after int
 	harness.Eventually(t, time.Minute, "the controller's goroutines to come back down", func() (bool, string) {
 		after = goroutines(c)

@@ -380,7 +380,8 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		dispatchOpts.Lease = lease
 		guard = lease.Guard
 	}
-	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard)
+	plan := planner.New(plannerCaches)
+	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +395,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		return nil, err
 	}
 	a.sweeper, err = healer.New(healer.Options{
-		Planner:    planner.New(plannerCaches),
+		Planner:    plan,
 		Policy:     engine,
 		Sidecars:   sidecars,
 		Dispatcher: dispatcher,

@@ -1,14 +1,25 @@
-{{/* The release's full name: the release name, prefixed with the chart name unless it holds it. */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "healer-refdriver.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: fullnameOverride, or the release name prefixed with the chart's name
+unless it holds it. */}}
 {{- define "healer-refdriver.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "healer-refdriver.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "healer-refdriver.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "healer-refdriver.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/part-of: volume-healer
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -19,7 +30,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* Selector labels of a component's pods; call with (list $ "component"). */}}
 {{- define "healer-refdriver.selectorLabels" -}}
 {{- $root := index . 0 -}}
-app.kubernetes.io/name: {{ $root.Chart.Name }}
+app.kubernetes.io/name: {{ include "healer-refdriver.name" $root }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
@@ -57,3 +68,4 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
