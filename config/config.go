@@ -292,6 +292,8 @@ type SidecarAuth struct {
 type Log struct {
 	// Verbosity is the klog verbosity, 0 (quiet) to 10 (everything). Default 0.
 	Verbosity int
+	// Format is the log format, "text" or "json". Default "text".
+	Format string
 }
 
 // Default returns the built-in defaults. They do not validate on their own: Sidecar.TLS.CAFile
@@ -331,5 +333,6 @@ func Default() Config {
 			TLS:  SidecarTLS{Enabled: true},
 			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token", Audience: healerv1alpha1.DefaultTokenAudience},
 		},
+		Log: Log{Format: "text"},
 	}
 }

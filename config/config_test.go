@@ -394,6 +394,10 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_LOG_VERBOSITY": "-1"},
 			want: []string{"log.verbosity (env VOLUME_HEALER_LOG_VERBOSITY): -1 is not allowed", "from 0 to 10"},
 		},
+		"unknown log format": {
+			args: []string{"--log-format=yaml"},
+			want: []string{`log.format (flag --log-format): "yaml" is not allowed`, "must be text or json"},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -696,7 +700,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true},
 			Auth: SidecarAuth{TokenFile: "/tokens/healer", Audience: "yes"},
 		},
-		Log: Log{Verbosity: 10},
+		Log: Log{Verbosity: 10, Format: "json"},
 	}
 	tests := map[string]Config{
 		"defaults with CA":  validDefault(),

@@ -330,8 +330,14 @@ var settings = []setting{
 	{
 		path:    "log.verbosity",
 		field:   func(c *Config) any { return &c.Log.Verbosity },
-		help:    "Log verbosity (as klog -v): 0 logs the least, 10 the most.",
+		help:    "Log verbosity (as klog -v): 0 logs the least, 10 the most. The -v flag, when given, wins.",
 		allowed: "an integer from 0 to 10",
+	},
+	{
+		path:    "log.format",
+		field:   func(c *Config) any { return &c.Log.Format },
+		help:    "Log format: text (klog's lines) or json (one JSON object a line, Kubernetes components' format). The --logging-format flag, when given, wins.",
+		allowed: "text or json",
 	},
 }
 

@@ -258,6 +258,9 @@ func (c *Config) validate() []issue {
 	if c.Log.Verbosity < 0 || c.Log.Verbosity > 10 {
 		v.add("log.verbosity", strconv.Itoa(c.Log.Verbosity), "must be an integer from 0 to 10")
 	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		v.add("log.format", strconv.Quote(c.Log.Format), "must be text or json")
+	}
 	return v.issues
 }
 

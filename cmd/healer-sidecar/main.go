@@ -9,8 +9,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,6 +21,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/logging"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 	"github.com/volume-healer/volume-healer/sidecar/restart"
@@ -33,25 +34,37 @@ func main() {
 		os.Exit(nodeprobe.StatMain(os.Args[2:], os.Stdout))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	cfg, err := parse(os.Args[1:], os.LookupEnv)
-	if errors.Is(err, pflag.ErrHelp) {
-		return
-	}
-	if err == nil && cfg.showVersion {
-		fmt.Println(version.Line("healer-sidecar"))
-		return
-	}
-	if err == nil {
-		// controller-runtime's parts (the certificate watcher, the client) log through klog too.
-		ctrllog.SetLogger(klog.Background())
-		err = sidecar.Run(ctx, cfg.opts, cfg.kubeconfig)
-	}
-	klog.Flush()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "healer-sidecar:", err)
 		os.Exit(1)
 	}
+}
+
+// run parses the command line, sets up logging before anything logs, and runs the sidecar until
+// ctx ends.
+func run(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) error {
+	cfg, err := parse(args, env)
+	if errors.Is(err, pflag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if cfg.showVersion {
+		_, err := fmt.Fprintln(stdout, version.Line("healer-sidecar"))
+		return err
+	}
+	if err := cfg.logging.Apply(stdout, stderr); err != nil {
+		return err
+	}
+	defer klog.Flush()
+	logger := klog.Background()
+	// controller-runtime's parts (the certificate watcher, the client) log through klog too.
+	ctrllog.SetLogger(logger)
+	logger.Info("Starting", "version", version.Get().String(), "node", cfg.opts.NodeName)
+	return sidecar.Run(ctx, cfg.opts, cfg.kubeconfig)
 }
 
 // config is what the command line gives: the sidecar's options, and how to reach the API
@@ -60,12 +73,14 @@ type config struct {
 	opts        sidecar.Options
 	kubeconfig  string
 	showVersion bool
+	// logging are -v, --vmodule, --logging-format and the other logging flags.
+	logging *logging.Options
 }
 
 // parse reads the flags; the downward API's environment variables fill what the flags leave
 // empty.
 func parse(args []string, env func(string) (string, bool)) (*config, error) {
-	cfg := &config{}
+	cfg := &config{logging: logging.NewOptions()}
 	o := &cfg.opts
 	fs := pflag.NewFlagSet("healer-sidecar", pflag.ContinueOnError)
 	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version, the git commit and the Go version of this binary, and exit.")
@@ -99,9 +114,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.DurationVar(&o.ContainerStopGracePeriod, "container-stop-grace-period", restart.DefaultStopGracePeriod, "The most a container that RestartContainers stops is given between its stop signal and SIGKILL (whole seconds); the controller's deadline may leave it less.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", sidecar.DefaultMetricsAddress, "Address of /metrics, /healthz and /readyz; 0 turns it off.")
 
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
+	cfg.logging.AddFlags(fs)
 
 	if err := fs.Parse(args); err != nil {
 		return nil, err

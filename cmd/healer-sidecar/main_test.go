@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/logging"
+	"github.com/volume-healer/volume-healer/logging/loggingtest"
 	"github.com/volume-healer/volume-healer/sidecar"
 )
 
@@ -91,5 +96,50 @@ func TestParse(t *testing.T) {
 	}
 	if _, err := parse([]string{"stray"}, lookup); err == nil {
 		t.Error("a stray argument was accepted")
+	}
+}
+
+func TestLoggingFlags(t *testing.T) {
+	lookup := func(string) (string, bool) { return "", false }
+	tests := map[string]struct {
+		args []string
+		// wantErr are words of the error run returns.
+		wantErr []string
+		// wantJSON: every line on stderr is a JSON object, and one of them is the start line.
+		wantJSON bool
+	}{
+		"json": {
+			args:     []string{"--logging-format=json", "-v=2"},
+			wantErr:  []string{"/nonexistent/kubeconfig"},
+			wantJSON: true,
+		},
+		"unknown format": {
+			args:    []string{"--logging-format=yaml"},
+			wantErr: []string{"--logging-format", `"yaml"`, "text, json"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"--node-name=worker-1", "--kubeconfig=/nonexistent/kubeconfig"}, tc.args...)
+			err := run(context.Background(), args, lookup, &stdout, &stderr)
+			t.Cleanup(func() {
+				if err := logging.ResetForTest(); err != nil {
+					t.Error(err)
+				}
+			})
+			if err == nil {
+				t.Fatal("run succeeded without a cluster")
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %s", err, w)
+				}
+			}
+			if !tc.wantJSON {
+				return
+			}
+			loggingtest.AssertJSONLines(t, stderr.String(), "Starting")
+		})
 	}
 }

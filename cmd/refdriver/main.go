@@ -45,7 +45,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := cli.Run(ctx, os.Args[1:]); err != nil && !errors.Is(err, flag.ErrHelp) {
+	if err := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "refdriver:", err)
 		os.Exit(1)
 	}

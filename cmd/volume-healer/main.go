@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller"
 	"github.com/volume-healer/volume-healer/config"
+	"github.com/volume-healer/volume-healer/logging"
 	"github.com/volume-healer/volume-healer/version"
 )
 
@@ -36,6 +36,11 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 	// Go's global flag set, and the configuration owns that key.
 	flags := pflag.NewFlagSet("volume-healer", pflag.ContinueOnError)
 	config.RegisterFlags(flags)
+	// The logging flags of every Kubernetes component (-v, --vmodule, --logging-format); -v and
+	// --logging-format win over the configuration's log.verbosity and log.format.
+	logFlags := pflag.NewFlagSet("logging", pflag.ContinueOnError)
+	logOpts := logging.NewOptions()
+	logOpts.AddFlags(logFlags)
 
 	load := func() (*config.Config, error) { return config.Load(flags, env) }
 	root := &cobra.Command{
@@ -55,11 +60,17 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			setVerbosity(cfg.Log.Verbosity)
+			logOpts.Default(cfg.Log.Verbosity, cfg.Log.Format)
+			if err := logOpts.Apply(cmd.OutOrStdout(), cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			defer klog.Flush()
+			klog.Background().Info("Starting", "version", version.Get().String())
 			return controller.Run(cmd.Context(), cfg)
 		},
 	}
 	root.PersistentFlags().AddFlagSet(flags)
+	root.Flags().AddFlagSet(logFlags)
 	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 
 	configCmd := &cobra.Command{Use: "config", Short: "Inspect the configuration"}
@@ -82,11 +93,4 @@ func newCommand(env func(string) (string, bool)) *cobra.Command {
 	})
 	root.AddCommand(configCmd)
 	return root
-}
-
-// setVerbosity applies log.verbosity to klog.
-func setVerbosity(v int) {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	_ = fs.Set("v", fmt.Sprint(v))
 }

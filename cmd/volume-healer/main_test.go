@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/volume-healer/volume-healer/logging"
+	"github.com/volume-healer/volume-healer/logging/loggingtest"
 	"github.com/volume-healer/volume-healer/version"
 )
 
@@ -90,5 +92,58 @@ func TestVersion(t *testing.T) {
 	}
 	if want := version.Line("volume-healer") + "\n"; out != want {
 		t.Errorf("--version printed %q, want %q", out, want)
+	}
+}
+
+func TestLoggingFlags(t *testing.T) {
+	tests := map[string]struct {
+		env  map[string]string
+		args []string
+		// wantErr are words of the error the command returns.
+		wantErr []string
+		// wantJSON: every line logged is a JSON object, and one of them is the start line.
+		wantJSON bool
+	}{
+		"--logging-format json": {
+			args:     []string{"--logging-format=json", "-v=2"},
+			wantErr:  []string{"/nonexistent/kubeconfig"},
+			wantJSON: true,
+		},
+		"log.format json from the environment": {
+			env:      map[string]string{"VOLUME_HEALER_LOG_FORMAT": "json"},
+			wantErr:  []string{"/nonexistent/kubeconfig"},
+			wantJSON: true,
+		},
+		"the flag wins over log.format": {
+			env:     map[string]string{"VOLUME_HEALER_LOG_FORMAT": "json"},
+			args:    []string{"--logging-format=yaml"},
+			wantErr: []string{"--logging-format", `"yaml"`, "text, json"},
+		},
+		"unknown format": {
+			args:    []string{"--logging-format=yaml"},
+			wantErr: []string{"--logging-format", `"yaml"`, "text, json"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"--kubeconfig=/nonexistent/kubeconfig", "--sidecar-tls-enabled=false"}, tc.args...)
+			out, err := execute(t, tc.env, args...)
+			t.Cleanup(func() {
+				if err := logging.ResetForTest(); err != nil {
+					t.Error(err)
+				}
+			})
+			if err == nil {
+				t.Fatal("the controller started without a cluster")
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %s", err, w)
+				}
+			}
+			if tc.wantJSON {
+				loggingtest.AssertJSONLines(t, out, "Starting")
+			}
+		})
 	}
 }

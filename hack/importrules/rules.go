@@ -194,6 +194,22 @@ var rules = []Rule{
 		Reason:   "the FUSE mounter process serves one folder and knows nothing of the plugin that starts it",
 	},
 	{
+		Name:     "logging-is-a-leaf",
+		Packages: []string{"logging/..."},
+		Forbid:   []string{"..."},
+		Allow:    []string{"logging/..."},
+		Reason:   "every binary takes the same logging flags; the package knows nothing of any of them",
+	},
+	{
+		Name:     "component-base-in-programs-only",
+		Packages: []string{"..."},
+		Except:   join([]string{"cmd/...", "refdriver/cli", "logging"}, tooling),
+		Forbid:   []string{"k8s.io/component-base/..."},
+		Reason: "component-base's logging sets up a process: only the programs and their command lines " +
+			"(cmd/..., refdriver/cli) link it, through package logging; a library, and what a driver " +
+			"links (api/, driverkit/), does not",
+	},
+	{
 		Name:     "version-is-a-leaf",
 		Packages: []string{"version"},
 		Forbid:   []string{"..."},

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/logging"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/mounter"
 	"github.com/volume-healer/volume-healer/refdriver/plugin"
@@ -32,11 +34,12 @@ import (
 )
 
 // Run runs refdriver with args, the command line without the binary's name, until ctx ends: the
-// `mounter` subcommand, or the driver in the mode --mode says. It returns flag.ErrHelp after
-// printing the help that -h asked for.
-func Run(ctx context.Context, args []string) error {
+// `mounter` subcommand, or the driver in the mode --mode says. It logs to stderr (-v, --vmodule,
+// --logging-format; package logging), and applies those flags once per process. It returns
+// flag.ErrHelp after printing the help that -h asked for.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "mounter" {
-		return runMounter(ctx, args[1:])
+		return runMounter(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("refdriver", flag.ContinueOnError)
 	f := &driverFlags{
@@ -61,9 +64,8 @@ func Run(ctx context.Context, args []string) error {
 		defaultHang:  fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given"),
 	}
 	showVersion := fs.Bool("version", false, "print the version, the git commit and the Go version of this binary, and exit")
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	logOpts := logging.NewOptions()
+	logOpts.AddGoFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,12 +73,16 @@ func Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("unexpected arguments %q (the only subcommand is \"mounter\")", fs.Args())
 	}
 	if *showVersion {
-		fmt.Println(version.Line("refdriver"))
-		return nil
+		_, err := fmt.Fprintln(stdout, version.Line("refdriver"))
+		return err
 	}
 	if *f.endpoint == "" || *f.stateDir == "" {
 		return errors.New("--endpoint and --state-dir are required")
 	}
+	if err := logOpts.Apply(stdout, stderr); err != nil {
+		return err
+	}
+	defer klog.Flush()
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	capabilities, err := parseCapabilities(*f.caps)
@@ -84,6 +90,7 @@ func Run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := klog.Background()
+	log.Info("Starting", "version", version.Get().String(), "mode", *f.mode)
 
 	switch *f.mode {
 	case "real":
@@ -254,7 +261,7 @@ func rejectFlags(set map[string]bool, mode string, names ...string) error {
 
 // runMounter is the `refdriver mounter` subcommand: the process the real mode's plugin starts
 // for each staged volume.
-func runMounter(ctx context.Context, args []string) error {
+func runMounter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("refdriver mounter", flag.ContinueOnError)
 	var (
 		source  = fs.String("source", "", "folder to serve (required)")
@@ -262,9 +269,8 @@ func runMounter(ctx context.Context, args []string) error {
 		fsName  = fs.String("fsname", "", "source of the mount in the mount table (default: --source)")
 		readyFD = fs.Int("ready-fd", 1, "file descriptor to write \"ready\" to once mounted; it is closed then")
 	)
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.Var(klogFlags.Lookup("v").Value, "v", "log verbosity")
+	logOpts := logging.NewOptions()
+	logOpts.AddGoFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -274,6 +280,10 @@ func runMounter(ctx context.Context, args []string) error {
 	if *readyFD < 1 {
 		return fmt.Errorf("mounter: --ready-fd %d: want a descriptor the parent opened, such as 1 or 3", *readyFD)
 	}
+	if err := logOpts.Apply(stdout, stderr); err != nil {
+		return fmt.Errorf("mounter: %w", err)
+	}
+	defer klog.Flush()
 	return mounter.Run(ctx, mounter.Options{
 		Source: *source,
 		Target: *target,

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +18,8 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/logging"
+	"github.com/volume-healer/volume-healer/logging/loggingtest"
 )
 
 func TestParseVolumes(t *testing.T) {
@@ -137,7 +141,7 @@ func TestRunRejectsFlags(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			err := Run(context.Background(), tt.args)
+			err := run(t, tt.args, io.Discard)
 			if err == nil {
 				t.Fatalf("Run(%q) = nil, want an error", tt.args)
 			}
@@ -151,7 +155,7 @@ func TestRunRejectsFlags(t *testing.T) {
 }
 
 func TestRunVersionNeedsNoOtherFlag(t *testing.T) {
-	if err := Run(context.Background(), []string{"--version"}); err != nil {
+	if err := run(t, []string{"--version"}, io.Discard); err != nil {
 		t.Errorf("Run(--version) = %v, want nil", err)
 	}
 }
@@ -188,7 +192,12 @@ func TestRunRegistersWithKubelet(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
-			go func() { done <- Run(ctx, args) }()
+			t.Cleanup(func() {
+				if err := logging.ResetForTest(); err != nil {
+					t.Error(err)
+				}
+			})
+			go func() { done <- Run(ctx, args, io.Discard, io.Discard) }()
 
 			regSock := filepath.Join(regDir, "healer.example.com-reg.sock")
 			conn, err := grpc.NewClient("unix://"+regSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -247,6 +256,60 @@ func TestRunRegistersWithKubelet(t *testing.T) {
 			}
 			if _, err := os.Lstat(regSock); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the registration socket stays after the driver stopped: %v", err)
+			}
+		})
+	}
+}
+
+// run runs Run with args, logging to stderr, and undoes its logging flags when the test ends.
+func run(t *testing.T, args []string, stderr io.Writer) error {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := logging.ResetForTest(); err != nil {
+			t.Error(err)
+		}
+	})
+	return Run(context.Background(), args, io.Discard, stderr)
+}
+
+func TestLoggingFlags(t *testing.T) {
+	base := []string{"--endpoint", "unix:///nonexistent/refdriver.sock", "--state-dir", "/nonexistent/refdriver-state"}
+	tests := map[string]struct {
+		args []string
+		// wantErr are words of the error Run returns.
+		wantErr []string
+		// wantJSON: every line logged is a JSON object, and one of them is the start line.
+		wantJSON bool
+	}{
+		"--logging-format json": {
+			// An unknown mode is found after the start line.
+			args:     append([]string{"--mode", "fake", "--logging-format", "json", "-v", "2"}, base...),
+			wantErr:  []string{`"fake"`},
+			wantJSON: true,
+		},
+		"unknown format": {
+			args:    append([]string{"--logging-format", "yaml"}, base...),
+			wantErr: []string{"--logging-format", `"yaml"`, "text, json"},
+		},
+		"mounter: unknown format": {
+			args:    []string{"mounter", "--source", "/nonexistent/a", "--target", "/nonexistent/b", "--logging-format", "yaml"},
+			wantErr: []string{"mounter", "--logging-format", `"yaml"`, "text, json"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(t, tc.args, &stderr)
+			if err == nil {
+				t.Fatalf("Run(%q) = nil, want an error", tc.args)
+			}
+			for _, w := range tc.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %s", err, w)
+				}
+			}
+			if tc.wantJSON {
+				loggingtest.AssertJSONLines(t, stderr.String(), "Starting")
 			}
 		})
 	}

@@ -4,7 +4,9 @@
 //
 // It owns the command tree, its flags and what each command prints; cmd/healerctl only hands it
 // the process's name, arguments and signals. Installed under the name kubectl-healer, healerctl is
-// a kubectl plugin: `kubectl healer status`.
+// a kubectl plugin: `kubectl healer status`; the commands that reach a cluster take kubectl's own
+// flags (-n, --context, --as, --kubeconfig, ...) from k8s.io/cli-runtime, and cobra's completion
+// command writes the shells' completion scripts.
 //
 // It must not import test/ (what it runs ships with it) nor the controller's packages under
 // cmd/volume-healer.

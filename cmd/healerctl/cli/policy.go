@@ -132,7 +132,6 @@ func compileFrom(cmd *cobra.Command, paths []string, opts policy.CompileOptions)
 
 func newPolicyExplainCommand() *cobra.Command {
 	var (
-		kube                     kubeFlags
 		trigger, node, probe     string
 		probeReason              string
 		healable, full           bool
@@ -140,21 +139,37 @@ func newPolicyExplainCommand() *cobra.Command {
 		attributes               map[string]string
 		paths                    []string
 		namespace, selector      string
-		pod                      string
+		pod, pvc, output         string
 		at                       time.Time
 		opts                     policy.CompileOptions
 	)
+	kube := newKubeFlags()
 	cmd := &cobra.Command{
-		Use:   "explain PV",
+		Use:   "explain (PV | pv/PV | pvc/CLAIM | --pvc CLAIM)",
 		Short: "Show how the policy decides for one volume of a live cluster, and which rules fired",
-		Long: "Builds the policy input for the PersistentVolume PV from the cluster (PV, PVC, StorageClass,\n" +
-			"VolumeAttachment, Node), evaluates the policy the controller would use (the policy ConfigMaps,\n" +
-			"the built-in default when there are none, or --policy) and prints the decision, the rules that\n" +
-			"fired and those that did not. It is a dry run: it reads from the API server and calls no sidecar\n" +
-			"or driver, so what only the driver knows is assumed from flags (--driver-capability, --probe).",
-		Args: cobra.ExactArgs(1),
+		Long: "Builds the policy input for a volume from the cluster (PV, PVC, StorageClass, VolumeAttachment,\n" +
+			"Node), evaluates the policy the controller would use (the policy ConfigMaps, the built-in default\n" +
+			"when there are none, or --policy) and prints the decision, the rules that fired and those that did\n" +
+			"not. The volume is a PersistentVolume (PV or pv/PV), or the one a claim is bound to (pvc/CLAIM or\n" +
+			"--pvc CLAIM, in -n's namespace or the context's). It is a dry run: it reads from the API server and\n" +
+			"calls no sidecar or driver, so what only the driver knows is assumed from flags\n" +
+			"(--driver-capability, --probe).\n\n" +
+			"With -o json it prints the policy input it built instead, as JSON, which `healerctl policy eval\n" +
+			"--input -` takes: the same decision, for a policy being written, from a file kept with its tests.",
+		Example: "  healerctl policy explain pvc-0b1c2d3e\n" +
+			"  kubectl healer policy explain -n shop pvc/data-db-0\n" +
+			"  healerctl policy explain -n shop --pvc data-db-0 -o json | healerctl policy eval --policy ./policy --input -",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			switch output {
+			case "text", "json":
+			default:
+				return fmt.Errorf("--output %q: want text or json", output)
+			}
+			if output == "json" && pod != "" {
+				return errors.New("-o json prints the volume's policy input, which policy eval takes; drop --pod, whose restart decision has no eval command")
+			}
 			cfg, err := kube.config()
 			if err != nil {
 				return err
@@ -163,12 +178,16 @@ func newPolicyExplainCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("creating Kubernetes client: %w", err)
 			}
+			pv, err := explainTarget(ctx, client, kube, args, pvc)
+			if err != nil {
+				return err
+			}
 
 			driver, err := policy.AssumedDriver(capabilities, identities, attributes)
 			if err != nil {
 				return err
 			}
-			in, err := policy.InputFromCluster(ctx, client, args[0], policy.ClusterInputOptions{
+			in, err := policy.InputFromCluster(ctx, client, pv, policy.ClusterInputOptions{
 				Trigger: policy.Trigger(trigger),
 				Node:    node,
 				Driver:  driver,
@@ -184,6 +203,11 @@ func newPolicyExplainCommand() *cobra.Command {
 				if in.Probe, err = policy.AssumedProbe(probe, probeReason, healable); err != nil {
 					return err
 				}
+			}
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(in)
 			}
 
 			modules := policy.DefaultModules()
@@ -237,6 +261,8 @@ func newPolicyExplainCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	kube.addTo(f)
+	f.StringVar(&pvc, "pvc", "", "explain the volume of this claim, in -n's namespace (default: the context's); instead of the argument")
+	f.StringVarP(&output, "output", "o", "text", "text: the decision and the rules; json: the policy input, for policy eval --input")
 	f.StringVar(&trigger, "trigger", string(policy.TriggerRestart), "sweep to assume: restart, schedule or manual")
 	f.StringVar(&node, "node", "", "node to assume when the volume has no VolumeAttachment")
 	f.StringVar(&probe, "probe", "", "assume a probe result and explain the second evaluation: healthy, "+
@@ -262,6 +288,45 @@ func newPolicyExplainCommand() *cobra.Command {
 		return nil
 	})
 	return cmd
+}
+
+// explainTarget names the PersistentVolume to explain: the argument (PV, pv/PV, pvc/CLAIM), or
+// --pvc, whose claim must be bound.
+func explainTarget(ctx context.Context, client kubernetes.Interface, kube *kubeFlags, args []string, pvc string) (string, error) {
+	switch {
+	case len(args) == 0 && pvc == "":
+		return "", errors.New("name the volume: a PersistentVolume (PV or pv/PV), or a claim (pvc/CLAIM or --pvc CLAIM)")
+	case len(args) == 1 && pvc != "":
+		return "", fmt.Errorf("%s and --pvc %s both name a volume; give one", args[0], pvc)
+	case len(args) == 1:
+		kind, name, typed := strings.Cut(args[0], "/")
+		if !typed {
+			return args[0], nil
+		}
+		switch strings.ToLower(kind) {
+		case "pv", "persistentvolume", "persistentvolumes":
+			return name, nil
+		case "pvc", "persistentvolumeclaim", "persistentvolumeclaims":
+			pvc = name
+		default:
+			return "", fmt.Errorf("%s: want a PersistentVolume (pv/NAME) or a PersistentVolumeClaim (pvc/NAME), not %s", args[0], kind)
+		}
+	}
+	if pvc == "" || strings.Contains(pvc, "/") {
+		return "", fmt.Errorf("claim %q: want its name, with -n for its namespace", pvc)
+	}
+	ns, err := kube.namespace()
+	if err != nil {
+		return "", err
+	}
+	claim, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, pvc, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", ns, pvc, err)
+	}
+	if claim.Spec.VolumeName == "" {
+		return "", fmt.Errorf("PersistentVolumeClaim %s/%s is not bound to a volume (phase %s): the policy decides for volumes", ns, pvc, claim.Status.Phase)
+	}
+	return claim.Spec.VolumeName, nil
 }
 
 // restartInput builds the restart input of the pod named name, in the namespace of the volume's

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -19,13 +21,7 @@ import (
 // healerctl runs the healerctl command line args and returns what it printed and its error.
 func healerctl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	cmd := newRootCommand("healerctl")
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(context.Background())
-	return out.String(), err
+	return healerctlIn(t, "", args...)
 }
 
 // TestPolicyExplainPod runs `healerctl policy explain PV --pod POD` against a real apiserver: the
@@ -109,5 +105,135 @@ func TestPolicyExplainPod(t *testing.T) {
 			}
 			mustContain(t, out, tc.want...)
 		})
+	}
+}
+
+// TestPolicyExplainJSONFeedsEval runs `healerctl policy explain -o json` for a claim of a real
+// apiserver, feeds what it prints to `healerctl policy eval --input -`, and checks that eval
+// decides what explain says it decides; and that a claim is named the ways kubectl users name it.
+func TestPolicyExplainJSONFeedsEval(t *testing.T) {
+	env := controlplane.Start(t)
+	c := statusCluster{t: t, env: env}
+	c.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	c.create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, Provisioner: statusDriver})
+	pv := persistentVolume("data")
+	pv.Spec.StorageClassName = "fast"
+	pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "shop", Name: "data"}
+	c.create(pv)
+	fast := "fast"
+	for _, name := range []string{"data", "pending"} {
+		claim := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+				StorageClassName: &fast,
+			},
+		}
+		if name == "data" {
+			claim.Spec.VolumeName = pv.Name
+		}
+		c.create(claim)
+	}
+
+	kube := []string{"--kubeconfig", env.Kubeconfig, "--node", "node-1"}
+	for name, extra := range map[string][]string{
+		"restart sweep":                   nil,
+		"scheduled sweep":                 {"--trigger", "schedule"},
+		"after a probe found it unusable": {"--probe", "INACCESSIBLE"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			explain := append(append([]string{"policy", "explain", "-n", "shop", "pvc/data"}, kube...), extra...)
+			text, err := healerctl(t, explain...)
+			if err != nil {
+				t.Fatalf("healerctl %s: %v\n%s", strings.Join(explain, " "), err, text)
+			}
+			_, said, ok := strings.Cut(text, "\ndecision: ")
+			if !ok {
+				t.Fatalf("explain printed no decision:\n%s", text)
+			}
+			said, _, _ = strings.Cut(said, "\n")
+
+			input, err := healerctl(t, append(explain, "-o", "json")...)
+			if err != nil {
+				t.Fatalf("explain -o json: %v\n%s", err, input)
+			}
+			var doc map[string]any
+			if err := json.Unmarshal([]byte(input), &doc); err != nil {
+				t.Fatalf("explain -o json printed no JSON document: %v\n%s", err, input)
+			}
+			vol, _ := doc["volume"].(map[string]any)
+			claim, _ := vol["pvc"].(map[string]any)
+			if vol["pv"] != "pv-data" || claim["namespace"] != "shop" || claim["name"] != "data" {
+				t.Errorf("the input is not that of pv-data, bound to shop/data:\n%s", input)
+			}
+
+			decided, err := healerctlIn(t, input, "policy", "eval", "--input", "-")
+			if err != nil {
+				t.Fatalf("policy eval --input - of explain's input: %v\n%s", err, decided)
+			}
+			assertSameJSON(t, said, decided)
+		})
+	}
+
+	t.Run("--pvc and the argument name the same volume", func(t *testing.T) {
+		byArg, err := healerctl(t, append([]string{"policy", "explain", "-o", "json", "pv-data"}, kube...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byFlag, err := healerctl(t, append([]string{"policy", "explain", "-o", "json", "--namespace=shop", "--pvc", "data"}, kube...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertSameJSON(t, byArg, byFlag)
+	})
+
+	for name, tc := range map[string]struct {
+		args    []string
+		wantErr string
+	}{
+		"a claim that is not bound":              {[]string{"-n", "shop", "pvc/pending"}, "PersistentVolumeClaim shop/pending is not bound to a volume"},
+		"a claim that does not exist":            {[]string{"-n", "shop", "--pvc", "gone"}, "reading PersistentVolumeClaim shop/gone"},
+		"the claim's namespace from the context": {[]string{"pvc/data"}, "reading PersistentVolumeClaim default/data"},
+		"two volumes":                            {[]string{"-n", "shop", "pv-data", "--pvc", "data"}, "pv-data and --pvc data both name a volume"},
+		"no volume":                              {nil, "name the volume"},
+		"another kind":                           {[]string{"pod/web-1"}, "pod/web-1: want a PersistentVolume (pv/NAME) or a PersistentVolumeClaim (pvc/NAME)"},
+		"an unknown output":                      {[]string{"pv-data", "-o", "yaml"}, `--output "yaml": want text or json`},
+		"json for a pod's decision":              {[]string{"pv-data", "-o", "json", "--pod", "web-1"}, "drop --pod"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := healerctl(t, append(append([]string{"policy", "explain"}, kube...), tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("healerctl policy explain %s: %v, want an error containing %q\n%s", strings.Join(tc.args, " "), err, tc.wantErr, out)
+			}
+		})
+	}
+}
+
+// healerctlIn is healerctl with stdin as the standard input.
+func healerctlIn(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := newRootCommand("healerctl")
+	cmd.SetIn(strings.NewReader(stdin))
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+// assertSameJSON fails t unless the JSON documents a and b are equal.
+func assertSameJSON(t *testing.T, a, b string) {
+	t.Helper()
+	var va, vb any
+	if err := json.Unmarshal([]byte(a), &va); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, a)
+	}
+	if err := json.Unmarshal([]byte(b), &vb); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, b)
+	}
+	if !reflect.DeepEqual(va, vb) {
+		t.Errorf("different documents:\n%s\n%s", a, b)
 	}
 }

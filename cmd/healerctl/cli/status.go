@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -40,7 +41,7 @@ const defaultPendingThreshold = 15 * time.Minute
 
 // statusOptions are the flags of healerctl status.
 type statusOptions struct {
-	kube                          kubeFlags
+	kube                          *kubeFlags
 	output                        string
 	pendingThreshold              time.Duration
 	policyNamespace               string
@@ -50,7 +51,7 @@ type statusOptions struct {
 }
 
 func newStatusCommand() *cobra.Command {
-	o := statusOptions{}
+	o := statusOptions{kube: newKubeFlags()}
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show restarts swept and pending, volumes that need a human, and the policy in force",
@@ -75,6 +76,9 @@ func newStatusCommand() *cobra.Command {
 			case "table", "json", "yaml":
 			default:
 				return fmt.Errorf("--output %q: want table, json or yaml", o.output)
+			}
+			if o.kube.namespaceGiven() {
+				return errors.New("-n/--namespace: status reads every namespace; drop the flag (--policy-namespace names the policy's)")
 			}
 			c, err := o.kube.client()
 			if err != nil {

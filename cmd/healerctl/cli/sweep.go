@@ -20,18 +20,24 @@ import (
 )
 
 func newSweepCommand() *cobra.Command {
-	var kube kubeFlags
+	kube := newKubeFlags()
 	var storageClass, pvc, driver, node string
 	var wait bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "sweep (--storage-class NAME | --pvc NAMESPACE/NAME | --driver NAME --node NAME)",
+		Use:   "sweep (--storage-class NAME | --pvc [NAMESPACE/]NAME | --driver NAME --node NAME)",
 		Short: "Ask the controller for an immediate sweep of a StorageClass, a PVC's volume, or a driver on a node",
 		Long: "sweep sets the " + annotations.SweepRequest + " annotation on the StorageClass, PVC or\n" +
 			"CSIAddonsNode; the controller sweeps the volumes it selects once, then copies the request to\n" +
 			annotations.SweepHandled + " and records a ManualSweepFinished Event.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if pvc != "" {
+				var err error
+				if pvc, err = qualifyPVC(kube, pvc); err != nil {
+					return err
+				}
+			}
 			c, err := kube.client()
 			if err != nil {
 				return err
@@ -55,12 +61,28 @@ func newSweepCommand() *cobra.Command {
 	f := cmd.Flags()
 	kube.addTo(f)
 	f.StringVar(&storageClass, "storage-class", "", "sweep the volumes of this StorageClass")
-	f.StringVar(&pvc, "pvc", "", "sweep the volume of this PVC, as NAMESPACE/NAME")
+	f.StringVar(&pvc, "pvc", "", "sweep the volume of this PVC, as NAMESPACE/NAME, or NAME in -n's namespace (default: the context's)")
 	f.StringVar(&driver, "driver", "", "with --node: sweep this CSI driver's volumes on the node")
 	f.StringVar(&node, "node", "", "with --driver: the node")
 	f.BoolVar(&wait, "wait", false, "wait until the controller has finished the sweep and print its outcome")
 	f.DurationVar(&timeout, "timeout", 5*time.Minute, "with --wait: how long to wait")
 	return cmd
+}
+
+// qualifyPVC makes a --pvc value NAMESPACE/NAME: a bare NAME is in -n's namespace, or the
+// kubeconfig context's; a NAMESPACE/NAME must not contradict -n.
+func qualifyPVC(kube *kubeFlags, pvc string) (string, error) {
+	if ns, _, ok := strings.Cut(pvc, "/"); ok {
+		if kube.namespaceGiven() && ns != *kube.flags.Namespace {
+			return "", fmt.Errorf("--pvc %s is in namespace %s, but -n says %s: give one of them", pvc, ns, *kube.flags.Namespace)
+		}
+		return pvc, nil
+	}
+	ns, err := kube.namespace()
+	if err != nil {
+		return "", err
+	}
+	return ns + "/" + pvc, nil
 }
 
 // sweepTarget finds the object that carries the request.

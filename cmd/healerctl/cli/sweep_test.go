@@ -64,7 +64,8 @@ func TestSweepRequestsAndWaits(t *testing.T) {
 	for args, want := range map[string]string{
 		"--storage-class gold --pvc a/b": "exactly one",
 		"--driver rbd":                   "exactly one",
-		"--pvc nobody":                   "NAMESPACE/NAME",
+		"--pvc nobody":                   "PVC default/nobody", // a bare name is in the context's namespace
+		"--pvc shop/":                    "NAMESPACE/NAME",
 		"--storage-class missing":        "StorageClass missing",
 		"--driver rbd --node n1":         "no CSIAddonsNode for driver rbd on node n1",
 	} {
