@@ -1635,6 +1635,8 @@ func (x *NodeListStagedVolumesResponse) GetNextToken() string {
 //	| No running container of the pod on     | FAILED_PRECONDITION | Do not retry: the pod does not use   |
 //	| this node mounts the volume's publish  |                     | the volume here (any more).          |
 //	| target                                 |                     |                                      |
+//	| A RestartContainers call for the same  | ABORTED             | Retry later; the call in flight may  |
+//	| PV and pod is in flight                |                     | have restarted the containers.       |
 //	| The sidecar has no access to the       | UNIMPLEMENTED       | Replace the pod instead (eviction);  |
 //	| container runtime                      |                     | do not retry against this sidecar.   |
 //	| Container runtime unreachable          | UNAVAILABLE         | Retry with exponential backoff.      |
