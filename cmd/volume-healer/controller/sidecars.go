@@ -25,7 +25,9 @@ func SidecarServerName(node, base string) string { return node + "." + base }
 // ServiceAccount (the one sidecar.auth.tokenFile belongs to) for the called node alone, requested
 // through accounts. With a client certificate it also returns the watcher that reads the
 // certificate again when its files change, which must run (Start) for as long as the client.
-func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, *certwatcher.CertWatcher, error) {
+// signerCA, when not nil, is the PEM CA of the controller's own signer of the sidecars'
+// certificates, trusted besides sidecar.tls.caFile.
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), signerCA []byte) (*probe.Client, *certwatcher.CertWatcher, error) {
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
@@ -41,14 +43,19 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 	var clientCert *certwatcher.CertWatcher
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
-		if cfg.Sidecar.TLS.CAFile != "" {
-			pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
-			if err != nil {
-				return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
-			}
+		if cfg.Sidecar.TLS.CAFile != "" || signerCA != nil {
 			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+			if cfg.Sidecar.TLS.CAFile != "" {
+				pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
+				if err != nil {
+					return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
+				}
+				if !pool.AppendCertsFromPEM(pem) {
+					return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+				}
+			}
+			if signerCA != nil && !pool.AppendCertsFromPEM(signerCA) {
+				return nil, nil, fmt.Errorf("the sidecar signer's CA (sidecar.tls.signer.caSecret %s): no PEM certificate in it", cfg.Sidecar.TLS.Signer.CASecret)
 			}
 			tlsCfg.RootCAs = pool
 		}
