@@ -378,10 +378,6 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_SIDECAR_TLS_CA_FILE": ""},
 			want: []string{`sidecar.tls.caFile (env VOLUME_HEALER_SIDECAR_TLS_CA_FILE): "" is not allowed`, "a CA file is required when sidecar.tls.enabled is true and sidecar.tls.insecureSkipVerify is false"},
 		},
-		"signer without requesters": {
-			file: "sidecar:\n  tls:\n    serverName: healer-sidecar\n    signer:\n      enabled: true\n      caSecret: volume-healer/sidecar-ca\n",
-			want: []string{`sidecar.tls.signer.requesters (default): "" is not allowed`, "must name the node plugins' ServiceAccounts"},
-		},
 		"signer requester not a ServiceAccount": {
 			file: "sidecar:\n  tls:\n    serverName: healer-sidecar\n    signer:\n      enabled: true\n      caSecret: volume-healer/sidecar-ca\n      requesters: system:node:n1\n",
 			want: []string{`sidecar.tls.signer.requesters (file `, `"system:node:n1" is not a ServiceAccount user name`},

@@ -59,7 +59,7 @@ type Options struct {
 	// the request of node N must name healerv1alpha1.SidecarDNSName(N, ServerName) alone. Required.
 	ServerName string
 	// Requesters are the user names allowed to ask, the node plugins' ServiceAccounts
-	// ("system:serviceaccount:<namespace>:<name>"). Required.
+	// ("system:serviceaccount:<namespace>:<name>"). Default: none, every request is denied.
 	Requesters []string
 	// Validity is how long a certificate is valid; a request's spec.expirationSeconds may only
 	// shorten it. Default: DefaultValidity.
@@ -87,8 +87,6 @@ func New(opts Options) (*Signer, error) {
 		return nil, fmt.Errorf("%w: no CA", ErrInvalidOptions)
 	case opts.ServerName == "":
 		return nil, fmt.Errorf("%w: the sidecars' server name base (sidecar.tls.serverName) is empty; the names of each node's certificate are built on it", ErrInvalidOptions)
-	case len(opts.Requesters) == 0:
-		return nil, fmt.Errorf("%w: no requesters (the node plugins' ServiceAccounts) are allowed; no request could be signed", ErrInvalidOptions)
 	}
 	for _, r := range opts.Requesters {
 		if parts := strings.Split(r, ":"); len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" || parts[2] == "" || parts[3] == "" {
@@ -250,6 +248,9 @@ func (s *Signer) review(ctx context.Context, csr *certificatesv1.CertificateSign
 		if u != certificatesv1.UsageServerAuth && u != certificatesv1.UsageDigitalSignature && u != certificatesv1.UsageKeyEncipherment {
 			return "", nil, fmt.Sprintf("usage %q is not one of a serving certificate (server auth, digital signature, key encipherment)", u), nil
 		}
+	}
+	if len(s.opts.Requesters) == 0 {
+		return "", nil, fmt.Sprintf("the requester %q is not allowed to ask: the signer allows no node plugin ServiceAccount (the controller's sidecar.tls.signer.requesters is empty)", csr.Spec.Username), nil
 	}
 	if !slices.Contains(s.opts.Requesters, csr.Spec.Username) {
 		return "", nil, fmt.Sprintf("the requester %q is not a node plugin's ServiceAccount allowed to ask (%s)", csr.Spec.Username, strings.Join(s.opts.Requesters, ", ")), nil
