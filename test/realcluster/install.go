@@ -128,6 +128,7 @@ func Install(t harness.TB, c *cluster.Cluster, assets cluster.Assets) *Env {
 	})
 	e.sidecarTLS()
 	e.installCharts()
+	e.waitSidecarCertificateIssued()
 	return e
 }
 
