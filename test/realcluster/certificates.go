@@ -17,7 +17,8 @@ const sidecarSigner = "volume-healer.io/sidecar-serving"
 
 // waitSidecarCertificateIssued waits until the node plugin's healer sidecar has asked for its
 // serving certificate and the controller has approved and signed it, and checks that no request
-// of the signer was denied: the installation made no certificate outside the cluster.
+// of the signer was denied: the installation made no certificate outside the cluster. It keeps
+// the CA, from the Secret the controller created (the chart's default caSecret), in sidecarCA.
 func (e *Env) waitSidecarCertificateIssued() {
 	t := e.t
 	t.Helper()
@@ -40,4 +41,13 @@ func (e *Env) waitSidecarCertificateIssued() {
 		}
 		return issued > 0, fmt.Sprintf("%d requests of %s, none signed for %s", len(list.Items), sidecarSigner, requester)
 	})
+	secret, err := e.c.Clientset.CoreV1().Secrets(healerNS).Get(t.Context(), sidecarCASecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the sidecars' CA Secret the controller creates: %v", err)
+	}
+	e.sidecarCA = secret.Data["ca.crt"]
 }
+
+// sidecarCASecret is the CA Secret of the volume-healer release, by the chart's default
+// config.sidecar.tls.signer.caSecret.
+const sidecarCASecret = "volume-healer-sidecar-ca"
