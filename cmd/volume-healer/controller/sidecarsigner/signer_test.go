@@ -68,9 +68,15 @@ type world struct {
 	recorder *record.FakeRecorder
 }
 
-// start starts the signer with validity, after creating the namespaces, ServiceAccounts and RBAC
-// of the node plugins (once per run).
+// start starts the signer with validity, allowing the node plugins' ServiceAccount, after
+// creating the namespaces, ServiceAccounts and RBAC of the node plugins (once per run).
 func start(t *testing.T, validity time.Duration) *world {
+	t.Helper()
+	return startAllowing(t, validity, "system:serviceaccount:"+pluginNamespace+":"+pluginSA)
+}
+
+// startAllowing starts the signer with validity, allowing requesters.
+func startAllowing(t *testing.T, validity time.Duration, requesters ...string) *world {
 	t.Helper()
 	env := harness.Require(t).Env
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -125,7 +131,7 @@ func start(t *testing.T, validity time.Duration) *world {
 		Client:     cs,
 		CA:         ca,
 		ServerName: serverName,
-		Requesters: []string{"system:serviceaccount:" + pluginNamespace + ":" + pluginSA},
+		Requesters: requesters,
 		Validity:   validity,
 		Recorder:   w.recorder,
 	})
@@ -401,6 +407,17 @@ func TestRequestOfAnotherIdentityIsDenied(t *testing.T) {
 	err = w.certificates(w.podClient(pluginSA, node, false), node).Obtain(w.ctx)
 	if !errors.Is(err, sidecar.ErrCertificateRefused) || !containsAll(err.Error(), "token bound to its pod") {
 		t.Fatalf("a token bound to no pod: %v; want a denial saying so", err)
+	}
+}
+
+// TestSignerAllowingNoRequesterDeniesAll: a signer started before the operator named the node
+// plugins' ServiceAccounts denies the sidecar's request and says what to set.
+func TestSignerAllowingNoRequesterDeniesAll(t *testing.T) {
+	w := startAllowing(t, time.Hour)
+	node := "node-a-none"
+	err := w.certificates(w.podClient(pluginSA, node, true), node).Obtain(w.ctx)
+	if !errors.Is(err, sidecar.ErrCertificateRefused) || !containsAll(err.Error(), "sidecar.tls.signer.requesters is empty") {
+		t.Fatalf("a request to a signer allowing no one: %v; want a denial naming sidecar.tls.signer.requesters", err)
 	}
 }
 
