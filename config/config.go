@@ -272,6 +272,27 @@ type SidecarTLS struct {
 	ServerName string
 	// InsecureSkipVerify accepts any sidecar certificate. For tests only. Default false.
 	InsecureSkipVerify bool
+	// Signer signs the sidecars' serving certificates that they ask for with a
+	// CertificateSigningRequest (their --tls-cert-dir), and trusts the CA it signs them with.
+	Signer SidecarSigner
+}
+
+// SidecarSigner configures the controller's signer of the sidecars' certificates (signerName
+// volume-healer.io/sidecar-serving): it signs a request only when its requester is one of
+// Requesters, with a token bound to a pod that runs on the node the request names, and the request
+// names that node's sidecar.tls.serverName alone.
+type SidecarSigner struct {
+	// Enabled turns the signer on. Default false.
+	Enabled bool
+	// CASecret is "<namespace>/<name>" of the kubernetes.io/tls Secret holding the CA; the
+	// controller creates it, with a new CA, when it is missing. Default "".
+	CASecret string
+	// Requesters are the node plugins' ServiceAccounts allowed to ask, as user names
+	// ("system:serviceaccount:<namespace>:<name>") separated by commas. Default "".
+	Requesters string
+	// Validity is how long a signed certificate is valid; the sidecars renew theirs two thirds
+	// into it. Default 24h.
+	Validity time.Duration
 }
 
 // SidecarAuth configures the credential the controller presents to the sidecars, which check it
@@ -330,7 +351,7 @@ func Default() Config {
 		StagedList:   StagedList{MaxVolumes: 10000, MaxBytes: 4 << 20, Timeout: time.Minute},
 		Backoff:      Backoff{Base: 5 * time.Second, Max: 10 * time.Minute},
 		Sidecar: Sidecar{
-			TLS:  SidecarTLS{Enabled: true},
+			TLS:  SidecarTLS{Enabled: true, Signer: SidecarSigner{Validity: 24 * time.Hour}},
 			Auth: SidecarAuth{TokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token", Audience: healerv1alpha1.DefaultTokenAudience},
 		},
 		Log: Log{Format: "text"},

@@ -378,6 +378,18 @@ func TestLoadInvalidValues(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_SIDECAR_TLS_CA_FILE": ""},
 			want: []string{`sidecar.tls.caFile (env VOLUME_HEALER_SIDECAR_TLS_CA_FILE): "" is not allowed`, "a CA file is required when sidecar.tls.enabled is true and sidecar.tls.insecureSkipVerify is false"},
 		},
+		"signer requester not a ServiceAccount": {
+			file: "sidecar:\n  tls:\n    serverName: healer-sidecar\n    signer:\n      enabled: true\n      caSecret: volume-healer/sidecar-ca\n      requesters: system:node:n1\n",
+			want: []string{`sidecar.tls.signer.requesters (file `, `"system:node:n1" is not a ServiceAccount user name`},
+		},
+		"signer without server name or CA Secret": {
+			file: "sidecar:\n  tls:\n    signer:\n      enabled: true\n      caSecret: sidecar-ca\n      requesters: system:serviceaccount:csi:node\n",
+			want: []string{`sidecar.tls.serverName (default): "" is not allowed`, "each node's certificate is signed for <node>.<serverName> alone"},
+		},
+		"signer validity too short": {
+			env:  map[string]string{"VOLUME_HEALER_SIDECAR_TLS_SIGNER_VALIDITY": "2m"},
+			want: []string{`sidecar.tls.signer.validity (env VOLUME_HEALER_SIDECAR_TLS_SIGNER_VALIDITY): 2m is not allowed`, "must be a duration >= 10m"},
+		},
 		"token file empty": {
 			file: "sidecar:\n  auth:\n    tokenFile: ''\n",
 			want: []string{`sidecar.auth.tokenFile (file `, `line 3): "" is not allowed`, "must name a file holding a token of the controller's ServiceAccount"},
@@ -697,7 +709,8 @@ func TestYAMLRoundTrip(t *testing.T) {
 		Remediation:  Remediation{Enabled: true, DryRun: true, EvictionsPerMinute: 100, EvictionsPerNamespacePerMinute: 100, ReprobeAfter: 90 * time.Second},
 		Sidecar: Sidecar{
 			TLS: SidecarTLS{Enabled: true, CAFile: "true", CertFile: "# not a comment", KeyFile: "key: value",
-				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true},
+				ServerName: "sidecar.volume-healer.svc", InsecureSkipVerify: true,
+				Signer: SidecarSigner{Enabled: true, CASecret: "volume-healer/sidecar-ca", Requesters: "system:serviceaccount:ceph-csi:rbd-nodeplugin", Validity: 2 * time.Hour}},
 			Auth: SidecarAuth{TokenFile: "/tokens/healer", Audience: "yes"},
 		},
 		Log: Log{Verbosity: 10, Format: "json"},

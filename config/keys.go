@@ -316,6 +316,30 @@ var settings = []setting{
 		allowed: "true or false",
 	},
 	{
+		path:    "sidecar.tls.signer.enabled",
+		field:   func(c *Config) any { return &c.Sidecar.TLS.Signer.Enabled },
+		help:    "Sign the sidecars' serving certificates that they ask for with a CertificateSigningRequest (signerName volume-healer.io/sidecar-serving), and trust the CA they are signed with.",
+		allowed: "true or false",
+	},
+	{
+		path:    "sidecar.tls.signer.caSecret",
+		field:   func(c *Config) any { return &c.Sidecar.TLS.Signer.CASecret },
+		help:    "The kubernetes.io/tls Secret holding the signer's CA; created with a new CA when missing.",
+		allowed: "<namespace>/<name>; required when sidecar.tls.signer.enabled is true",
+	},
+	{
+		path:    "sidecar.tls.signer.requesters",
+		field:   func(c *Config) any { return &c.Sidecar.TLS.Signer.Requesters },
+		help:    "The node plugins' ServiceAccounts allowed to ask for a sidecar certificate; a request is signed only when its token is bound to a pod of one of them on the node the request names.",
+		allowed: "system:serviceaccount:<namespace>:<name> user names separated by commas; required when sidecar.tls.signer.enabled is true",
+	},
+	{
+		path:    "sidecar.tls.signer.validity",
+		field:   func(c *Config) any { return &c.Sidecar.TLS.Signer.Validity },
+		help:    "How long a signed sidecar certificate is valid; the sidecars renew theirs two thirds into it.",
+		allowed: "a duration >= 10m",
+	},
+	{
 		path:    "sidecar.auth.tokenFile",
 		field:   func(c *Config) any { return &c.Sidecar.Auth.TokenFile },
 		help:    "File holding a token of the controller's ServiceAccount. It is never sent: the controller reads whose it is and requests, through the TokenRequest API, a token of that ServiceAccount for each node's sidecars alone, which they check with a TokenReview.",

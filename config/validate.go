@@ -242,11 +242,31 @@ func (c *Config) validate() []issue {
 			"must be set when sidecar.tls.keyFile is set: a private key is useless without its client certificate",
 			"sidecar.tls.keyFile")
 	}
-	if tls.Enabled && !tls.InsecureSkipVerify && tls.CAFile == "" {
+	if tls.Signer.Enabled {
+		if ns, name, ok := strings.Cut(tls.Signer.CASecret, "/"); !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			v.add("sidecar.tls.signer.caSecret", strconv.Quote(tls.Signer.CASecret),
+				"must name the CA's Secret as <namespace>/<name> when sidecar.tls.signer.enabled is true", "sidecar.tls.signer.enabled")
+		}
+		if _, err := SignerRequesters(tls.Signer.Requesters); err != nil {
+			v.add("sidecar.tls.signer.requesters", strconv.Quote(tls.Signer.Requesters), err.Error(), "sidecar.tls.signer.enabled")
+		}
+		if tls.ServerName == "" {
+			v.add("sidecar.tls.serverName", `""`,
+				"must be set when sidecar.tls.signer.enabled is true: each node's certificate is signed for <node>.<serverName> alone",
+				"sidecar.tls.signer.enabled")
+		}
+		if !tls.Enabled {
+			v.add("sidecar.tls.enabled", "false", "must be true when sidecar.tls.signer.enabled is true: the signed certificates are for TLS", "sidecar.tls.signer.enabled")
+		}
+	}
+	if tls.Signer.Validity < 10*time.Minute {
+		v.add("sidecar.tls.signer.validity", formatDuration(tls.Signer.Validity), "must be a duration >= 10m")
+	}
+	if tls.Enabled && !tls.InsecureSkipVerify && tls.CAFile == "" && !tls.Signer.Enabled {
 		v.add("sidecar.tls.caFile", `""`,
-			"a CA file is required when sidecar.tls.enabled is true and sidecar.tls.insecureSkipVerify is false: "+
-				"name the PEM bundle of the CAs that sign the sidecars' serving certificates",
-			"sidecar.tls.enabled", "sidecar.tls.insecureSkipVerify")
+			"a CA file is required when sidecar.tls.enabled is true and sidecar.tls.insecureSkipVerify is false, unless sidecar.tls.signer.enabled is true: "+
+				"name the PEM bundle of the CAs that sign the sidecars' serving certificates, or turn the signer on",
+			"sidecar.tls.enabled", "sidecar.tls.insecureSkipVerify", "sidecar.tls.signer.enabled")
 	}
 	if c.Sidecar.Auth.TokenFile == "" {
 		v.add("sidecar.auth.tokenFile", `""`, "must name a file holding a token of the controller's ServiceAccount, for which the controller requests each node's sidecar token")
@@ -288,4 +308,22 @@ func checkHostPort(addr string) error {
 		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
 	}
 	return nil
+}
+
+// SignerRequesters splits sidecar.tls.signer.requesters into its user names, each a
+// ServiceAccount's ("system:serviceaccount:<namespace>:<name>"). None is allowed: the signer then
+// denies every request, and Warnings says so.
+func SignerRequesters(list string) ([]string, error) {
+	var out []string
+	for _, r := range strings.Split(list, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		parts := strings.Split(r, ":")
+		if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" || len(validation.IsDNS1123Label(parts[2])) > 0 || len(validation.IsDNS1123Subdomain(parts[3])) > 0 {
+			return nil, fmt.Errorf("%q is not a ServiceAccount user name, system:serviceaccount:<namespace>:<name>", r)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -1,5 +1,7 @@
 package config
 
+import "strings"
+
 // Warning is a setting that loads and runs but turns a protection off. The controller logs each
 // one at start; it is not an error, since tests and demos need these settings.
 type Warning struct {
@@ -15,7 +17,8 @@ func (w Warning) String() string { return "config: " + w.Key + " " + w.Message }
 // Warnings lists the settings of c that turn off the binding of each sidecar to its node: the
 // check that the sidecar answering for node N holds a certificate for N.<sidecar.tls.serverName>.
 // Without it, a sidecar (or anyone holding one sidecar's key) can answer for every node. The most
-// fundamental one is reported alone: TLS off, then verification off, then no server name.
+// fundamental one is reported alone: TLS off, then verification off, then no server name. With
+// node binding on, it reports a signer of the sidecars' certificates that allows no requester.
 func (c *Config) Warnings() []Warning {
 	tls := c.Sidecar.TLS
 	switch {
@@ -30,6 +33,11 @@ func (c *Config) Warnings() []Warning {
 		return []Warning{{Key: "sidecar.tls.serverName", Message: "is empty: node binding is off: a sidecar's certificate is " +
 			"checked against the host part of its address, not against its node, so one node's sidecar key can answer for " +
 			"another node; set it to the base of the names in the sidecars' certificates (<node>.<serverName>)"}}
+	}
+	if tls.Signer.Enabled && strings.TrimSpace(tls.Signer.Requesters) == "" {
+		return []Warning{{Key: "sidecar.tls.signer.requesters", Message: "is empty: the signer denies every sidecar's certificate " +
+			"request, and sidecars that ask for theirs (--tls-cert-dir) do not start; name the node plugins' ServiceAccounts " +
+			"(system:serviceaccount:<namespace>:<name>, separated by commas)"}}
 	}
 	return nil
 }

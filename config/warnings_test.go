@@ -23,6 +23,15 @@ func TestWarningsNameWhatTurnsNodeBindingOff(t *testing.T) {
 			env:  map[string]string{"VOLUME_HEALER_SIDECAR_TLS_SERVER_NAME": "healer.example.com", "VOLUME_HEALER_SIDECAR_TLS_ENABLED": "false"},
 			want: []string{"sidecar.tls.enabled is false"},
 		},
+		"signer allowing no requester": {
+			env: map[string]string{"VOLUME_HEALER_SIDECAR_TLS_SERVER_NAME": "healer.example.com", "VOLUME_HEALER_SIDECAR_TLS_SIGNER_ENABLED": "true",
+				"VOLUME_HEALER_SIDECAR_TLS_SIGNER_CA_SECRET": "volume-healer/sidecar-ca"},
+			want: []string{"sidecar.tls.signer.requesters is empty: the signer denies every sidecar's certificate request"},
+		},
+		"signer with a requester": {
+			env: map[string]string{"VOLUME_HEALER_SIDECAR_TLS_SERVER_NAME": "healer.example.com", "VOLUME_HEALER_SIDECAR_TLS_SIGNER_ENABLED": "true",
+				"VOLUME_HEALER_SIDECAR_TLS_SIGNER_CA_SECRET": "volume-healer/sidecar-ca", "VOLUME_HEALER_SIDECAR_TLS_SIGNER_REQUESTERS": "system:serviceaccount:csi:node"},
+		},
 		"serverName set and verified": {
 			env: map[string]string{"VOLUME_HEALER_SIDECAR_TLS_SERVER_NAME": "healer.example.com"},
 		},

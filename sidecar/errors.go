@@ -58,4 +58,8 @@ var (
 	// ErrCSIAddonsNodeConflict means the CSIAddonsNode the sidecar would update describes another
 	// driver or node; the sidecar leaves it alone.
 	ErrCSIAddonsNodeConflict = errors.New("CSIAddonsNode belongs to another driver or node")
+
+	// ErrCertificateRefused means a CertificateSigningRequest for the serving certificate was
+	// denied, failed, or not signed in time.
+	ErrCertificateRefused = errors.New("serving certificate request refused")
 )

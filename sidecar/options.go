@@ -105,6 +105,17 @@ type Options struct {
 	// TLSKeyFile: see TLSCertFile.
 	TLSKeyFile string
 
+	// TLSCertificateRequestDir, when set, makes Run ask for the serving certificate with a
+	// CertificateSigningRequest (ServingCertificates), keep the key and certificate in this
+	// folder (an emptyDir of the pod), renew them before they expire, and point TLSCertFile and
+	// TLSKeyFile at them; TLSServerName is then required, and TLSCertFile, TLSKeyFile and
+	// Insecure must be empty. New itself reads files only. Default: none, the operator gives
+	// the files.
+	TLSCertificateRequestDir string
+	// TLSCertificateValidity is the validity asked for with TLSCertificateRequestDir (at least
+	// 10 minutes); the controller's signer may give less. Default: the signer's.
+	TLSCertificateValidity time.Duration
+
 	// TLSServerName is the base of the name the controller expects in this node's certificate
 	// (its sidecar.tls.serverName): the certificate must be valid for "<NodeName>.<TLSServerName>",
 	// or the sidecar does not start, and a rotated certificate that is not is passed over. It

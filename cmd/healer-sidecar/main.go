@@ -95,6 +95,8 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.StringVar(&o.CSIAddonsNodeName, "csiaddonsnode-name", "", "CSIAddonsNode to create or update. Default: the one in --namespace for this driver and node, else <node>-<driver with dots replaced by dashes>.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "PEM serving certificate; read again when it changes.")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file.")
+	fs.StringVar(&o.TLSCertificateRequestDir, "tls-cert-dir", "", "Ask for the serving certificate with a CertificateSigningRequest (signer "+healerv1alpha1.SidecarSignerName+"), keep its key and certificate in this folder (an emptyDir) and renew it before it expires; needs --tls-server-name, excludes --tls-cert-file and --tls-key-file.")
+	fs.DurationVar(&o.TLSCertificateValidity, "tls-cert-validity", 0, "With --tls-cert-dir, the validity asked for (at least 10m); 0 takes the controller's (24h by default).")
 	fs.StringVar(&o.TLSServerName, "tls-server-name", "", "Base of the name the controller expects (its sidecar.tls.serverName): the certificate must be valid for <node-name>.<base>, or the sidecar does not start.")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", "", "PEM CA bundle: when set, callers must present a client certificate it signs (the controller's sidecar.tls.certFile).")
 	fs.BoolVar(&o.Insecure, "insecure", false, "Serve without TLS. For tests and demos only: tokens travel in clear text.")

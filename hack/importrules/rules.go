@@ -158,6 +158,13 @@ var rules = []Rule{
 		Reason:   "the stages reach the Lease through small interfaces of their own",
 	},
 	{
+		Name:     "signer-judges-requests-alone",
+		Packages: []string{"cmd/volume-healer/controller/sidecarsigner"},
+		Forbid:   join(stages, sidecars, []string{"config", "admission/..."}),
+		Reason: "the signer of the sidecars' certificates approves by who asks and for which names: " +
+			"it neither plans, decides, calls a sidecar nor reads the configuration, which the composition root turns into its options",
+	},
+	{
 		Name:     "healerctl-is-not-the-controller",
 		Packages: []string{"cmd/healerctl/..."},
 		Forbid:   []string{"cmd/volume-healer/..."},

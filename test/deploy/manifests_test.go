@@ -233,6 +233,23 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 		"chart: sidecar reads no Secrets of its own":       {"csi-rbd/csi-rbd-plugin", ra("get", "", "secrets", "csi-rbd"), false},
 		"chart: sidecar registers its CSIAddonsNode":       {"csi-rbd/csi-rbd-plugin", ra("create", "csiaddons.openshift.io", "csiaddonsnodes", "csi-rbd"), true},
 		"chart: sidecar touches no other CSIAddonsNodes":   {"csi-rbd/csi-rbd-plugin", ra("patch", "csiaddons.openshift.io", "csiaddonsnodes", "ceph-csi"), false},
+		"controller watches certificate requests":          {"volume-healer/volume-healer", ra("watch", "certificates.k8s.io", "certificatesigningrequests", ""), true},
+		"controller approves for its signer":               {"volume-healer/volume-healer", raNamed("approve", "certificates.k8s.io", "signers", "", "", "volume-healer.io/sidecar-serving"), true},
+		"controller signs for its signer":                  {"volume-healer/volume-healer", raNamed("sign", "certificates.k8s.io", "signers", "", "", "volume-healer.io/sidecar-serving"), true},
+		"controller approves for no other signer":          {"volume-healer/volume-healer", raNamed("approve", "certificates.k8s.io", "signers", "", "", "kubernetes.io/kube-apiserver-client"), false},
+		"controller signs for no other signer":             {"volume-healer/volume-healer", raNamed("sign", "certificates.k8s.io", "signers", "", "", "kubernetes.io/kubelet-serving"), false},
+		"controller writes approvals":                      {"volume-healer/volume-healer", raNamed("update", "certificates.k8s.io", "certificatesigningrequests", "approval", "", ""), true},
+		"controller deletes no certificate requests":       {"volume-healer/volume-healer", ra("delete", "certificates.k8s.io", "certificatesigningrequests", ""), false},
+		"controller reads the requester's pod":             {"volume-healer/volume-healer", ra("get", "", "pods", "ceph-csi"), true},
+		"controller reads its CA Secret":                   {"volume-healer/volume-healer", raNamed("get", "", "secrets", "", "volume-healer", "volume-healer-sidecar-ca"), true},
+		"controller reads no other Secret there":           {"volume-healer/volume-healer", raNamed("get", "", "secrets", "", "volume-healer", "volume-healer-webhook-tls"), false},
+		"controller updates no Secrets":                    {"volume-healer/volume-healer", ra("update", "", "secrets", "volume-healer"), false},
+		"chart: controller reads its CA Secret":            {"healer-system/healer", raNamed("get", "", "secrets", "", "healer-system", "storage-healer-volume-healer-sidecar-ca"), true},
+		"chart: controller approves for its signer":        {"healer-system/healer", raNamed("approve", "certificates.k8s.io", "signers", "", "", "volume-healer.io/sidecar-serving"), true},
+		"sidecar asks for its certificate":                 {"ceph-csi/rbd-csi-nodeplugin", ra("create", "certificates.k8s.io", "certificatesigningrequests", ""), true},
+		"sidecar approves no certificate request":          {"ceph-csi/rbd-csi-nodeplugin", raNamed("update", "certificates.k8s.io", "certificatesigningrequests", "approval", "", ""), false},
+		"sidecar signs nothing":                            {"ceph-csi/rbd-csi-nodeplugin", raNamed("sign", "certificates.k8s.io", "signers", "", "", "volume-healer.io/sidecar-serving"), false},
+		"chart: sidecar asks for its certificate":          {"csi-rbd/csi-rbd-plugin", ra("create", "certificates.k8s.io", "certificatesigningrequests", ""), true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -451,9 +468,14 @@ func checkController(t *testing.T, s controllerSetup) {
 		t.Errorf("--config=%s is not on a ConfigMap volume", configArg)
 	}
 	if cfg.Sidecar.TLS.Enabled && !cfg.Sidecar.TLS.InsecureSkipVerify {
-		v, ok := mountOf(cfg.Sidecar.TLS.CAFile)
-		if !ok || v.ConfigMap == nil && v.Secret == nil {
-			t.Errorf("sidecar.tls.caFile %s is not on a ConfigMap or Secret volume", cfg.Sidecar.TLS.CAFile)
+		if !cfg.Sidecar.TLS.Signer.Enabled || cfg.Sidecar.TLS.CAFile != "" {
+			v, ok := mountOf(cfg.Sidecar.TLS.CAFile)
+			if !ok || v.ConfigMap == nil && v.Secret == nil {
+				t.Errorf("sidecar.tls.caFile %s is not on a ConfigMap or Secret volume", cfg.Sidecar.TLS.CAFile)
+			}
+		}
+		if !cfg.Sidecar.TLS.Signer.Enabled {
+			t.Error("sidecar.tls.signer.enabled is false: every node's sidecar certificate would have to be made by hand")
 		}
 		if cfg.Sidecar.TLS.ServerName == "" {
 			t.Error("sidecar.tls.serverName is empty: every sidecar would need a certificate for its pod IP")
@@ -858,21 +880,24 @@ func TestSidecarComponent(t *testing.T) {
 	if !slices.Contains(strings.Split(flags["allowed-identities"], ","), controller) {
 		t.Errorf("--allowed-identities=%s does not admit the controller %s", flags["allowed-identities"], controller)
 	}
-	if flags["tls-cert-file"] == "" || flags["insecure"] == "true" {
-		t.Error("the sidecar does not serve TLS")
+	if flags["tls-cert-dir"] == "" || flags["tls-cert-file"] != "" || flags["insecure"] == "true" {
+		t.Error("the sidecar does not serve TLS with a certificate it asks for (--tls-cert-dir)")
 	}
 	if flags["tls-server-name"] != base.cfg.Sidecar.TLS.ServerName {
 		t.Errorf("--tls-server-name=%s, the controller expects certificates for <node>.%s", flags["tls-server-name"], base.cfg.Sidecar.TLS.ServerName)
 	}
-	// The node's key pair is the node's alone: read from the node, not from a Secret that every
-	// node plugin could read.
-	certVolume := volumeMountedAt(*sc, filepath.Dir(flags["tls-cert-file"]))
+	if !base.cfg.Sidecar.TLS.Signer.Enabled {
+		t.Error("the sidecar asks for its certificate, and the controller's signer is off")
+	}
+	// The pod's key is the pod's alone: in memory, not on the node's disk nor in a Secret that
+	// every node plugin could read.
+	certVolume := volumeMountedAt(*sc, flags["tls-cert-dir"])
 	if certVolume == "" {
-		t.Errorf("--tls-cert-file=%s is on no volume of the sidecar", flags["tls-cert-file"])
+		t.Errorf("--tls-cert-dir=%s is on no volume of the sidecar", flags["tls-cert-dir"])
 	}
 	for _, v := range ds.Spec.Template.Spec.Volumes {
-		if v.Name == certVolume && v.HostPath == nil {
-			t.Errorf("the sidecar's key pair (%s) is on volume %s, not on a hostPath of the node's own", flags["tls-cert-file"], v.Name)
+		if v.Name == certVolume && (v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory) {
+			t.Errorf("the sidecar's key (%s) is on volume %s, not on an in-memory emptyDir of the pod's own", flags["tls-cert-dir"], v.Name)
 		}
 	}
 	socket := strings.TrimPrefix(flags["driver-endpoint"], "unix://")

@@ -203,7 +203,7 @@ func TestRefdriverChartDefaults(t *testing.T) {
 	if side.Image != "healer-sidecar:v0.1.0" {
 		t.Errorf("healer sidecar image %q", side.Image)
 	}
-	for _, want := range []string{"--driver-endpoint=unix:///csi/csi-addons.sock", "--listen=:9072", "--tls-cert-file=/etc/healer-sidecar/tls/tls.crt", "--tls-server-name=healer-sidecar"} {
+	for _, want := range []string{"--driver-endpoint=unix:///csi/csi-addons.sock", "--listen=:9072", "--tls-cert-dir=/var/run/healer-sidecar/tls", "--tls-server-name=healer-sidecar"} {
 		if !slices.Contains(side.Args, want) {
 			t.Errorf("healer sidecar args %q lack %s", side.Args, want)
 		}
@@ -215,9 +215,9 @@ func TestRefdriverChartDefaults(t *testing.T) {
 		m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
 		t.Errorf("the healer sidecar mounts kubelet's folder as %+v, want /var/lib/kubelet read-only with HostToContainer propagation", m)
 	}
-	// Each node's own key pair, on the node: no node plugin holds another node's key.
-	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.HostPath == nil || v.HostPath.Path != "/etc/volume-healer/healer-sidecar" {
-		t.Errorf("healer sidecar TLS volume %+v, want the node's folder /etc/volume-healer/healer-sidecar", v.VolumeSource)
+	// The pod's own key, asked a certificate for, in memory: no node plugin holds another node's key.
+	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("healer sidecar TLS volume %+v, want an in-memory emptyDir", v.VolumeSource)
 	}
 	for _, c := range node.Containers {
 		if c.Name == "csi-addons" {
@@ -370,7 +370,7 @@ func TestRefdriverChartRequiredValues(t *testing.T) {
 		"an image without a tag":          {[]string{"images.csiAttacher.tag="}, "csi-attacher needs a tag or a digest"},
 		"an image without a repository":   {[]string{"images.refdriver.repository="}, "images.<name>.repository"},
 		"no node ServiceAccount":          {[]string{"node.serviceAccountName="}, "node.serviceAccountName is required"},
-		"TLS without its key pair":        {[]string{"healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
+		"TLS without its key pair":        {[]string{"healerSidecar.tls.request=false", "healerSidecar.tls.hostPath="}, "healerSidecar.tls.hostPath or healerSidecar.tls.secretName is required"},
 		"TLS without a server name":       {[]string{"healerSidecar.tls.serverName="}, "healerSidecar.tls.serverName is required"},
 		"no controller ServiceAccount":    {[]string{"controller.serviceAccountName="}, "controller.serviceAccountName is required"},
 		"an unknown mode":                 {[]string{"node.mode=simulated"}, `at '/node/mode': value must be one of 'real', 'stock'`},
@@ -519,5 +519,26 @@ func TestRefdriverChartServerSideDryRun(t *testing.T) {
 	status := authorizationv1.ResourceAttributes{Verb: "patch", Group: "storage.k8s.io", Resource: "volumeattachments", Subresource: "status"}
 	if !c.can(t, controllerSA, status) {
 		t.Error("the attacher may not patch volumeattachments/status")
+	}
+}
+
+// TestRefdriverChartHostPathCertificates checks the former way, kept as an option: with
+// healerSidecar.tls.request false the sidecar serves the node's own certificate from its folder.
+func TestRefdriverChartHostPathCertificates(t *testing.T) {
+	objs := refdriverTemplate(t, "rd", "storage", "healerSidecar.tls.request=false")
+	var ds appsv1.DaemonSet
+	convert(t, find(t, objs, "DaemonSet", "rd-healer-refdriver-node"), &ds)
+	node := ds.Spec.Template.Spec
+	side := container(t, node, "healer-sidecar")
+	for _, want := range []string{"--tls-cert-file=/etc/healer-sidecar/tls/tls.crt", "--tls-key-file=/etc/healer-sidecar/tls/tls.key", "--tls-server-name=healer-sidecar"} {
+		if !slices.Contains(side.Args, want) {
+			t.Errorf("healer sidecar args %q lack %s", side.Args, want)
+		}
+	}
+	if slices.ContainsFunc(side.Args, func(a string) bool { return strings.HasPrefix(a, "--tls-cert-dir") }) {
+		t.Errorf("healer sidecar args %q ask for a certificate although healerSidecar.tls.request is false", side.Args)
+	}
+	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.HostPath == nil || v.HostPath.Path != "/etc/volume-healer/healer-sidecar" {
+		t.Errorf("healer sidecar TLS volume %+v, want the node's folder /etc/volume-healer/healer-sidecar", v.VolumeSource)
 	}
 }

@@ -45,7 +45,8 @@ type Env struct {
 	// helmHome holds helm's cache, configuration and data.
 	helmHome string
 	opts     InstallOptions
-	// sidecarCA signed the node's sidecar certificate (PEM).
+	// sidecarCA signed the node's sidecar certificate (PEM): the controller's CA, read from the
+	// Secret it created once the sidecar's certificate was signed.
 	sidecarCA []byte
 }
 
@@ -146,6 +147,7 @@ func InstallWith(t harness.TB, c *cluster.Cluster, assets cluster.Assets, opts I
 	})
 	e.sidecarTLS()
 	e.installCharts()
+	e.waitSidecarCertificateIssued()
 	return e
 }
 
@@ -191,48 +193,15 @@ func (e *Env) namespace(ns string, labels map[string]string) {
 	}
 }
 
-// sidecarTLS gives the node's healer sidecar a serving certificate for the name the controller
-// checks for that node (<node>.healer-sidecar), in the node's folder that the chart mounts
-// (healerSidecar.tls.hostPath), and the controller the CA that signed it, as an operator does
-// with their own CA (docs/operations.md, "Certificates and tokens").
+// sidecarTLS makes the namespaces of the two charts. The node's healer sidecar asks for its
+// serving certificate with a CertificateSigningRequest (the reference driver chart's
+// healerSidecar.tls.request, on by default), which the controller signs with the CA it creates:
+// nothing is made outside the cluster (docs/operations.md, "Certificates and tokens").
 func (e *Env) sidecarTLS() {
-	t := e.t
-	t.Helper()
-	ctx := t.Context()
-	ca, err := harness.NewCA("volume-healer test sidecar CA")
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	certPEM, keyPEM, err := ca.Issue(e.c.NodeName() + ".healer-sidecar")
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	if _, err := os.Stat(filepath.Dir(sidecarCertDir)); err == nil {
-		t.Fatalf("%s exists on this machine: the node's sidecar certificate would not be the suite's", filepath.Dir(sidecarCertDir))
-	}
-	if err := os.MkdirAll(sidecarCertDir, 0o700); err != nil {
-		t.Fatalf("%v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(sidecarCertDir)) })
-	for name, data := range map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM} {
-		if err := os.WriteFile(filepath.Join(sidecarCertDir, name), data, 0o600); err != nil {
-			t.Fatalf("%v", err)
-		}
-	}
-	e.sidecarCA = ca.CertPEM
+	e.t.Helper()
 	e.namespace(healerNS, nil)
 	e.namespace(driverNS, nil)
-	_, err = e.c.Clientset.CoreV1().ConfigMaps(healerNS).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "volume-healer-sidecar-ca"}, Data: map[string]string{"ca.crt": string(ca.CertPEM)},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
 }
-
-// sidecarCertDir is the reference driver chart's healerSidecar.tls.hostPath: the node's own key
-// pair. Its parent, /etc/volume-healer, is the suite's to remove.
-const sidecarCertDir = "/etc/volume-healer/healer-sidecar"
 
 // installCharts installs the volume-healer chart and the reference driver's chart with the images
 // built here, and waits until the controller, the node plugin and the driver's registration with

@@ -84,9 +84,19 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return err
 		}
 	}
-	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner)
+	signer, signerCA, err := newSidecarSigner(ctx, cfg, k)
 	if err != nil {
 		return err
+	}
+	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner, signerCA)
+	if err != nil {
+		return err
+	}
+	if signer != nil {
+		// One replica signs: the leader.
+		if err := mgr.Add(signer); err != nil {
+			return err
+		}
 	}
 	if err := mgr.Add(everyReplica{leadership(mgr, act.metrics, pol)}); err != nil {
 		return err
@@ -364,7 +374,7 @@ type actStage struct {
 // newActStage builds the dispatcher, the client of the sidecars, the evictor and the sweeper that
 // drives them. With leader election, both the dispatcher and the sidecar calls are bounded by the
 // Lease.
-func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *policy.Engine, plannerCaches planner.Caches) (*actStage, error) {
+func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *policy.Engine, plannerCaches planner.Caches, signerCA []byte) (*actStage, error) {
 	dispatchOpts := dispatch.Options{
 		Global:      cfg.Budgets.Global,
 		PerDriver:   cfg.Budgets.PerDriver,
@@ -381,7 +391,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		guard = lease.Guard
 	}
 	plan := planner.New(plannerCaches)
-	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume)
+	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume, signerCA)
 	if err != nil {
 		return nil, err
 	}

@@ -27,8 +27,10 @@ func SidecarServerName(node, base string) string { return node + "." + base }
 // through accounts. With a client certificate it also returns the watcher that reads the
 // certificate again when its files change, which must run (Start) for as long as the client.
 // pvs, when not nil, gives the PersistentVolumes of the controller's caches, whose facts each
-// probe and heal carries (probe.Options.PersistentVolume).
-func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), pvs func(string) (*corev1.PersistentVolume, bool)) (*probe.Client, *certwatcher.CertWatcher, error) {
+// probe and heal carries (probe.Options.PersistentVolume). signerCA, when not nil, is the PEM CA
+// of the controller's own signer of the sidecars' certificates, trusted besides
+// sidecar.tls.caFile.
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), pvs func(string) (*corev1.PersistentVolume, bool), signerCA []byte) (*probe.Client, *certwatcher.CertWatcher, error) {
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
@@ -47,14 +49,19 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 	var clientCert *certwatcher.CertWatcher
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
-		if cfg.Sidecar.TLS.CAFile != "" {
-			pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
-			if err != nil {
-				return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
-			}
+		if cfg.Sidecar.TLS.CAFile != "" || signerCA != nil {
 			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+			if cfg.Sidecar.TLS.CAFile != "" {
+				pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
+				if err != nil {
+					return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
+				}
+				if !pool.AppendCertsFromPEM(pem) {
+					return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
+				}
+			}
+			if signerCA != nil && !pool.AppendCertsFromPEM(signerCA) {
+				return nil, nil, fmt.Errorf("the sidecar signer's CA (sidecar.tls.signer.caSecret %s): no PEM certificate in it", cfg.Sidecar.TLS.Signer.CASecret)
 			}
 			tlsCfg.RootCAs = pool
 		}

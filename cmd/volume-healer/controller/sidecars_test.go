@@ -76,7 +76,7 @@ func TestSidecarCertificatesNameTheirNode(t *testing.T) {
 	cfg.Sidecar.Auth.TokenFile = ""
 	cfg.Sidecar.TLS.CAFile = caFile
 	cfg.Sidecar.TLS.ServerName = "healer-sidecar"
-	client, _, err := sidecarClient(&cfg, nil, nil, nil)
+	client, _, err := sidecarClient(&cfg, nil, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,5 +95,58 @@ func TestSidecarCertificatesNameTheirNode(t *testing.T) {
 	}
 	if n := sidecarA.calls.Load(); n != 1 {
 		t.Errorf("%d calls reached node A's sidecar, want 1", n)
+	}
+}
+
+// TestSidecarClientTrustsTheSignerAndTheCAFile: during an upgrade from certificates made outside
+// the cluster, the controller trusts both the CA of sidecar.tls.caFile and its signer's CA, and
+// no other.
+func TestSidecarClientTrustsTheSignerAndTheCAFile(t *testing.T) {
+	old, err := harness.NewCA("sidecar CA made outside the cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := harness.NewCA("volume-healer sidecar CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := harness.NewCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(caFile, old.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(ca *harness.CA, node string) string {
+		cert, key, err := ca.Issue(SidecarServerName(node, "healer-sidecar"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr, _ := serveTLS(t, cert, key)
+		return addr
+	}
+	cfg := config.Default()
+	cfg.Sidecar.Auth.TokenFile = ""
+	cfg.Sidecar.TLS.CAFile = caFile
+	cfg.Sidecar.TLS.ServerName = "healer-sidecar"
+	client, _, err := sidecarClient(&cfg, nil, nil, nil, signer.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	for node, tc := range map[string]struct {
+		ca      *harness.CA
+		trusted bool
+	}{
+		"node-old":      {old, true},
+		"node-signed":   {signer, true},
+		"node-stranger": {stranger, false},
+	} {
+		_, err := client.Capabilities(ctx, probe.Target{Driver: "rbd.csi.ceph.com", Node: node, Endpoint: serve(tc.ca, node)})
+		if (err == nil) != tc.trusted {
+			t.Errorf("sidecar of %s: %v; want trusted %v", node, err, tc.trusted)
+		}
 	}
 }

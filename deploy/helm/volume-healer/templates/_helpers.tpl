@@ -53,6 +53,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $_ := set $cfg.leaderElection "namespace" (include "volume-healer.leaderElectionNamespace" .) -}}
 {{- $_ := set $cfg.policy "namespace" (include "volume-healer.policyNamespace" .) -}}
+{{- $_ := set $cfg.sidecar.tls.signer "caSecret" (include "volume-healer.sidecarCASecret" .) -}}
+{{- if and .Values.sidecar.enabled .Values.sidecar.serviceAccountName -}}
+{{- $own := printf "system:serviceaccount:%s:%s" (include "volume-healer.sidecarNamespace" .) .Values.sidecar.serviceAccountName -}}
+{{- $listed := without (splitList "," (.Values.config.sidecar.tls.signer.requesters | nospace)) "" -}}
+{{- if not (has $own $listed) -}}
+{{- $_ := set $cfg.sidecar.tls.signer "requesters" (append $listed $own | join ",") -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -76,4 +84,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The name the API server calls the webhook by: the Service's DNS name in the cluster. */}}
 {{- define "volume-healer.webhookHost" -}}
 {{- printf "%s.%s.svc" (include "volume-healer.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The CA Secret of the sidecars' certificates, <namespace>/<name>. */}}
+{{- define "volume-healer.sidecarCASecret" -}}
+{{- default (printf "%s/%s-sidecar-ca" .Release.Namespace (include "volume-healer.fullname" .)) .Values.config.sidecar.tls.signer.caSecret -}}
 {{- end -}}
