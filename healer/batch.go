@@ -45,7 +45,7 @@ func (t *tally) add(v planner.Volume, o outcome) {
 // finishedWell says whether a volume with outcome o needs no further try: it was decided and
 // acted on (or left alone as the policy or the driver said). A failed or undecided volume does.
 func finishedWell(o outcome) bool {
-	return o != outcomeFailed && o != outcomeUndecided
+	return o != outcomeFailed && o != outcomeUndecided && o != outcomeRecycling
 }
 
 // volumeKey names a volume on its node.
@@ -74,6 +74,9 @@ func (s *Summary) count(o outcome) {
 		s.WouldProbe++
 	case outcomeWouldHeal:
 		s.WouldHeal++
+	case outcomeRecycling:
+		s.Probed++
+		s.Recycling++
 	}
 }
 

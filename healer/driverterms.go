@@ -47,20 +47,26 @@ type driverKey struct {
 	node *csiaddonsv1alpha1.CSIAddonsNode
 }
 
-// driverTerm is the driver part of the policy input and its Rego form.
+// driverTerm is the driver part of the policy input and its Rego form, with the remedies the
+// driver, its sidecar and the controller allow, and theirs.
 type driverTerm struct {
-	info policy.DriverInfo
-	term policy.Term
+	info         policy.DriverInfo
+	term         policy.Term
+	remedies     policy.Remedies
+	remediesTerm policy.Term
 }
 
 // newDriverTerms returns an empty cache of driver terms.
 func newDriverTerms() *driverTerms { return policy.NewTermCache[driverKey, driverTerm](maxDriverTerms) }
 
 // driverTermOf returns the driver part of the input; its maps and slices are shared: read-only.
-func driverTermOf(t *driverTerms, caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) driverTerm {
+// evict is the controller's Options.Evict, the same for every call of a Sweeper.
+func driverTermOf(t *driverTerms, caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode, evict bool) driverTerm {
 	return t.Get(driverKey{caps, n}, func() driverTerm {
 		d := driverTerm{info: driverInfo(caps, n)}
 		d.term = policy.DriverTerm(&d.info)
+		d.remedies = policy.Remedies{Heal: caps.Heal, RestartContainers: caps.ContainerRestart, Evict: evict}
+		d.remediesTerm = policy.RemediesTerm(&d.remedies)
 		return d
 	})
 }

@@ -34,6 +34,10 @@ const (
 	// see its dead mount (the driver reports healerv1alpha1.ReasonStaleMountInPods): only
 	// restarting them gives them the volume back.
 	ReasonVolumePodsMustRestart = "VolumePodsMustRestart"
+	// ReasonVolumeRecycled: a volume recycled on its node (its pods there evicted, see
+	// evict.ReasonVolumeRecycling) was found healthy there again, or no longer staged there with
+	// no pod left on it; with the time the recycle took.
+	ReasonVolumeRecycled = "VolumeRecycled"
 	// ReasonManualSweepFinished reports a requested sweep's outcome on the object that asked.
 	ReasonManualSweepFinished = "ManualSweepFinished"
 )

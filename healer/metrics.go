@@ -27,6 +27,9 @@ type Metrics struct {
 	// the first time.
 	deadMountSince *prometheus.GaugeVec
 	deadMountSeen  sync.Map
+	// recyclingSince holds, per claim whose volume is being recycled on a node, when the recycle
+	// began.
+	recyclingSince *prometheus.GaugeVec
 	callErrors     *prometheus.CounterVec
 	lastFinished   *prometheus.GaugeVec
 	// classFinished holds the last finished periodic sweep per StorageClass, which the overdue
@@ -86,6 +89,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_pods_on_dead_mount_since_timestamp_seconds",
 			Help: "For each PVC whose volume was repaired on its node while running pods still see its dead mount (StaleMountInPods), when that was first found; the series goes away when the volume is found healthy again.",
 		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
+		recyclingSince: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "volume_healer_volume_recycling_since_timestamp_seconds",
+			Help: "For each PVC whose volume is being recycled on a node (its pods there evicted so that the driver mounts it again), when the recycle began; the series goes away when the volume is found healthy there again, or unstaged with no pod left.",
+		}, []string{"namespace", "persistentvolumeclaim", "driver"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_sidecar_call_errors_total",
 			Help: "Failed calls to sidecars, by driver and reason (unreachable, timeout, rejected, busy, not-staged, unsupported, not-found, malformed, other).",
@@ -120,7 +127,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.restartsPending, m.restartRetries, m.sweepPanics, m.goroutinePanics)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.recyclingSince, m.restartsPending, m.restartRetries, m.sweepPanics, m.goroutinePanics)
 	return m
 }
 
@@ -251,6 +258,18 @@ func (m *Metrics) podsOnDeadMount(namespace, claim, driver string, on bool, at t
 	if _, had := m.deadMountSeen.LoadOrStore(key, true); !had {
 		m.deadMountSince.WithLabelValues(namespace, claim, driver).Set(float64(at.UnixNano()) / 1e9)
 	}
+}
+
+// recycling records that the claim's volume is recycled since at, or that it no longer is.
+func (m *Metrics) recycling(namespace, claim, driver string, on bool, at time.Time) {
+	if m == nil || claim == "" {
+		return
+	}
+	if !on {
+		m.recyclingSince.DeleteLabelValues(namespace, claim, driver)
+		return
+	}
+	m.recyclingSince.WithLabelValues(namespace, claim, driver).Set(float64(at.UnixNano()) / 1e9)
 }
 
 // Describe sends the descriptor of the unhealthy-volumes gauge; Sweeper is a prometheus.Collector.

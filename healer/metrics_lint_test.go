@@ -74,6 +74,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_build_info":                                      {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 	"volume_healer_evictions_total":                                 {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_evictions_throttled_total":                       {dto.MetricType_COUNTER, nil},
+	"volume_healer_recycles_total":                                  {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_volume_recycling_since_timestamp_seconds":        {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_evictions_goroutine_panics_total":                {dto.MetricType_COUNTER, []string{"goroutine"}},
 }
 

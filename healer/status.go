@@ -11,13 +11,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
+	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
 // VolumeStatus is the value of annotations.VolumeStatus.
 type VolumeStatus struct {
-	// Result is StatusUnhealthy, StatusHealed or StatusHealFailed.
+	// Result is StatusUnhealthy, StatusHealed, StatusHealFailed or StatusRecycling.
 	Result string `json:"result"`
 	// Node is the node the volume was probed on.
 	Node string `json:"node"`
@@ -27,6 +28,24 @@ type VolumeStatus struct {
 	Health []probe.Health `json:"health,omitempty"`
 	// Message explains a failure.
 	Message string `json:"message,omitempty"`
+	// Recycle is the progress of the volume's recycle on Node; with StatusRecycling only.
+	Recycle *RecycleStatus `json:"recycle,omitempty"`
+}
+
+// RecycleStatus is how far a volume's recycle on its node has come.
+type RecycleStatus struct {
+	// Since is when the recycle began.
+	Since time.Time `json:"since"`
+	// Finding is the probe's reason that led to it.
+	Finding string `json:"finding,omitempty"`
+	// Evicted counts the pods evicted so far.
+	Evicted int `json:"evicted"`
+	// Waiting counts the pods waiting for the eviction budget or a retry after an error.
+	Waiting int `json:"waiting"`
+	// Blocked counts the pods whose eviction a PodDisruptionBudget refused.
+	Blocked int `json:"blocked"`
+	// Left counts the pods the policy leaves alone (a bare pod, no opt-in).
+	Left int `json:"left"`
 }
 
 // Results in VolumeStatus.
@@ -39,6 +58,9 @@ const (
 	StatusHealed = "healed"
 	// StatusHealFailed: a probe or heal of the volume failed after the dispatcher's retries.
 	StatusHealFailed = "heal-failed"
+	// StatusRecycling: the volume is recycled on its node (the pods using it there are evicted)
+	// and not yet found healthy there; VolumeStatus.Recycle says how far it has come.
+	StatusRecycling = "recycling"
 )
 
 func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result string, health []probe.Health, message string) {
@@ -47,6 +69,26 @@ func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result stri
 		return
 	}
 	value, err := json.Marshal(VolumeStatus{Result: result, Node: v.NodeName, Time: s.opts.Clock.Now().UTC(), Health: health, Message: message})
+	if err != nil {
+		return
+	}
+	text := string(value)
+	s.patchStatus(ctx, pvc, &text)
+}
+
+// writeRecycling writes the status of a volume recycled on its node, with its progress p.
+func (s *Sweeper) writeRecycling(ctx context.Context, v planner.Volume, health []probe.Health, p evict.Progress) {
+	pvc := v.Claim()
+	if pvc == nil {
+		return
+	}
+	since := p.Since
+	if since.IsZero() {
+		since = s.opts.Clock.Now()
+	}
+	st := VolumeStatus{Result: StatusRecycling, Node: v.NodeName, Time: s.opts.Clock.Now().UTC(), Health: health,
+		Recycle: &RecycleStatus{Since: since.UTC(), Finding: p.Finding, Evicted: p.Evicted, Waiting: p.Waiting, Blocked: p.Blocked, Left: p.Left}}
+	value, err := json.Marshal(st)
 	if err != nil {
 		return
 	}

@@ -32,6 +32,9 @@ type Summary struct {
 	// Undecided counts volumes the policy could not decide (a runtime error, or no accepted
 	// policy serving): left alone, and a restart sweep with any is incomplete.
 	Undecided int
+	// Recycling counts volumes recycled on their node and not yet found healthy there: a restart
+	// sweep with any is incomplete, and tries them again until they are.
+	Recycling int
 	// WouldProbe and WouldHeal count dry-run decisions.
 	WouldProbe, WouldHeal int
 	// Cancelled is true when the sweep stopped before every volume was handled.
@@ -50,6 +53,9 @@ func (s Summary) String() string {
 		s.Volumes, s.Probed, s.Healed, s.Unhealthy, s.Skipped, s.Failed)
 	if s.Undecided > 0 {
 		out += fmt.Sprintf(", %d not decided by the policy", s.Undecided)
+	}
+	if s.Recycling > 0 {
+		out += fmt.Sprintf(", %d being recycled", s.Recycling)
 	}
 	if s.WouldProbe+s.WouldHeal > 0 {
 		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
@@ -131,6 +137,9 @@ func (s *Sweeper) attempt(ctx context.Context, sw scheduler.Sweep, finished map[
 	}
 	if summary.Undecided > 0 {
 		why = append(why, fmt.Sprintf("%d volume(s) not decided by the policy", summary.Undecided))
+	}
+	if summary.Recycling > 0 {
+		why = append(why, fmt.Sprintf("%d volume(s) being recycled, not yet found healthy", summary.Recycling))
 	}
 	if summary.Incomplete != "" {
 		why = append(why, summary.Incomplete)

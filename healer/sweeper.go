@@ -93,11 +93,21 @@ type Options struct {
 	// driver reports healerv1alpha1.ReasonStaleMountInPods). Default: none; the operator is told
 	// on the PVC to restart them (Event VolumePodsMustRestart).
 	Restarter Restarter
+	// Evict says that the Restarter may evict pods (evictions are configured on, and not in dry
+	// run): the policy's input.remedies.evict, and the condition of a recycle. Default false.
+	Evict bool
 }
 
-// Restarter restarts the pods on a node that still see a volume's dead mount.
+// Restarter restarts the pods on a node that a remedy of a volume needs restarted: those that
+// still see its dead mount after a heal, or every pod using it there for a recycle.
 type Restarter interface {
+	// Add queues the request.
 	Add(req evict.Request)
+	// Progress says how far the remedy of volume pv on node has come, if one is known.
+	Progress(pv, node string) (evict.Progress, bool)
+	// Finish forgets the remedy of pv on node: its volume is healthy there again, or no longer
+	// staged; recycled counts a finished recycle.
+	Finish(pv, node string, recycled bool)
 }
 
 var _ Restarter = (*evict.Evictor)(nil)

@@ -374,16 +374,61 @@ func TestHealThatPodsCannotSeeAsksForTheirRestart(t *testing.T) {
 	}
 }
 
-// recordingRestarter records the restart requests of a sweep.
+// recordingRestarter records the restart requests of a sweep; progress, when set, answers
+// Progress (keyed pv/node), and Finish records and forgets.
 type recordingRestarter struct {
-	mu   sync.Mutex
-	reqs []evict.Request
+	mu       sync.Mutex
+	reqs     []evict.Request
+	progress map[string]evict.Progress
+	finished []string
 }
 
 func (r *recordingRestarter) Add(req evict.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reqs = append(r.reqs, req)
+	if r.progress == nil {
+		r.progress = map[string]evict.Progress{}
+	}
+	if _, ok := r.progress[req.PV+"/"+req.Node]; !ok {
+		r.progress[req.PV+"/"+req.Node] = evict.Progress{PV: req.PV, Node: req.Node, Remedy: req.Remedy, Finding: req.Finding, Since: req.HealedAt}
+	}
+}
+
+func (r *recordingRestarter) Progress(pv, node string) (evict.Progress, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.progress[pv+"/"+node]
+	return p, ok
+}
+
+func (r *recordingRestarter) Finish(pv, node string, recycled bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.progress, pv+"/"+node)
+	r.finished = append(r.finished, fmt.Sprintf("%s/%s recycled=%t", pv, node, recycled))
+}
+
+// set replaces the progress of pv on node.
+func (r *recordingRestarter) set(p evict.Progress) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.progress == nil {
+		r.progress = map[string]evict.Progress{}
+	}
+	r.progress[p.PV+"/"+p.Node] = p
+}
+
+func (r *recordingRestarter) finishes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.finished...)
+}
+
+func (r *recordingRestarter) requests() []evict.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]evict.Request(nil), r.reqs...)
 }
 
 func TestNotHealableVolumeIsNotOfferedAgainUntilRestart(t *testing.T) {

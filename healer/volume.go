@@ -34,6 +34,9 @@ const (
 	outcomeUndecided
 	outcomeWouldProbe
 	outcomeWouldHeal
+	// outcomeRecycling is a volume recycled on its node and not yet found healthy there: a
+	// restart sweep with one stays pending.
+	outcomeRecycling
 )
 
 // volumeWork is one volume's task as the dispatcher runs it: prepare's decision and what act
@@ -127,12 +130,13 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		return nil, dispatch.Task{}, outcomeSkipped
 	}
 
-	driver := driverTermOf(s.drivers, caps, addonsNode)
+	driver := driverTermOf(s.drivers, caps, addonsNode, s.opts.Evict && s.opts.Restarter != nil)
 	w.in = v.PolicyInput(driver.info, policy.Trigger(sw.Trigger))
 	in := &w.in
 	if in.Driver.Name == driver.info.Name {
 		in.Terms.Driver = driver.term
 	}
+	in.Remedies, in.Terms.Remedies = driver.remedies, driver.remediesTerm
 	if in.Node == nil {
 		in.Node = &policy.Node{Name: v.NodeName}
 	}
@@ -166,6 +170,9 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	switch {
 	case action == policy.ActionSkip:
 		return nil, dispatch.Task{}, outcomeSkipped
+	case s.opts.DryRun && action == policy.ActionRecycle:
+		volumeLogger().Info("Dry run: would recycle", "reason", d.Reason)
+		return nil, dispatch.Task{}, outcomeWouldHeal
 	case s.opts.DryRun && action == policy.ActionProbe:
 		volumeLogger().Info("Dry run: would probe", "reason", d.Reason)
 		return nil, dispatch.Task{}, outcomeWouldProbe
@@ -206,21 +213,29 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		logger.V(2).Info("Volume left alone", "reason", reason)
 		return outcomeSkipped, nil
 	}
+	if action == policy.ActionRecycle {
+		// The policy recycles without a probe: nothing names a finding.
+		return s.recycle(ctx, v, nil, in, "", restartPods), nil
+	}
 	if action == policy.ActionProbe {
 		res, err := s.probe(ctx, v, target)
 		if err != nil {
+			if errors.Is(err, probe.ErrNotStaged) {
+				if o, pending := s.recycleUnstaged(ctx, v); pending {
+					return o, nil
+				}
+			}
 			return outcomeFailed, err
 		}
 		if res.Healthy() {
 			s.clearStatus(ctx, v)
+			s.remedyDone(v, "found healthy on node "+v.NodeName)
 			return outcomeHealthy, nil
 		}
 		if res.Has(string(policy.HealthDataLoss)) {
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
-		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res, s.opts.Clock.Now(), in, restartPods)
-		}
+		probedAt := s.opts.Clock.Now()
 		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
 		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
@@ -232,6 +247,12 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 			return outcomeUndecided, nil
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
+		if d.Action == policy.ActionRecycle {
+			return s.recycle(ctx, v, res, in, d.Reason, restartPods), nil
+		}
+		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
+			s.podsMustRestart(v, res, probedAt, in, restartPods)
+		}
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv, v.NodeName).offeredForHealing(gen) {
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			if !res.Has(string(policy.HealthDataLoss)) {
@@ -275,6 +296,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		return outcomeFailed, fmt.Errorf("volume still unhealthy after heal: %s", describe(confirm.Health))
 	}
 	s.mem.recordHeal(pv, v.NodeName, s.opts.Clock.Now())
+	s.remedyDone(v, "healed on node "+v.NodeName)
 	s.count(v.Driver, false, "healed")
 	s.writeStatus(ctx, v, StatusHealed, nil, "")
 	s.setFailing(v, false)
@@ -299,7 +321,8 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 		return
 	}
 	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
-	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt, Input: in}
+	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt, Input: in,
+		Remedy: policy.RemedyHeal, Finding: healerv1alpha1.ReasonStaleMountInPods}
 	if pvc := v.Claim(); pvc != nil {
 		req.ClaimUID = pvc.UID
 	}
@@ -388,4 +411,97 @@ func describe(hs []probe.Health) string {
 		parts = append(parts, p)
 	}
 	return strings.Join(parts, "; ")
+}
+
+// recycle starts or continues the recycle of v on its node: the Restarter evicts every pod that
+// uses it there (each as the policy's restart decision says), so that kubelet unstages it and the
+// driver's NodeStage mounts it again for the replacements. res is the probe that found the
+// volume dead (nil when the policy recycled without one), reason the policy's. The volume stays
+// recycling, and a restart sweep of its node pending, until a later probe there finds it healthy
+// or it is no longer staged there with no pod left on it (remedyDone, recycleUnstaged).
+func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Result, in policy.Input, reason string, restartPods bool) outcome {
+	logger := klog.FromContext(ctx)
+	claim := v.ClaimName()
+	var health []probe.Health
+	if res != nil {
+		health = res.Health
+	}
+	finding := policy.FindingOf(in.Probe)
+	switch {
+	case s.opts.Restarter == nil || !s.opts.Evict:
+		s.writeStatus(ctx, v, StatusUnhealthy, health, "")
+		s.volumeEvent(v, corev1.EventTypeWarning, evict.ReasonVolumeRecycleBlocked,
+			"The policy recycles the volume on node %s (%s: %s), but this controller evicts no pods (remediation is off or in dry run): restart the pods on node %s that use it",
+			v.NodeName, reason, describe(health), v.NodeName)
+		s.setFailing(v, true)
+		return outcomeUnhealthy
+	case claim.Name == "":
+		s.writeStatus(ctx, v, StatusUnhealthy, health, "")
+		s.volumeEvent(v, corev1.EventTypeWarning, evict.ReasonVolumeRecycleBlocked,
+			"The policy recycles the volume on node %s (%s), but it is bound to no claim, so no pod uses it", v.NodeName, reason)
+		s.setFailing(v, true)
+		return outcomeUnhealthy
+	}
+	now := s.opts.Clock.Now()
+	if restartPods {
+		req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: now, Input: in,
+			Remedy: policy.RemedyRecycle, Finding: finding}
+		if pvc := v.Claim(); pvc != nil {
+			req.ClaimUID = pvc.UID
+		}
+		s.opts.Restarter.Add(req)
+	}
+	p, ok := s.opts.Restarter.Progress(v.PVName, v.NodeName)
+	if !ok {
+		p.Since = now
+	}
+	logger.Info("Recycling the volume on its node", "reason", reason, "finding", finding, "progress", p.String())
+	s.writeRecycling(ctx, v, health, p)
+	// Not a failing heal: a recycle takes the time its pods take to go; the recycling gauge and
+	// its alert say when it takes too long.
+	s.opts.Metrics.recycling(claim.Namespace, claim.Name, v.Driver, true, p.Since)
+	return outcomeRecycling
+}
+
+// recycleUnstaged is the answer to a volume that its node no longer stages while it is recycled
+// there: kubelet unstaged it once every pod using it there was gone. The recycle is done when no
+// pod that used it on that node before the recycle is left there (the Restarter's last look
+// found none): the next pod's NodeStage mounts it anew. Otherwise it stays recycling, and pending
+// says so; with no recycle known it returns false.
+func (s *Sweeper) recycleUnstaged(ctx context.Context, v planner.Volume) (o outcome, pending bool) {
+	if s.opts.Restarter == nil {
+		return outcomeSkipped, false
+	}
+	p, ok := s.opts.Restarter.Progress(v.PVName, v.NodeName)
+	if !ok || p.Remedy != policy.RemedyRecycle {
+		return outcomeSkipped, false
+	}
+	if !p.Cleared {
+		klog.FromContext(ctx).Info("Recycled volume not staged on its node, but pods that used it are still there", "progress", p.String())
+		return outcomeRecycling, true
+	}
+	s.remedyDone(v, "unstaged on node "+v.NodeName+" with no pod left on it; the next pod's NodeStage mounts it anew")
+	s.clearStatus(ctx, v)
+	return outcomeSkipped, true
+}
+
+// remedyDone finishes the volume's pending remedy on its node, if any; a recycle gets its
+// VolumeRecycled Event, with how it ended (how) and the time it took.
+func (s *Sweeper) remedyDone(v planner.Volume, how string) {
+	if s.opts.Restarter == nil {
+		return
+	}
+	p, ok := s.opts.Restarter.Progress(v.PVName, v.NodeName)
+	if !ok {
+		return
+	}
+	s.opts.Restarter.Finish(v.PVName, v.NodeName, p.Remedy == policy.RemedyRecycle)
+	if p.Remedy != policy.RemedyRecycle {
+		return
+	}
+	claim := v.ClaimName()
+	s.opts.Metrics.recycling(claim.Namespace, claim.Name, v.Driver, false, time.Time{})
+	took := s.opts.Clock.Since(p.Since).Round(time.Second)
+	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeRecycled,
+		"Volume recycled: %s, %s after its recycle began (%s; %s)", how, took, p.Finding, p.String())
 }

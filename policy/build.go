@@ -74,6 +74,9 @@ type ClusterInputOptions struct {
 	History History
 	// Probe is the probe result to assume, for the second evaluation. Default nil: the first.
 	Probe *ProbeResult
+	// Remedies are the remedies to assume allowed; Heal is always taken from Driver. Default:
+	// none but heal.
+	Remedies Remedies
 }
 
 // InputFromCluster builds the input for the PersistentVolume named pv from a live cluster, with
@@ -135,6 +138,8 @@ func InputFromCluster(ctx context.Context, client kubernetes.Interface, pv strin
 	}
 	in.History = opts.History
 	in.Probe = opts.Probe
+	in.Remedies = opts.Remedies
+	in.Remedies.Heal = in.Driver.Healer.Heal
 	return in, nil
 }
 

@@ -95,7 +95,8 @@ func randomInput(r *rand.Rand) Input {
 			Tier:        pick(TierHealer, TierProbeOnly, TierNone),
 			ProbeSource: pick("driver", "sidecar"),
 		},
-		History: History{ConsecutiveFailures: r.IntN(4)},
+		History:  History{ConsecutiveFailures: r.IntN(4)},
+		Remedies: Remedies{Heal: maybe(), RestartContainers: maybe(), Evict: maybe()},
 	}
 	if maybe() {
 		in.Volume.MountOptions = []string{pick("discard", "noatime")}

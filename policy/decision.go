@@ -21,17 +21,25 @@ const (
 	ActionHeal Action = "heal"
 	// ActionSkip leaves the volume alone.
 	ActionSkip Action = "skip"
+	// ActionRecycle evicts every pod that uses the volume on its node (Eviction API, disruption
+	// budgets respected), so that kubelet unpublishes and unstages it and the driver's own
+	// NodeStage and NodePublish mount it again for the replacement pods: the remedy for a dead
+	// mount of a driver that cannot heal it in place. Each pod's restart decision still decides
+	// whether that pod is evicted.
+	ActionRecycle Action = "recycle"
 )
 
 // actions lists every Action, so that metrics can start every label at zero.
-var actions = []Action{ActionProbe, ActionHeal, ActionSkip}
+var actions = []Action{ActionProbe, ActionHeal, ActionSkip, ActionRecycle}
 
 // Valid reports whether a is one of the documented actions.
-func (a Action) Valid() bool { return a == ActionProbe || a == ActionHeal || a == ActionSkip }
+func (a Action) Valid() bool {
+	return a == ActionProbe || a == ActionHeal || a == ActionSkip || a == ActionRecycle
+}
 
 // Decision is the typed form of data.volumehealer.decision.
 type Decision struct {
-	// Action is probe, heal or skip.
+	// Action is probe, heal, skip or recycle.
 	Action Action
 	// Reason explains the decision to operators (Events, logs); required, never empty.
 	Reason string
@@ -129,7 +137,7 @@ func (d *Decision) set(key string, val *ast.Term, haveAction, haveReason *bool) 
 		}
 		d.Action, *haveAction = Action(s), true
 		if !d.Action.Valid() {
-			return fmt.Errorf("action %q is not one of probe, heal, skip", string(s))
+			return fmt.Errorf("action %q is not one of probe, heal, skip, recycle", string(s))
 		}
 	case "reason":
 		s, isStr := val.Value.(ast.String)

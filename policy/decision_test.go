@@ -16,6 +16,7 @@ func TestDecodeDecision(t *testing.T) {
 		want    Decision
 		wantErr string
 	}{
+		"recycle":  {value: `{"action": "recycle", "reason": "RecycleAfterRestart"}`, want: Decision{Action: ActionRecycle, Reason: "RecycleAfterRestart"}},
 		"minimal":  {value: `{"action": "skip", "reason": "Healthy"}`, want: Decision{Action: ActionSkip, Reason: "Healthy"}},
 		"complete": {value: `{"action": "heal", "reason": "MountGone", "timeout": "1m30s", "priority": 100}`, want: Decision{Action: ActionHeal, Reason: "MountGone", Timeout: 90 * time.Second, Priority: 100}},
 		"negative priority": {value: `{"action": "probe", "reason": "r", "priority": -5}`,
@@ -28,7 +29,7 @@ func TestDecodeDecision(t *testing.T) {
 		"missing action":       {value: `{"reason": "r"}`, wantErr: "action is missing"},
 		"missing reason":       {value: `{"action": "skip"}`, wantErr: "reason is missing"},
 		"empty reason":         {value: `{"action": "skip", "reason": ""}`, wantErr: "reason is empty"},
-		"unknown action":       {value: `{"action": "repair", "reason": "r"}`, wantErr: `action "repair" is not one of probe, heal, skip`},
+		"unknown action":       {value: `{"action": "repair", "reason": "r"}`, wantErr: `action "repair" is not one of probe, heal, skip, recycle`},
 		"action not a string":  {value: `{"action": true, "reason": "r"}`, wantErr: "action is boolean"},
 		"reason not a string":  {value: `{"action": "skip", "reason": 7}`, wantErr: "reason is number"},
 		"timeout not a string": {value: `{"action": "heal", "reason": "r", "timeout": 30}`, wantErr: "timeout is number"},

@@ -62,6 +62,9 @@ type Input struct {
 	History History `json:"history"`
 	// Probe is the result of probing the volume; present only in the second evaluation.
 	Probe *ProbeResult `json:"probe,omitempty"`
+	// Remedies says which remedies the driver, its sidecar and the controller's configuration
+	// allow for the volume on its node.
+	Remedies Remedies `json:"remedies"`
 
 	// Terms are parts of the input already in their Rego form, shared with other inputs, which
 	// the engine takes instead of converting the fields they stand for (see InputTerms). The
@@ -168,6 +171,21 @@ func TierOf(probe, heal bool, probeSource string) string {
 	}
 }
 
+// Remedies says which remedies are allowed for a volume on its node, least disruptive first. The
+// decision picks among them: heal needs Heal, recycle needs Evict, and a pod's restartContainers
+// needs RestartContainers (the controller checks again before it acts).
+type Remedies struct {
+	// Heal is true when the driver heals volumes on the node (it serves HEAL).
+	Heal bool `json:"heal"`
+	// RestartContainers is true when the node's healer sidecar can restart a pod's containers in
+	// place (its capabilities answered container_restart: it was given the container runtime's
+	// socket, which the chart grants only when the operator opts in).
+	RestartContainers bool `json:"restartContainers"`
+	// Evict is true when the controller may evict pods: evictions are configured on and the
+	// controller does not run in dry-run mode.
+	Evict bool `json:"evict"`
+}
+
 // HealerCapabilities is the driver's answer to the healer capability call.
 type HealerCapabilities struct {
 	// Probe is true when the driver can probe a volume.
@@ -250,7 +268,7 @@ func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 // directly, without a JSON round trip, because it runs for every evaluation that misses the memo,
 // and takes the parts in Terms as they are.
 func (in *Input) astValue() ast.Value {
-	items := make([][2]*ast.Term, 0, 7)
+	items := make([][2]*ast.Term, 0, 8)
 	items = append(items,
 		ast.Item(keyTrigger, triggerTerm(in.Trigger)),
 		ast.Item(keyVolume, ast.NewTerm(in.Volume.astValue(&in.Terms))),
@@ -274,6 +292,11 @@ func (in *Input) astValue() ast.Value {
 		driver = in.Driver.term()
 	}
 	items = append(items, ast.Item(keyDriver, driver), ast.Item(keyHistory, in.History.term()))
+	remedies := in.Terms.Remedies.term()
+	if remedies == nil {
+		remedies = in.Remedies.term()
+	}
+	items = append(items, ast.Item(keyRemedies, remedies))
 	if in.Probe != nil {
 		items = append(items, ast.Item(keyProbe, ast.ObjectTerm(
 			ast.Item(keyHealthy, ast.InternedTerm(in.Probe.Healthy)),
@@ -369,6 +392,14 @@ func (d *DriverInfo) term() *ast.Term {
 		)),
 		ast.Item(keyTier, ast.StringTerm(d.Tier)),
 		ast.Item(keyProbeSource, ast.StringTerm(d.ProbeSource)),
+	)
+}
+
+func (r *Remedies) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyHeal, ast.InternedTerm(r.Heal)),
+		ast.Item(keyRestartContainers, ast.InternedTerm(r.RestartContainers)),
+		ast.Item(keyEvict, ast.InternedTerm(r.Evict)),
 	)
 }
 

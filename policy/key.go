@@ -48,7 +48,7 @@ func appendInput(b []byte, in *Input, p inputPath) []byte {
 	e, rest, whole := step(p)
 	if whole {
 		b = append(b, tagObject)
-		for _, f := range []string{"trigger", "volume", "attachment", "node", "driver", "history", "probe"} {
+		for _, f := range []string{"trigger", "volume", "attachment", "node", "driver", "history", "probe", "remedies"} {
 			b = appendInput(b, in, inputPath{{kind: elemKey, key: f}})
 		}
 		return b
@@ -80,6 +80,8 @@ func appendInput(b []byte, in *Input, p inputPath) []byte {
 			return absent(b)
 		}
 		return appendProbe(b, in.Probe, rest)
+	case "remedies":
+		return appendRemedies(b, &in.Remedies, rest)
 	}
 	return absent(b)
 }
@@ -232,6 +234,22 @@ func appendHealer(b []byte, h *HealerCapabilities, p inputPath) []byte {
 			return appendBool(b, h.ListVolumes, rest), true
 		case "attributes":
 			return appendStringMap(b, h.Attributes, rest), true
+		}
+		return b, false
+	})
+}
+
+var remediesFields = []string{"heal", "restartContainers", "evict"}
+
+func appendRemedies(b []byte, r *Remedies, p inputPath) []byte {
+	return appendStruct(b, p, remediesFields, func(b []byte, name string, rest inputPath) ([]byte, bool) {
+		switch name {
+		case "heal":
+			return appendBool(b, r.Heal, rest), true
+		case "restartContainers":
+			return appendBool(b, r.RestartContainers, rest), true
+		case "evict":
+			return appendBool(b, r.Evict, rest), true
 		}
 		return b, false
 	})

@@ -113,6 +113,15 @@ func equivalencePolicies(t *testing.T) map[string][]Module {
 		sets["example "+name] = mods
 	}
 	extra := map[string]string{
+		"the remedies": policyText(
+			`default decision := {"action": "skip", "reason": "none"}`,
+			`decision := {"action": "recycle", "reason": "evict"} if {`,
+			`	input.remedies.evict`,
+			`	not input.remedies.heal`,
+			`} else := {"action": "heal", "reason": "restart"} if {`,
+			`	input.remedies.restartContainers`,
+			`}`,
+		),
 		"indexes and lists": policyText(
 			`default decision := {"action": "skip", "reason": "none"}`,
 			`decision := {"action": "probe", "reason": input.volume.accessModes[0]} if {`,

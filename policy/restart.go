@@ -10,9 +10,11 @@ import (
 	"github.com/open-policy-agent/opa/v1/rego"
 )
 
-// RestartQuery is the document the controller evaluates, once per pod, when a heal repaired a
-// volume on its node but running pods still see its dead mount: evict the pod, or leave it alone.
-// A policy set that does not define it leaves every pod alone (RestartNoRule).
+// RestartQuery is the document the controller evaluates, once per pod, when a remedy of a volume
+// on its node needs the pod to restart: a heal repaired the node's mount but the pod still sees the
+// dead one (remedy "heal"), or the volume is recycled on the node (remedy "recycle"). It answers
+// restartContainers (in place), evict, or leave. A policy set that does not define it leaves every
+// pod alone (RestartNoRule).
 const RestartQuery = "data.volumehealer.restart"
 
 // RestartAction is what the controller does with a pod that still sees a volume's dead mount.
@@ -24,6 +26,28 @@ const (
 	RestartEvict RestartAction = "evict"
 	// RestartLeave leaves the pod alone; an Event on the pod and the claim says why.
 	RestartLeave RestartAction = "leave"
+	// RestartContainers restarts the pod's containers that mount the volume in place, through the
+	// node's healer sidecar and the container runtime: the pod keeps its UID, name, node and IP,
+	// and kubelet gives the new containers the node's repaired mount. Only for remedy "heal" (a
+	// container restart cannot remount a dead staging mount) and only where
+	// input.remedies.restartContainers is true; where the sidecar cannot after all, the controller
+	// asks again with it false.
+	RestartContainers RestartAction = "restartContainers"
+)
+
+// Valid reports whether a is one of the documented restart actions.
+func (a RestartAction) Valid() bool {
+	return a == RestartEvict || a == RestartLeave || a == RestartContainers
+}
+
+// Remedies that ask pods to restart (RestartInput.Remedy).
+const (
+	// RemedyHeal: a heal repaired the volume's mount on the node, and the pod still sees the dead
+	// one (its mount propagation is None).
+	RemedyHeal = "heal"
+	// RemedyRecycle: the volume is recycled on the node: every pod using it there must go so that
+	// kubelet unstages it and the driver mounts it again.
+	RemedyRecycle = "recycle"
 )
 
 // RestartNoRule is the reason of the decision for a policy set without a restart rule.
@@ -31,7 +55,7 @@ const RestartNoRule = "NoRestartRule"
 
 // RestartDecision is the typed form of data.volumehealer.restart.
 type RestartDecision struct {
-	// Action is evict or leave.
+	// Action is restartContainers, evict or leave.
 	Action RestartAction `json:"action"`
 	// Reason explains the decision to operators (Events, logs); required, never empty.
 	Reason string `json:"reason"`
@@ -50,6 +74,9 @@ type Pod struct {
 	Labels map[string]string `json:"labels"`
 	// DisruptionBudget is true when a PodDisruptionBudget of the namespace selects the pod.
 	DisruptionBudget bool `json:"disruptionBudget"`
+	// RestartPolicy is the pod's spec.restartPolicy: Always, OnFailure or Never. Containers of a
+	// pod with Never are not started again after a restart in place.
+	RestartPolicy string `json:"restartPolicy"`
 }
 
 // Labeled is an object's name and labels, for the pod's namespace and the volume's StorageClass.
@@ -60,11 +87,16 @@ type Labeled struct {
 	Labels map[string]string `json:"labels"`
 }
 
-// RestartInput is the document the restart decision sees as `input`: the volume's Input as its
-// heal saw it (probe included), and the pod, its namespace, the volume's StorageClass and the
-// time of the decision.
+// RestartInput is the document the restart decision sees as `input`: the volume's Input as the
+// remedy saw it (probe included), which remedy asks and for what finding, and the pod, its
+// namespace, the volume's StorageClass and the time of the decision.
 type RestartInput struct {
 	Input
+	// Remedy is the remedy that asks the pod to restart: RemedyHeal or RemedyRecycle.
+	Remedy string
+	// Finding is the probe's reason that led to the remedy, such as "StaleMountInPods",
+	// "MountGone" or "PublishTargetNotMounted"; empty when the probe named none.
+	Finding string
 	// Pod is the pod that still sees the dead mount.
 	Pod Pod
 	// Namespace is the pod's namespace with its labels.
@@ -73,6 +105,17 @@ type RestartInput struct {
 	StorageClass *Labeled
 	// Time is when the decision is made; RFC 3339 in Rego, for maintenance windows.
 	Time time.Time
+}
+
+// validate checks the volume's input and the remedy.
+func (in *RestartInput) validate() error {
+	if err := in.Input.validate(); err != nil {
+		return err
+	}
+	if in.Remedy != RemedyHeal && in.Remedy != RemedyRecycle {
+		return fmt.Errorf("%w: remedy %q is not one of heal, recycle", ErrInvalidInput, in.Remedy)
+	}
+	return nil
 }
 
 // astValue adds the pod, its namespace, the StorageClass and the time to the volume's input.
@@ -84,7 +127,10 @@ func (in *RestartInput) astValue() ast.Value {
 		item("ownerKind", ast.StringTerm(in.Pod.OwnerKind)),
 		item("labels", stringMapTerm(in.Pod.Labels)),
 		item("disruptionBudget", ast.InternedTerm(in.Pod.DisruptionBudget)),
+		item("restartPolicy", ast.StringTerm(in.Pod.RestartPolicy)),
 	))
+	obj.Insert(ast.InternedTerm("remedy"), ast.StringTerm(in.Remedy))
+	obj.Insert(ast.InternedTerm("finding"), ast.StringTerm(in.Finding))
 	obj.Insert(ast.InternedTerm("namespace"), labeledTerm(in.Namespace))
 	if in.StorageClass != nil {
 		obj.Insert(ast.InternedTerm("storageClass"), labeledTerm(*in.StorageClass))
@@ -125,8 +171,8 @@ func decodeRestart(v ast.Value) (RestartDecision, error) {
 		switch string(key) {
 		case "action":
 			d.Action = RestartAction(s)
-			if !isStr || (d.Action != RestartEvict && d.Action != RestartLeave) {
-				err = fmt.Errorf("action %v is not one of evict, leave", val)
+			if !isStr || !d.Action.Valid() {
+				err = fmt.Errorf("action %v is not one of restartContainers, evict, leave", val)
 			}
 		case "reason":
 			d.Reason = string(s)

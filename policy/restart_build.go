@@ -51,21 +51,40 @@ func ReadPodScope(ctx context.Context, client kubernetes.Interface, namespace, s
 	return scope, nil
 }
 
-// Input builds the restart input of pod from the volume's input in and the time now.
+// Input builds the restart input of pod from the volume's input in and the time now, for the
+// remedy heal and the finding of in's probe (its first reason); a recycle sets Remedy and Finding
+// itself.
 func (s PodScope) Input(in Input, pod *corev1.Pod, now time.Time) RestartInput {
 	return RestartInput{
-		Input: in,
+		Input:   in,
+		Remedy:  RemedyHeal,
+		Finding: FindingOf(in.Probe),
 		Pod: Pod{
 			Namespace:        pod.Namespace,
 			Name:             pod.Name,
 			OwnerKind:        ownerKind(pod),
 			Labels:           pod.Labels,
 			DisruptionBudget: s.covered(pod),
+			RestartPolicy:    string(pod.Spec.RestartPolicy),
 		},
 		Namespace:    s.Namespace,
 		StorageClass: s.StorageClass,
 		Time:         now,
 	}
+}
+
+// FindingOf is the finding a remedy names: the reason of the probe's first problem, or "" when the
+// probe is absent or names none.
+func FindingOf(p *ProbeResult) string {
+	if p == nil {
+		return ""
+	}
+	for _, h := range p.Health {
+		if h.Reason != "" {
+			return h.Reason
+		}
+	}
+	return ""
 }
 
 // ownerKind is the kind of the pod's controller, empty for a bare pod.

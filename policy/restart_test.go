@@ -106,7 +106,8 @@ func TestRestartDecisionOfTheBuiltinPolicy(t *testing.T) {
 // error that names the problem.
 func TestRestartDecisionOfAPolicy(t *testing.T) {
 	ctx := context.Background()
-	rin := RestartInput{Input: Input{Trigger: TriggerRestart}, Pod: Pod{Namespace: "shop", Name: "web-1", OwnerKind: "ReplicaSet"}, Time: time.Now()}
+	rin := RestartInput{Input: Input{Trigger: TriggerRestart, Remedies: Remedies{RestartContainers: true}}, Remedy: RemedyRecycle, Finding: "MountGone",
+		Pod: Pod{Namespace: "shop", Name: "web-1", OwnerKind: "ReplicaSet", RestartPolicy: "Always"}, Time: time.Now()}
 	tests := map[string]struct {
 		rules   string
 		want    RestartDecision
@@ -115,12 +116,15 @@ func TestRestartDecisionOfAPolicy(t *testing.T) {
 		"no restart rule":  {want: RestartDecision{RestartLeave, RestartNoRule}},
 		"evict":            {rules: `restart := {"action": "evict", "reason": "Always"}`, want: RestartDecision{RestartEvict, "Always"}},
 		"reads the pod":    {rules: `restart := {"action": "leave", "reason": concat(":", ["owner", input.pod.ownerKind])}`, want: RestartDecision{RestartLeave, "owner:ReplicaSet"}},
-		"unknown action":   {rules: `restart := {"action": "delete", "reason": "x"}`, wantErr: `action "delete" is not one of evict, leave`},
+		"restart in place": {rules: `restart := {"action": "restartContainers", "reason": "x"}`, want: RestartDecision{RestartContainers, "x"}},
+		"reads the remedy": {rules: `restart := {"action": "leave", "reason": concat(":", [input.remedy, input.finding, input.pod.restartPolicy, format_int(to_number(input.remedies.restartContainers), 10)])}`,
+			want: RestartDecision{RestartLeave, "recycle:MountGone:Always:1"}},
+		"unknown action":   {rules: `restart := {"action": "delete", "reason": "x"}`, wantErr: `action "delete" is not one of restartContainers, evict, leave`},
 		"no reason":        {rules: `restart := {"action": "evict"}`, wantErr: "reason is missing"},
 		"not an object":    {rules: `restart := "evict"`, wantErr: "want an object with action and reason"},
 		"unknown key":      {rules: `restart := {"action": "evict", "reason": "x", "grace": 0}`, wantErr: `unknown key "grace"`},
 		"empty reason":     {rules: `restart := {"action": "evict", "reason": ""}`, wantErr: "is not a non-empty string"},
-		"a number as kind": {rules: `restart := {"action": 1, "reason": "x"}`, wantErr: "action 1 is not one of evict, leave"},
+		"a number as kind": {rules: `restart := {"action": 1, "reason": "x"}`, wantErr: "action 1 is not one of restartContainers, evict, leave"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -141,6 +145,19 @@ func TestRestartDecisionOfAPolicy(t *testing.T) {
 				t.Fatalf("restart decision = %+v, %v; want %+v", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRestartInputNeedsARemedy: a restart input that names no remedy is refused, naming the field.
+func TestRestartInputNeedsARemedy(t *testing.T) {
+	ctx := context.Background()
+	rev, err := Compile(ctx, DefaultModules(), patient(CompileOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rin := RestartInput{Input: Input{Trigger: TriggerRestart}, Remedy: "reboot", Pod: Pod{Namespace: "shop", Name: "web-1"}}
+	if _, err := rev.DecideRestart(ctx, &rin); err == nil || !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), `remedy "reboot" is not one of heal, recycle`) {
+		t.Fatalf("DecideRestart = %v, want an invalid input error naming the remedy", err)
 	}
 }
 

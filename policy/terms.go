@@ -58,6 +58,8 @@ type InputTerms struct {
 	Node Term
 	// Driver stands for Driver: DriverTerm.
 	Driver Term
+	// Remedies stands for Remedies: RemediesTerm.
+	Remedies Term
 }
 
 // StringMapTerm returns the Rego form of m: an object of strings, empty when m is.
@@ -96,6 +98,9 @@ func NodeTerm(n *Node) Term { return Term{t: n.term()} }
 
 // DriverTerm returns the Rego form of d.
 func DriverTerm(d *DriverInfo) Term { return Term{t: d.term()} }
+
+// RemediesTerm returns the Rego form of r.
+func RemediesTerm(r *Remedies) Term { return Term{t: r.term()} }
 
 // Keys of the input document, converted once: every input has them.
 var (
@@ -137,6 +142,9 @@ var (
 	keyStatus               = ast.StringTerm("status")
 	keyReason               = ast.StringTerm("reason")
 	keyMessage              = ast.StringTerm("message")
+	keyRemedies             = ast.StringTerm("remedies")
+	keyRestartContainers    = ast.StringTerm("restartContainers")
+	keyEvict                = ast.StringTerm("evict")
 )
 
 // triggerTerms are the Rego forms of the documented triggers.

@@ -60,7 +60,8 @@ func documentedForm(in *Input) map[string]any {
 				"listVolumes": in.Driver.Healer.ListVolumes, "attributes": strMap(in.Driver.Healer.Attributes)},
 			"tier": in.Driver.Tier, "probeSource": in.Driver.ProbeSource,
 		},
-		"history": hist,
+		"history":  hist,
+		"remedies": map[string]any{"heal": in.Remedies.Heal, "restartContainers": in.Remedies.RestartContainers, "evict": in.Remedies.Evict},
 	}
 	if a := in.Attachment; a != nil {
 		doc["attachment"] = map[string]any{"node": a.Node, "attached": a.Attached, "detaching": a.Detaching}
@@ -94,6 +95,7 @@ func withTerms(in Input) Input {
 		MountOptions: StringsTerm(in.Volume.MountOptions),
 		AccessModes:  StringsTerm(in.Volume.AccessModes),
 		Driver:       DriverTerm(&in.Driver),
+		Remedies:     RemediesTerm(&in.Remedies),
 	}
 	if in.Volume.StorageClass != nil {
 		in.Terms.StorageClass = StorageClassTerm(in.Volume.StorageClass)

@@ -120,28 +120,30 @@ func restartValidationInputs() []restartCanned {
 	optIn := map[string]string{annotations.EvictPodsLabel: "true"}
 	at := time.Date(2026, 1, 1, 3, 0, 0, 0, time.UTC)
 	var out []restartCanned
-	for _, owner := range []string{"ReplicaSet", ""} {
-		for _, o := range []struct {
-			name     string
-			ns, sc   map[string]string
-			hasClass bool
-		}{
-			{"not opted in", nil, nil, true},
-			{"its StorageClass opted in", nil, optIn, true},
-			{"its namespace opted in, no StorageClass", optIn, nil, false},
-		} {
-			in := RestartInput{Input: base, Time: at,
-				Pod:       Pod{Namespace: "shop", Name: "app-0", OwnerKind: owner, Labels: map[string]string{"app": "shop"}},
-				Namespace: Labeled{Name: "shop", Labels: o.ns},
+	for _, remedy := range []string{RemedyHeal, RemedyRecycle} {
+		for _, owner := range []string{"ReplicaSet", ""} {
+			for _, o := range []struct {
+				name     string
+				ns, sc   map[string]string
+				hasClass bool
+			}{
+				{"not opted in", nil, nil, true},
+				{"its StorageClass opted in", nil, optIn, true},
+				{"its namespace opted in, no StorageClass", optIn, nil, false},
+			} {
+				in := RestartInput{Input: base, Time: at, Remedy: remedy, Finding: FindingOf(base.Probe),
+					Pod:       Pod{Namespace: "shop", Name: "app-0", OwnerKind: owner, Labels: map[string]string{"app": "shop"}, RestartPolicy: "Always"},
+					Namespace: Labeled{Name: "shop", Labels: o.ns},
+				}
+				if o.hasClass {
+					in.StorageClass = &Labeled{Name: "fast", Labels: o.sc}
+				}
+				kind := "a bare pod"
+				if owner != "" {
+					kind = "a " + owner + "'s pod"
+				}
+				out = append(out, restartCanned{name: "remedy " + remedy + ", " + kind + ", " + o.name, input: in})
 			}
-			if o.hasClass {
-				in.StorageClass = &Labeled{Name: "fast", Labels: o.sc}
-			}
-			kind := "a bare pod"
-			if owner != "" {
-				kind = "a " + owner + "'s pod"
-			}
-			out = append(out, restartCanned{name: kind + ", " + o.name, input: in})
 		}
 	}
 	return out

@@ -133,6 +133,9 @@ type Capabilities struct {
 	// ProbeSource says who probes the driver's volumes on the node: ProbeSourceDriver, or
 	// ProbeSourceSidecar when the driver does not and the sidecar probes them itself.
 	ProbeSource string
+	// ContainerRestart is true when the sidecar can restart a pod's containers in place on its
+	// node (RestartContainers): it was given the container runtime's socket and reached it.
+	ContainerRestart bool
 }
 
 // Who probes a volume: the driver, or the sidecar itself (healerv1alpha1.ProbeSource).
@@ -190,6 +193,10 @@ type Options struct {
 	ProbeTimeout time.Duration
 	// HealTimeout bounds a heal. Default 2m.
 	HealTimeout time.Duration
+	// RestartTimeout bounds a restart of a pod's containers in place (RestartContainers): the
+	// sidecar stops them through the container runtime, which waits for their grace period.
+	// Default 1m.
+	RestartTimeout time.Duration
 	// ListMaxEntries bounds the volumes one listing of a node's staged volumes may return, across
 	// all its pages; a sidecar that sends more fails that node's listing with ErrListTooLarge.
 	// Default DefaultListMaxEntries.
@@ -226,6 +233,9 @@ func (o *Options) defaults() {
 	}
 	if o.HealTimeout <= 0 {
 		o.HealTimeout = 2 * time.Minute
+	}
+	if o.RestartTimeout <= 0 {
+		o.RestartTimeout = time.Minute
 	}
 	if o.ListMaxEntries <= 0 {
 		o.ListMaxEntries = DefaultListMaxEntries
@@ -443,12 +453,13 @@ func capabilitiesOf(resp *healerv1alpha1.NodeGetHealerCapabilitiesResponse, t Ta
 			ErrMalformed, t.Endpoint, t.Node, resp.GetDriverName(), t.Driver)
 	}
 	return &Capabilities{
-		Driver:      resp.GetDriverName(),
-		Probe:       healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE),
-		Heal:        healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
-		ListVolumes: healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
-		Attributes:  resp.GetAttributes(),
-		ProbeSource: probeSource(resp.GetProbeSource()),
+		Driver:           resp.GetDriverName(),
+		Probe:            healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_PROBE),
+		Heal:             healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL),
+		ListVolumes:      healerv1alpha1.HasRPC(resp.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES),
+		Attributes:       resp.GetAttributes(),
+		ProbeSource:      probeSource(resp.GetProbeSource()),
+		ContainerRestart: resp.GetContainerRestart(),
 	}, nil
 }
 
@@ -537,6 +548,39 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
 	}
 	return r, nil
+}
+
+// RestartContainers asks the sidecar of t to restart in place the containers of the pod with UID
+// podUID that mount the publish target of PersistentVolume pv on its node, and returns the names of
+// the containers it stopped (kubelet starts them again). ErrUnsupported (UNIMPLEMENTED) means the
+// sidecar has no access to the container runtime and ErrNotStaged (FAILED_PRECONDITION) that no
+// running container of the pod mounts the volume there: neither is worth another try.
+func (c *Client) RestartContainers(ctx context.Context, t Target, pv, podUID string) ([]string, error) {
+	client, err := c.conn(t)
+	if err != nil {
+		return nil, err
+	}
+	ctx, end, err := c.callContext(ctx, t.Node, c.opts.RestartTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("restart of the containers of pod %s on volume %s on node %s: %w", podUID, pv, t.Node, err)
+	}
+	defer end()
+	resp, err := client.RestartContainers(ctx, &healerv1alpha1.NodeRestartContainersRequest{PvName: pv, PodUid: podUID})
+	if err != nil {
+		return nil, fmt.Errorf("restart of the containers of pod %s on volume %s on node %s: %w", podUID, pv, t.Node, Classify(err))
+	}
+	names := resp.GetContainers()
+	if len(names) == 0 {
+		return nil, fmt.Errorf("restart of the containers of pod %s on volume %s on node %s: %w: the answer names no container it stopped (containers is REQUIRED)",
+			podUID, pv, t.Node, ErrMalformed)
+	}
+	for _, n := range names {
+		if n == "" {
+			return nil, fmt.Errorf("restart of the containers of pod %s on volume %s on node %s: %w: the answer names a container with an empty name",
+				podUID, pv, t.Node, ErrMalformed)
+		}
+	}
+	return names, nil
 }
 
 // ListStaged lists the volumes the driver of t has staged on its node, following next tokens.

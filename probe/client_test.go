@@ -668,3 +668,118 @@ func TestEveryCallCarriesItsNodesToken(t *testing.T) {
 		t.Errorf("a call without a token: %v, want the token source's reason", err)
 	}
 }
+
+// restartSidecar answers RestartContainers with a scripted answer, error or hang.
+type restartSidecar struct {
+	fakeSidecar
+	answer *healerv1alpha1.NodeRestartContainersResponse
+	err    error
+	hang   bool
+	got    chan *healerv1alpha1.NodeRestartContainersRequest
+}
+
+func (f *restartSidecar) RestartContainers(ctx context.Context, req *healerv1alpha1.NodeRestartContainersRequest) (*healerv1alpha1.NodeRestartContainersResponse, error) {
+	f.got <- req
+	if f.hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return f.answer, f.err
+}
+
+func TestRestartContainers(t *testing.T) {
+	tests := map[string]struct {
+		answer  *healerv1alpha1.NodeRestartContainersResponse
+		err     error
+		hang    bool
+		want    []string
+		wantErr error
+	}{
+		"containers stopped": {
+			answer: &healerv1alpha1.NodeRestartContainersResponse{Containers: []string{"app", "logger"}},
+			want:   []string{"app", "logger"},
+		},
+		"no runtime access: never retried": {err: status.Error(codes.Unimplemented, "no CRI socket"), wantErr: ErrUnsupported},
+		"pod does not use the volume here": {err: status.Error(codes.FailedPrecondition, "no container mounts it"), wantErr: ErrNotStaged},
+		"runtime unreachable":              {err: status.Error(codes.Unavailable, "containerd down"), wantErr: ErrUnreachable},
+		"garbage: no container named":      {answer: &healerv1alpha1.NodeRestartContainersResponse{}, wantErr: ErrMalformed},
+		"garbage: an empty name":           {answer: &healerv1alpha1.NodeRestartContainersResponse{Containers: []string{"app", ""}}, wantErr: ErrMalformed},
+		"hung sidecar":                     {hang: true, wantErr: ErrTimeout},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := &restartSidecar{answer: tc.answer, err: tc.err, hang: tc.hang, got: make(chan *healerv1alpha1.NodeRestartContainersRequest, 1)}
+			target := serveRestart(t, f)
+			c := New(Options{RestartTimeout: 200 * time.Millisecond})
+			defer c.Close()
+			start := time.Now()
+			got, err := c.RestartContainers(context.Background(), target, "pv-1", "uid-1")
+			req := <-f.got
+			if req.GetPvName() != "pv-1" || req.GetPodUid() != "uid-1" {
+				t.Errorf("sidecar got pv %q pod %q, want pv-1 uid-1", req.GetPvName(), req.GetPodUid())
+			}
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("error = %v, want %v", err, tc.wantErr)
+				}
+				if !strings.Contains(err.Error(), "pv-1") || !strings.Contains(err.Error(), "uid-1") {
+					t.Errorf("error %q names neither the volume nor the pod", err)
+				}
+				if tc.hang && time.Since(start) > 5*time.Second {
+					t.Errorf("a hung sidecar held the call %s; want it cut at the 200ms timeout", time.Since(start))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("containers = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func serveRestart(t *testing.T, f *restartSidecar) Target {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healerv1alpha1.RegisterNodeHealerServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return Target{Driver: "rbd.csi.ceph.com", Node: "node-a", Endpoint: ln.Addr().String()}
+}
+
+func TestCapabilitiesContainerRestart(t *testing.T) {
+	f := &capsRestartSidecar{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healerv1alpha1.RegisterNodeHealerServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	c := New(Options{})
+	defer c.Close()
+	caps, err := c.Capabilities(context.Background(), Target{Driver: "rbd.csi.ceph.com", Node: "node-a", Endpoint: ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !caps.ContainerRestart {
+		t.Error("ContainerRestart = false; the sidecar answered container_restart true")
+	}
+}
+
+type capsRestartSidecar struct{ fakeSidecar }
+
+func (f *capsRestartSidecar) GetHealerCapabilities(ctx context.Context, req *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
+	resp, err := f.fakeSidecar.GetHealerCapabilities(ctx, req)
+	if resp != nil {
+		resp.ContainerRestart = true
+	}
+	return resp, err
+}

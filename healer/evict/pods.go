@@ -14,7 +14,7 @@ import (
 // findPods lists the pods of the claim's namespace on node (one LIST with a spec.nodeName field
 // selector: the API server filters, and nothing is cached between calls, so the controller's
 // memory does not grow with the cluster's pods; docs/performance.md has the measurements) and
-// returns those that use the claim and were created before since, that is, that mounted the
+// returns those on node that use the claim and were created before since, that is, that mounted the
 // volume before the heal and still run on it. Pods that are terminating or have ended are left
 // out: they need no eviction.
 func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, node string, since time.Time, timeout time.Duration) ([]corev1.Pod, error) {
@@ -28,7 +28,9 @@ func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, 
 	}
 	var out []corev1.Pod
 	for _, p := range list.Items {
-		if usesClaim(&p, claim) && runsOnMount(&p, since) {
+		// The field selector already keeps to node; the check stays so that a pod of another
+		// node is never restarted, whatever the list returned.
+		if p.Spec.NodeName == node && usesClaim(&p, claim) && runsOnMount(&p, since) {
 			out = append(out, p)
 		}
 	}

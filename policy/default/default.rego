@@ -4,8 +4,8 @@
 # and every policy can fall back to it as data.volumehealer.builtin.decision.
 #
 # The controller evaluates the policy up to twice per volume: first without a probe result (probe
-# or skip?), then, after a probe, with input.probe set (heal or skip?). docs/policy.md explains
-# every rule.
+# or skip?), then, after a probe, with input.probe set (heal, recycle or skip?). docs/policy.md
+# explains every rule.
 package volumehealer.builtin
 
 default decision := {"action": "skip", "reason": "NoRuleMatched"}
@@ -32,12 +32,41 @@ first_pass := skip("DriverCannotProbe") if {
 	"priority": priority[input.trigger],
 }
 
-# Second pass: heal a broken volume when the driver says it can, unless data may be lost.
+# Second pass, the remedy ladder, least disruptive first: heal a broken volume in place when the
+# driver says it can; otherwise recycle it on its node (evict the pods that use it there, so that
+# kubelet unstages it and the driver's own NodeStage mounts it again) when the probe found it dead,
+# hung, read-only or not mounted and the controller may evict; never when data may be lost.
 second_pass := skip("Healthy") if {
 	input.probe.healthy
 } else := skip("DataLoss") if {
 	# A volume that may have lost data needs a human: healing could make it worse.
 	input.probe.health[_].status == "DATA_LOSS"
+} else := {
+	"action": "heal",
+	"reason": heal_reason[input.trigger],
+	"priority": priority[input.trigger],
+} if {
+	input.probe.healable
+	input.driver.healer.heal
+	not input.attachment.detaching
+} else := skip("VolumeDetaching") if {
+	input.attachment.detaching
+} else := {
+	# Kubelet still has a publish target published that is no longer a mount: pods with
+	# HostToContainer propagation write into the node's own disk. Data is going to the wrong place.
+	"action": "recycle",
+	"reason": "RecyclePublishTargetNotMounted",
+	"priority": priority[input.trigger],
+} if {
+	input.probe.health[_].reason == "PublishTargetNotMounted"
+	input.remedies.evict
+} else := {
+	"action": "recycle",
+	"reason": recycle_reason[input.trigger],
+	"priority": priority[input.trigger],
+} if {
+	recyclable
+	input.remedies.evict
 } else := skip("NotHealable") if {
 	not input.probe.healable
 } else := skip("DriverCannotHeal") if {
@@ -57,22 +86,45 @@ probe_reason := {"restart": "ProbeAfterRestart", "manual": "ProbeRequested", "sc
 
 heal_reason := {"restart": "HealAfterRestart", "manual": "HealRequested", "schedule": "HealAfterScheduledProbe"}
 
+recycle_reason := {"restart": "RecycleAfterRestart", "manual": "RecycleRequested", "schedule": "RecycleAfterScheduledProbe"}
+
+# recyclable is true when the probe found what a fresh NodeStage and NodePublish repair: a dead or
+# missing mount (INACCESSIBLE), a hung one, or one that turned read-only.
+recyclable if input.probe.health[_].status == "INACCESSIBLE"
+
+recyclable if input.probe.health[_].reason in {"MountHung", "ReadOnlyMount"}
+
 skip(reason) := {"action": "skip", "reason": reason}
 
-# Restart: asked once per pod when a heal repaired the volume on its node but the pod still sees
-# the dead mount (input.pod set; input.time is now). Evict only pods that a controller recreates,
-# and only where the StorageClass or the namespace opted in with the label
-# volume-healer.io/evict-pods: "true" (or, where that label is not set, with the label of
-# volume-healer 0.1.0, healer.csiaddons.openshift.io/evict-pods: "true"; the release after this one
-# reads only the new label). A bare pod is never evicted: nothing would recreate it.
+# Restart: asked once per pod that a remedy needs restarted (input.pod set; input.time is now;
+# input.remedy says which remedy asks, input.finding the probe's reason):
+# - remedy "heal": the heal repaired the node's mount but the pod still sees the dead one (its mount
+#   propagation is None). Restart its containers in place where the node's sidecar can
+#   (input.remedies.restartContainers: the chart granted it the container runtime) and the pod's
+#   containers are started again (restartPolicy not Never); otherwise evict, as below.
+# - remedy "recycle": the volume is remounted only once every pod using it on the node is gone, so
+#   a container restart does not help: evict, as below; for a publish target that is no longer a
+#   mount (data going to the node's own disk) evict even without the opt-in label.
+# Evict only pods that a controller recreates, and only where the StorageClass or the namespace
+# opted in with the label volume-healer.io/evict-pods: "true" (or, where that label is not set,
+# with the label of volume-healer 0.1.0, healer.csiaddons.openshift.io/evict-pods: "true"; the
+# release after this one reads only the new label). A bare pod is never evicted: nothing would
+# recreate it.
 default restart := {"action": "leave", "reason": "NotOptedIn"}
 
-restart := leave("NoController") if {
+restart := {"action": "restartContainers", "reason": "RestartContainersInPlace"} if {
+	input.remedy == "heal"
+	input.remedies.restartContainers
+	input.pod.restartPolicy != "Never"
+} else := leave("NoController") if {
 	not restartable_owner[input.pod.ownerKind]
 } else := {"action": "evict", "reason": "StorageClassOptedIn"} if {
 	opted_in(input.storageClass.labels)
 } else := {"action": "evict", "reason": "NamespaceOptedIn"} if {
 	opted_in(input.namespace.labels)
+} else := {"action": "evict", "reason": "PublishTargetNotMounted"} if {
+	input.remedy == "recycle"
+	input.finding == "PublishTargetNotMounted"
 }
 
 restartable_owner := {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"}

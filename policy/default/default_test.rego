@@ -163,3 +163,107 @@ test_restart_the_new_label_wins_over_the_one_of_0_1_0 if {
 	opted_out := {"volume-healer.io/evict-pods": "false", "healer.csiaddons.openshift.io/evict-pods": "true"}
 	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as pod_input("ReplicaSet", opted_out, opted_out)
 }
+
+# The remedy ladder: a driver that serves no Healer service, whose volumes the sidecar probes.
+stock_driver := object.union(driver, {
+	"healer": {"probe": true, "heal": false, "listVolumes": true, "attributes": {}},
+	"tier": "none",
+	"probeSource": "sidecar",
+})
+
+stock(trigger, probe, remedies) := object.union(second(trigger, probe), {"driver": stock_driver, "remedies": remedies})
+
+may_evict := {"heal": false, "restartContainers": false, "evict": true}
+
+may_not_evict := {"heal": false, "restartContainers": false, "evict": false}
+
+test_dead_volume_of_a_driver_that_cannot_heal_is_recycled if {
+	volumehealer.decision == {"action": "recycle", "reason": "RecycleAfterRestart", "priority": 100} with input as stock("restart", broken, may_evict)
+	volumehealer.decision == {"action": "recycle", "reason": "RecycleAfterScheduledProbe", "priority": 10} with input as stock("schedule", broken, may_evict)
+	volumehealer.decision == {"action": "recycle", "reason": "RecycleRequested", "priority": 100} with input as stock("manual", broken, may_evict)
+}
+
+test_hung_and_read_only_volumes_are_recycled if {
+	every reason in ["MountHung", "ReadOnlyMount"] {
+		p := object.union(broken, {"health": [{"status": "DEGRADED", "reason": reason, "message": ""}]})
+		volumehealer.decision.action == "recycle" with input as stock("restart", p, may_evict)
+	}
+}
+
+test_degraded_volume_for_another_reason_is_not_recycled if {
+	p := object.union(broken, {"health": [{"status": "DEGRADED", "reason": "SlowIO", "message": ""}]})
+	volumehealer.decision.action == "skip" with input as stock("restart", p, may_evict)
+}
+
+test_recycle_needs_evictions_allowed if {
+	volumehealer.decision == {"action": "skip", "reason": "DriverCannotHeal"} with input as stock("restart", broken, may_not_evict)
+	doc := json.remove(stock("restart", broken, may_not_evict), ["remedies"])
+	volumehealer.decision == {"action": "skip", "reason": "DriverCannotHeal"} with input as doc
+}
+
+test_publish_target_not_mounted_is_recycled_with_its_own_reason if {
+	p := object.union(broken, {"health": [{"status": "INACCESSIBLE", "reason": "PublishTargetNotMounted", "message": ""}]})
+	volumehealer.decision == {"action": "recycle", "reason": "RecyclePublishTargetNotMounted", "priority": 10} with input as stock("schedule", p, may_evict)
+}
+
+test_data_loss_is_never_recycled if {
+	lost := object.union(broken, {"health": [
+		{"status": "INACCESSIBLE", "reason": "PublishTargetNotMounted", "message": ""},
+		{"status": "DATA_LOSS", "reason": "ImageCorrupt", "message": ""},
+	]})
+	volumehealer.decision == {"action": "skip", "reason": "DataLoss"} with input as stock("restart", lost, may_evict)
+}
+
+test_a_driver_that_heals_heals_rather_than_recycles if {
+	doc := object.union(second("restart", broken), {"remedies": {"heal": true, "restartContainers": false, "evict": true}})
+	volumehealer.decision.action == "heal" with input as doc
+}
+
+test_an_unhealable_volume_of_a_healing_driver_is_recycled if {
+	doc := object.union(second("restart", object.union(broken, {"healable": false})), {"remedies": {"heal": true, "restartContainers": false, "evict": true}})
+	volumehealer.decision == {"action": "recycle", "reason": "RecycleAfterRestart", "priority": 100} with input as doc
+}
+
+test_healthy_volume_of_a_stock_driver_is_skipped if {
+	healthy := {"healthy": true, "health": [], "healable": false, "recheckAfterSeconds": 0}
+	volumehealer.decision == {"action": "skip", "reason": "Healthy"} with input as stock("restart", healthy, may_evict)
+}
+
+# A pod asked to restart by a remedy.
+remedy_pod(remedy, finding, owner, restart_policy, remedies, sc_labels) := object.union(pod_input(owner, sc_labels, {}), {
+	"remedy": remedy,
+	"finding": finding,
+	"remedies": remedies,
+	"pod": {"namespace": "shop", "name": "orders-0", "ownerKind": owner, "labels": {}, "disruptionBudget": false, "restartPolicy": restart_policy},
+})
+
+may_restart := {"heal": true, "restartContainers": true, "evict": true}
+
+test_restart_after_heal_restarts_containers_in_place if {
+	volumehealer.restart == {"action": "restartContainers", "reason": "RestartContainersInPlace"} with input as remedy_pod("heal", "StaleMountInPods", "ReplicaSet", "Always", may_restart, {})
+	# A bare pod keeps its place too: nothing is deleted.
+	volumehealer.restart.action == "restartContainers" with input as remedy_pod("heal", "StaleMountInPods", "", "OnFailure", may_restart, {})
+}
+
+test_restart_after_heal_without_container_restart_falls_back_to_eviction if {
+	no_cri := {"heal": true, "restartContainers": false, "evict": true}
+	volumehealer.restart == {"action": "evict", "reason": "StorageClassOptedIn"} with input as remedy_pod("heal", "StaleMountInPods", "ReplicaSet", "Always", no_cri, opted_in)
+	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as remedy_pod("heal", "StaleMountInPods", "ReplicaSet", "Always", no_cri, {})
+}
+
+test_restart_policy_never_is_not_restarted_in_place if {
+	volumehealer.restart == {"action": "evict", "reason": "StorageClassOptedIn"} with input as remedy_pod("heal", "StaleMountInPods", "Job", "Never", may_restart, opted_in)
+}
+
+test_recycle_never_restarts_containers if {
+	volumehealer.restart == {"action": "evict", "reason": "StorageClassOptedIn"} with input as remedy_pod("recycle", "MountGone", "StatefulSet", "Always", may_restart, opted_in)
+	volumehealer.restart == {"action": "leave", "reason": "NotOptedIn"} with input as remedy_pod("recycle", "MountGone", "StatefulSet", "Always", may_restart, {})
+}
+
+test_recycle_of_an_unmounted_publish_target_evicts_without_opt_in if {
+	volumehealer.restart == {"action": "evict", "reason": "PublishTargetNotMounted"} with input as remedy_pod("recycle", "PublishTargetNotMounted", "ReplicaSet", "Always", may_evict, {})
+}
+
+test_recycle_never_evicts_a_bare_pod if {
+	volumehealer.restart == {"action": "leave", "reason": "NoController"} with input as remedy_pod("recycle", "PublishTargetNotMounted", "", "Always", may_evict, opted_in)
+}

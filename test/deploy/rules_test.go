@@ -55,6 +55,7 @@ func generic(t *testing.T, data []byte) any {
 var requiredAlerts = []string{
 	"VolumeHealFailed",
 	"VolumePodsOnDeadMount",
+	"VolumeRecycleStuck",
 	"VolumeHealFailureRatioHigh",
 	"VolumeDataLoss",
 	"VolumeHealerSidecarUnreachable",

@@ -119,6 +119,9 @@ type Status struct {
 	// HealedVolumes counts the PVCs whose status says healed: the controller healed them, and no
 	// probe since found them healthy or broken again.
 	HealedVolumes int `json:"healedVolumes"`
+	// Recycling are the volumes being recycled on a node (the pods using them there evicted so
+	// that the driver mounts them again), with their progress.
+	Recycling []Volume `json:"recycling"`
 	// Policy is the policy in force.
 	Policy PolicyState `json:"policy"`
 	// Problems lists what needs a human, one sentence each; empty when nothing does.
@@ -353,6 +356,14 @@ func (s *Status) readVolumes(ctx context.Context, c client.Client) error {
 			continue
 		}
 		v := Volume{PVC: key, PV: pvc.Spec.VolumeName, Status: st}
+		if st.Result == healer.StatusRecycling {
+			if r := st.Recycle; r != nil && r.Blocked+r.Left > 0 {
+				s.Problems = append(s.Problems, fmt.Sprintf("PVC %s on node %s: recycle held: %s; read the PVC's Events (VolumeRecycleBlocked): a PodDisruptionBudget or the policy keeps pods on the dead volume",
+					key, cmp.Or(st.Node, "?"), recycleProgress(st)))
+			}
+			s.Recycling = append(s.Recycling, v)
+			continue
+		}
 		if v.PV != "" {
 			var pv corev1.PersistentVolume
 			switch err := c.Get(ctx, client.ObjectKey{Name: v.PV}, &pv); {
@@ -368,7 +379,17 @@ func (s *Status) readVolumes(ctx context.Context, c client.Client) error {
 		s.Problems = append(s.Problems, fmt.Sprintf("PVC %s on node %s: %s: %s", key, cmp.Or(st.Node, "?"), describeVolume(v), v.Action))
 	}
 	slices.SortFunc(s.Volumes, func(a, b Volume) int { return cmp.Compare(a.PVC, b.PVC) })
+	slices.SortFunc(s.Recycling, func(a, b Volume) int { return cmp.Compare(a.PVC, b.PVC) })
 	return nil
+}
+
+// recycleProgress says how far a recycle has come: pods evicted, waiting, blocked, left alone.
+func recycleProgress(st healer.VolumeStatus) string {
+	r := st.Recycle
+	if r == nil {
+		return "no progress recorded"
+	}
+	return fmt.Sprintf("%d evicted, %d waiting, %d blocked, %d left alone", r.Evicted, r.Waiting, r.Blocked, r.Left)
 }
 
 // describeVolume says what the status found.
@@ -561,6 +582,17 @@ func (s *Status) writeTable(out io.Writer) error {
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", v.PVC, cmp.Or(v.Driver, "-"), cmp.Or(v.Status.Node, "-"), result,
 			ago(v.Status.Time), cmp.Or(strings.Join(health, ", "), "-"))
+	}
+	if len(s.Recycling) > 0 {
+		fmt.Fprintf(w, "\nVOLUMES BEING RECYCLED (%d)\n", len(s.Recycling))
+		fmt.Fprintln(w, "PVC\tNODE\tSINCE\tFINDING\tPODS")
+		for _, v := range s.Recycling {
+			since, finding := "-", "-"
+			if r := v.Status.Recycle; r != nil {
+				since, finding = ago(r.Since), cmp.Or(r.Finding, "-")
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", v.PVC, cmp.Or(v.Status.Node, "-"), since, finding, recycleProgress(v.Status))
+		}
 	}
 	p := s.Policy
 	inForce := "in force"

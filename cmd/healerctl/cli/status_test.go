@@ -324,6 +324,30 @@ func TestStatus(t *testing.T) {
 		}
 	})
 
+	c.volume("moving", &healer.VolumeStatus{Result: healer.StatusRecycling, Node: "node-2", Time: now.Add(-time.Minute),
+		Recycle: &healer.RecycleStatus{Since: now.Add(-2 * time.Minute), Finding: "MountGone", Evicted: 2}})
+	c.volume("held", &healer.VolumeStatus{Result: healer.StatusRecycling, Node: "node-2", Time: now.Add(-time.Minute),
+		Recycle: &healer.RecycleStatus{Since: now.Add(-10 * time.Minute), Finding: "PublishTargetNotMounted", Evicted: 1, Blocked: 1}})
+
+	t.Run("recycling volumes show their progress; a held one needs a human", func(t *testing.T) {
+		out, _ := status(t, env.Kubeconfig)
+		mustContain(t, out, "VOLUMES BEING RECYCLED (2)",
+			"shop/moving", "MountGone", "2 evicted, 0 waiting, 0 blocked, 0 left alone",
+			"shop/held", "PublishTargetNotMounted", "1 evicted, 0 waiting, 1 blocked, 0 left alone")
+		s := decodeStatus(t, must(status(t, env.Kubeconfig, "-o", "json")))
+		if len(s.Recycling) != 2 || s.Recycling[0].PVC != "shop/held" || s.Recycling[1].Status.Recycle.Evicted != 2 {
+			t.Errorf("recycling %+v, want shop/held and shop/moving with their progress", s.Recycling)
+		}
+		if !containsLine(s.Problems, "PVC shop/held on node node-2: recycle held") || containsLine(s.Problems, "shop/moving") {
+			t.Errorf("problems %q, want the held recycle only", s.Problems)
+		}
+		for _, v := range s.Volumes {
+			if v.Status.Result == healer.StatusRecycling {
+				t.Errorf("a recycling volume is listed as left broken: %+v", v)
+			}
+		}
+	})
+
 	t.Run("kubectl healer status", func(t *testing.T) {
 		kubectlPlugin(t, env.Kubeconfig)
 	})

@@ -361,7 +361,8 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		return nil, err
 	}
 	a := &actStage{dispatcher: dispatcher, sidecars: sidecars, clientCert: clientCert, targets: healer.NewTargetMap(), metrics: healer.NewMetrics(k.reg)}
-	if a.evictor, err = newEvictor(cfg, k, engine, func(req evict.Request) { a.submit(reprobeSweep(req)) }); err != nil {
+	containers := containerRestarter{targets: a.targets, sidecars: sidecars}
+	if a.evictor, err = newEvictor(cfg, k, engine, containers, func(req evict.Request) { a.submit(reprobeSweep(req)) }); err != nil {
 		return nil, err
 	}
 	a.sweeper, err = healer.New(healer.Options{
@@ -378,6 +379,8 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		RetryBase: cfg.Backoff.Base,
 		RetryMax:  cfg.Backoff.Max,
 		Restarter: restarter(a.evictor),
+		// A recycle evicts: only where evictions are on and really made.
+		Evict: cfg.Remediation.Enabled && !cfg.Remediation.DryRun && !cfg.DryRun,
 	})
 	if err != nil {
 		return nil, err
@@ -389,7 +392,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 // newEvictor builds the evictor of the pods on a healed volume, or returns nil when remediation is
 // off. Its metrics are exposed with remediation off too, at zero, so that the dashboard and the
 // alerts read the same series whatever the setting.
-func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine, reprobe func(evict.Request)) (*evict.Evictor, error) {
+func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine, containers evict.ContainerRestarter, reprobe func(evict.Request)) (*evict.Evictor, error) {
 	evictMetrics := evict.NewMetrics(k.reg)
 	if !cfg.Remediation.Enabled {
 		return nil, nil
@@ -407,7 +410,26 @@ func newEvictor(cfg *config.Config, k *kube, engine *policy.Engine, reprobe func
 		BackoffMax:   cfg.Backoff.Max,
 		Reprobe:      reprobe,
 		ReprobeAfter: cfg.Remediation.ReprobeAfter,
+		Containers:   containers,
 	})
+}
+
+// containerRestarter restarts a pod's containers in place through the sidecar that serves the
+// pod's node now.
+type containerRestarter struct {
+	targets  *healer.TargetMap
+	sidecars *probe.Client
+}
+
+var _ evict.ContainerRestarter = containerRestarter{}
+
+// RestartContainers calls RestartContainers on the sidecar of driver on node.
+func (c containerRestarter) RestartContainers(ctx context.Context, driver, node, pv, podUID string) ([]string, error) {
+	t, _, err := c.targets.Target(driver, node)
+	if err != nil {
+		return nil, fmt.Errorf("restarting the containers of pod %s: %w", podUID, err)
+	}
+	return c.sidecars.RestartContainers(ctx, t, pv, podUID)
 }
 
 // leadership is the runnable, on every replica, that tells the healer metrics and the policy
