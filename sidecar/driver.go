@@ -231,11 +231,17 @@ func (d *driverClient) watch(ctx context.Context) {
 // reported by the sidecar, naming the driver, before the caller's own deadline ends the call
 // without saying which hop hung.
 func (d *driverClient) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return withAnswerMargin(ctx, d.timeout)
+}
+
+// withAnswerMargin bounds the work of a call: by the caller's deadline, less what
+// answerMargin keeps back to answer, when the caller sent one; else by fallback.
+func withAnswerMargin(ctx context.Context, fallback time.Duration) (context.Context, context.CancelFunc) {
 	if deadline, ok := ctx.Deadline(); ok {
 		left := time.Until(deadline)
 		return context.WithTimeout(ctx, left-min(left/10, answerMargin))
 	}
-	return context.WithTimeout(ctx, d.timeout)
+	return context.WithTimeout(ctx, fallback)
 }
 
 // answerMargin is the most of a caller's deadline that callContext keeps back for the answer:

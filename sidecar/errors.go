@@ -51,6 +51,10 @@ var (
 	// protocol (docs/protocol.md), so the sidecar does not relay it.
 	ErrMalformedResponse = errors.New("malformed response from the driver")
 
+	// ErrNoContainerRuntime means the sidecar was given no container runtime socket
+	// (ContainerRuntimeEndpoint), so it cannot restart containers. Callers get UNIMPLEMENTED.
+	ErrNoContainerRuntime = errors.New("no access to the container runtime")
+
 	// ErrCSIAddonsNodeConflict means the CSIAddonsNode the sidecar would update describes another
 	// driver or node; the sidecar leaves it alone.
 	ErrCSIAddonsNodeConflict = errors.New("CSIAddonsNode belongs to another driver or node")

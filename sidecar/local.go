@@ -23,13 +23,17 @@ import (
 // only the driver can do.
 
 // capabilitiesFor is the NodeHealer capabilities answer for the driver: the driver's own, plus
-// PROBE and LIST_VOLUMES where the sidecar serves them itself.
+// PROBE and LIST_VOLUMES where the sidecar serves them itself, and container_restart while the
+// container runtime it was given answers.
 func (h *nodeHealer) capabilitiesFor(info *driverInfo) *healerv1alpha1.NodeGetHealerCapabilitiesResponse {
 	resp := &healerv1alpha1.NodeGetHealerCapabilitiesResponse{
 		DriverName:    info.name,
 		VendorVersion: info.vendorVersion,
 		NodeName:      h.nodeName,
 		ProbeSource:   healerv1alpha1.ProbeSource_PROBE_SOURCE_DRIVER,
+	}
+	if h.runtime != nil {
+		resp.ContainerRestart, _ = h.runtime.Reachable()
 	}
 	if !info.healerUnimplemented {
 		resp.Capabilities = slices.Clone(info.capabilities)

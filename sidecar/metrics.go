@@ -26,7 +26,21 @@ type Metrics struct {
 	authFailures *prometheus.CounterVec
 	driverErrors *prometheus.CounterVec
 	panics       *prometheus.CounterVec
+	restarts     *prometheus.CounterVec
+	runtimeUp    prometheus.Gauge
 }
+
+// Results of volume_healer_sidecar_container_restarts_total.
+const (
+	restartDone        = "restarted"
+	restartNoContainer = "no_container"
+	restartBusy        = "busy"
+	restartNoRuntime   = "no_runtime"
+	restartUnavailable = "unavailable"
+	restartTimeout     = "timeout"
+	restartRefused     = "refused"
+	restartError       = "error"
+)
 
 // NewMetrics creates the sidecar's instruments and registers them with reg, with the build info
 // gauge of this binary.
@@ -57,8 +71,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_sidecar_panics_total",
 			Help: "Calls whose handling panicked, by RPC; each was answered Internal and the sidecar went on.",
 		}, []string{"rpc"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_sidecar_container_restarts_total",
+			Help: "RestartContainers calls of authenticated callers, by result: restarted (containers stopped for kubelet " +
+				"to start again), no_container (no running container of the pod mounts the volume), busy (one in flight " +
+				"for the same volume and pod), no_runtime (no runtime socket given), unavailable, timeout, refused " +
+				"(a bad request, an unknown PV), error.",
+		}, []string{"result"}),
+		runtimeUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "volume_healer_sidecar_container_runtime_reachable",
+			Help: "1 while the container runtime the sidecar was given (--container-runtime-endpoint) answers, " +
+				"0 while it does not or when none was given.",
+		}),
 	}
-	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, versionmetrics.NewBuildInfo(version.Get()))
+	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, m.restarts, m.runtimeUp,
+		versionmetrics.NewBuildInfo(version.Get()))
 	return m
 }
 
@@ -89,4 +116,41 @@ func (m *Metrics) panicked(rpc string) {
 		return
 	}
 	m.panics.WithLabelValues(rpc).Inc()
+}
+
+// containerRestart counts a RestartContainers call by the gRPC code of its answer.
+func (m *Metrics) containerRestart(code codes.Code) {
+	if m == nil {
+		return
+	}
+	result := restartError
+	switch code {
+	case codes.OK:
+		result = restartDone
+	case codes.FailedPrecondition:
+		result = restartNoContainer
+	case codes.Aborted:
+		result = restartBusy
+	case codes.Unimplemented:
+		result = restartNoRuntime
+	case codes.Unavailable:
+		result = restartUnavailable
+	case codes.DeadlineExceeded:
+		result = restartTimeout
+	case codes.InvalidArgument, codes.NotFound:
+		result = restartRefused
+	}
+	m.restarts.WithLabelValues(result).Inc()
+}
+
+// runtimeReachable sets whether the container runtime answers.
+func (m *Metrics) runtimeReachable(up bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.runtimeUp.Set(v)
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/sidecar/restart"
 )
 
 // Defaults of Options, exported so that the command line can show them.
@@ -169,6 +170,19 @@ type Options struct {
 	// program with nodeprobe.StatArg, which cmd/healer-sidecar handles.
 	StatCommand []string
 
+	// ContainerRuntimeEndpoint is the node's container runtime socket (CRI), "unix:///path" or
+	// "/path", such as unix:///run/containerd/containerd.sock. When set, the sidecar serves
+	// RestartContainers: it stops the running containers of a pod that mount a volume's publish
+	// target, for kubelet to start them again with the repaired mount. The socket gives power
+	// over every container of the node (docs/operations.md, threat model). Default: none,
+	// RestartContainers answers UNIMPLEMENTED and the capabilities say container_restart=false.
+	ContainerRuntimeEndpoint string
+
+	// ContainerStopGracePeriod is the most a container that RestartContainers stops is given
+	// between its stop signal and SIGKILL; the caller's deadline may leave it less. Whole
+	// seconds, at least 1s. Default: restart.DefaultStopGracePeriod.
+	ContainerStopGracePeriod time.Duration
+
 	// SecretCacheTTL is how long a node-stage Secret read from the API server is used before it
 	// is read again: a rotated Secret reaches the driver within this time. Default:
 	// DefaultSecretCacheTTL.
@@ -210,11 +224,16 @@ func (o *Options) setDefaults() error {
 	if o.DriverEndpoint == "" {
 		o.DriverEndpoint = DefaultDriverEndpoint
 	}
-	target, err := driverTarget(o.DriverEndpoint)
+	target, err := unixTarget("driver endpoint", o.DriverEndpoint, "unix:///csi/csi-addons.sock")
 	if err != nil {
 		return err
 	}
 	o.DriverEndpoint = target
+	if o.ContainerRuntimeEndpoint != "" {
+		if o.ContainerRuntimeEndpoint, err = unixTarget("container runtime endpoint (--container-runtime-endpoint)", o.ContainerRuntimeEndpoint, "unix:///run/containerd/containerd.sock"); err != nil {
+			return err
+		}
+	}
 	if o.ListenAddress == "" {
 		o.ListenAddress = DefaultListenAddress
 	}
@@ -254,6 +273,7 @@ func (o *Options) setDefaults() error {
 		{"DriverTimeout (--driver-timeout)", &o.DriverTimeout, DefaultDriverTimeout},
 		{"ShutdownTimeout (--shutdown-timeout)", &o.ShutdownTimeout, DefaultShutdownTimeout},
 		{"SecretCacheTTL (--secret-cache-ttl)", &o.SecretCacheTTL, DefaultSecretCacheTTL},
+		{"ContainerStopGracePeriod (--container-stop-grace-period)", &o.ContainerStopGracePeriod, restart.DefaultStopGracePeriod},
 		{"RegisterBackoff", &o.RegisterBackoff, 500 * time.Millisecond},
 		{"RegisterMaxBackoff", &o.RegisterMaxBackoff, 30 * time.Second},
 	}
@@ -264,6 +284,9 @@ func (o *Options) setDefaults() error {
 		if *d.value == 0 {
 			*d.value = d.def
 		}
+	}
+	if o.ContainerStopGracePeriod < time.Second {
+		return fmt.Errorf("%w: ContainerStopGracePeriod (--container-stop-grace-period) must be at least 1s, as the container runtime counts it in whole seconds; got %s", ErrInvalidOptions, o.ContainerStopGracePeriod)
 	}
 	if o.AuthCacheSize == 0 {
 		o.AuthCacheSize = 1024
@@ -295,18 +318,18 @@ func (o *Options) setDefaults() error {
 	return nil
 }
 
-// driverTarget turns a driver endpoint into a gRPC target: "unix:///path", or a bare absolute
-// path, which gets the scheme.
-func driverTarget(endpoint string) (string, error) {
+// unixTarget turns the endpoint of a local socket (what names it, for errors) into a gRPC
+// target: "unix:///path", or a bare absolute path, which gets the scheme.
+func unixTarget(what, endpoint, example string) (string, error) {
 	path, ok := strings.CutPrefix(endpoint, "unix://")
 	if !ok {
 		if !filepath.IsAbs(endpoint) {
-			return "", fmt.Errorf("%w: driver endpoint %q must look like unix:///path/to/csi-addons.sock", ErrInvalidOptions, endpoint)
+			return "", fmt.Errorf("%w: %s %q must look like %s", ErrInvalidOptions, what, endpoint, example)
 		}
 		path = endpoint
 	}
 	if !filepath.IsAbs(path) {
-		return "", fmt.Errorf("%w: driver endpoint %q must name an absolute socket path, as in unix:///csi/csi-addons.sock", ErrInvalidOptions, endpoint)
+		return "", fmt.Errorf("%w: %s %q must name an absolute socket path, as in %s", ErrInvalidOptions, what, endpoint, example)
 	}
 	return "unix://" + path, nil
 }

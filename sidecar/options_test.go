@@ -23,6 +23,10 @@ func TestOptionsDefaults(t *testing.T) {
 		o.KubeletDir != "/var/lib/kubelet" || len(o.AllowedIdentities) != 1 || o.AllowedIdentities[0] != DefaultAllowedIdentity {
 		t.Errorf("defaults = %+v", o)
 	}
+	// No access to the container runtime unless asked for.
+	if o.ContainerRuntimeEndpoint != "" || o.ContainerStopGracePeriod != 10*time.Second {
+		t.Errorf("container runtime endpoint %q, stop grace period %s; want none and 10s", o.ContainerRuntimeEndpoint, o.ContainerStopGracePeriod)
+	}
 	// Without a flag the sidecar still accepts only tokens for its own node's audience, never the
 	// API server's own tokens.
 	if o.TokenAudience != "volume-healer-sidecar" {
@@ -45,6 +49,10 @@ func TestOptionsInvalid(t *testing.T) {
 		"empty allowed identity":      func(o *Options) { o.AllowedIdentities = []string{"a", " "} },
 		"relative kubelet dir":        func(o *Options) { o.KubeletDir = "var/lib/kubelet" },
 		"negative message size":       func(o *Options) { o.MaxMessageSize = -1 },
+		"tcp runtime endpoint":        func(o *Options) { o.ContainerRuntimeEndpoint = "tcp://127.0.0.1:1234" },
+		"relative runtime socket":     func(o *Options) { o.ContainerRuntimeEndpoint = "run/containerd/containerd.sock" },
+		"sub-second stop grace":       func(o *Options) { o.ContainerStopGracePeriod = 500 * time.Millisecond },
+		"negative stop grace":         func(o *Options) { o.ContainerStopGracePeriod = -time.Second },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -57,16 +65,17 @@ func TestOptionsInvalid(t *testing.T) {
 	}
 }
 
-func TestDriverTarget(t *testing.T) {
+func TestUnixTarget(t *testing.T) {
 	tests := map[string]struct{ in, want string }{
 		"unix URL":  {in: "unix:///csi/csi-addons.sock", want: "unix:///csi/csi-addons.sock"},
 		"bare path": {in: "/csi/csi-addons.sock", want: "unix:///csi/csi-addons.sock"},
+		"runtime":   {in: "/run/containerd/containerd.sock", want: "unix:///run/containerd/containerd.sock"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, err := driverTarget(tc.in)
+			got, err := unixTarget("driver endpoint", tc.in, "unix:///csi/csi-addons.sock")
 			if err != nil || got != tc.want {
-				t.Errorf("driverTarget(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+				t.Errorf("unixTarget(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 			}
 		})
 	}

@@ -20,6 +20,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
+	"github.com/volume-healer/volume-healer/sidecar/restart"
 )
 
 // nodeHealer serves NodeHealer: it resolves each PV from the caches and relays the call to the
@@ -31,6 +32,12 @@ type nodeHealer struct {
 	volumes  *volumes
 	// local probes and lists volumes from kubelet's records for a driver that does not.
 	local *nodeprobe.Prober
+	// runtime restarts containers in place (RestartContainers); nil when the sidecar was given
+	// no container runtime socket.
+	runtime *restart.Runtime
+	// restartTimeout bounds a RestartContainers call whose caller sent no deadline.
+	restartTimeout time.Duration
+	metrics        *Metrics
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
@@ -291,14 +298,24 @@ func toStatus(err error) error {
 	}
 	code, ok := codes.Internal, true
 	switch {
-	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotCSIVolume), errors.Is(err, ErrOtherDriver):
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotCSIVolume), errors.Is(err, ErrOtherDriver), errors.Is(err, restart.ErrInvalidTarget):
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrPVNotFound):
 		code = codes.NotFound
 	case errors.Is(err, ErrNotOnNode):
 		code = codes.FailedPrecondition
-	case errors.Is(err, ErrNotAdvertised):
+	case errors.Is(err, ErrNotAdvertised), errors.Is(err, ErrNoContainerRuntime):
 		code = codes.Unimplemented
+	case errors.Is(err, restart.ErrNoContainer):
+		code = codes.FailedPrecondition
+	case errors.Is(err, restart.ErrBusy):
+		code = codes.Aborted
+	case errors.Is(err, restart.ErrUnreachable):
+		code = codes.Unavailable
+	case errors.Is(err, restart.ErrTimeout):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, restart.ErrRuntime):
+		code = codes.Internal
 	case errors.Is(err, ErrNotReady), errors.Is(err, ErrSecretsUnavailable), errors.Is(err, ErrSecretNotFound):
 		// A missing node-stage Secret is not "nothing to do here" (FAILED_PRECONDITION, which
 		// the controller takes as a volume not on the node): the volume is there and cannot be

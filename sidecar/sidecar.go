@@ -8,8 +8,11 @@
 // checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
 // calls the driver with a bounded timeout. For a driver that does not probe or list its volumes
 // (no Healer service, or no PROBE or LIST_VOLUMES), the sidecar does so itself from kubelet's
-// records on its node (package nodeprobe), and says so in its answers. On every start it writes a fresh restart marker
-// on the node's CSIAddonsNode, so that the controller sweeps the node's volumes.
+// records on its node (package nodeprobe), and says so in its answers. Given the node's container
+// runtime socket, it serves RestartContainers itself, without the driver: it stops the containers
+// of a pod that mount a volume's publish target, for kubelet to start them again (package
+// restart). On every start it writes a fresh restart marker on the node's CSIAddonsNode, so that
+// the controller sweeps the node's volumes.
 //
 // The package holds no global state: a test or a scale harness can run many sidecars in one
 // process, each with its own Options.
@@ -43,6 +46,7 @@ import (
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
+	"github.com/volume-healer/volume-healer/sidecar/restart"
 )
 
 // Sidecar is one running sidecar. Create it with New, run it with Start.
@@ -52,6 +56,9 @@ type Sidecar struct {
 	driver  *driverClient
 	volumes *volumes
 	healer  *nodeHealer
+	// runtime is the node's container runtime, for RestartContainers; nil without
+	// ContainerRuntimeEndpoint.
+	runtime *restart.Runtime
 	auth    *authenticator
 	reg     *registrar
 	// keys is the serving certificate; nil with Insecure.
@@ -148,11 +155,28 @@ func New(opts Options) (*Sidecar, error) {
 	if creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(creds))
 	}
+	if opts.ContainerRuntimeEndpoint != "" {
+		s.runtime, err = restart.New(restart.Options{
+			Endpoint:        opts.ContainerRuntimeEndpoint,
+			StopGracePeriod: opts.ContainerStopGracePeriod,
+			OnReachable:     s.metrics.runtimeReachable,
+			Clock:           opts.Clock,
+		})
+		if err != nil {
+			_ = s.driver.close()
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+	}
 	s.grpc = grpc.NewServer(serverOpts...)
-	s.healer = &nodeHealer{nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, local: nodeprobe.New(nodeprobe.Options{
-		KubeletDir: opts.KubeletDir,
-		Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
-	})}
+	s.healer = &nodeHealer{
+		nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, metrics: s.metrics,
+		local: nodeprobe.New(nodeprobe.Options{
+			KubeletDir: opts.KubeletDir,
+			Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
+		}),
+		runtime:        s.runtime,
+		restartTimeout: opts.ContainerStopGracePeriod + restartCallsTimeout,
+	}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
 	if s.lis, err = net.Listen("tcp", opts.ListenAddress); err != nil {
@@ -188,6 +212,9 @@ func New(opts Options) (*Sidecar, error) {
 
 func (s *Sidecar) closeListeners() {
 	_ = s.driver.close()
+	if s.runtime != nil {
+		_ = s.runtime.Close()
+	}
 	if s.lis != nil {
 		_ = s.lis.Close()
 	}
@@ -230,7 +257,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			"in clear text and anyone on the path can replay them. Use this for tests and demos only.", "address", s.lis.Addr().String())
 	}
 	log.Info("Starting the healer sidecar", "address", s.lis.Addr().String(), "endpoint", s.reg.endpoint,
-		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()))
+		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()), "containerRuntime", s.runtimeEndpoint())
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -254,6 +281,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	if s.keys != nil {
 		g.Go(func() error { return s.keys.Start(gctx) })
 	}
+	if s.runtime != nil {
+		g.Go(func() error { return s.runtime.Start(gctx) })
+	}
 	g.Go(func() error {
 		s.register(gctx)
 		return nil
@@ -266,6 +296,11 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	err := g.Wait()
 	if cerr := s.driver.close(); cerr != nil && err == nil {
 		log.V(2).Info("Closing the driver connection", "error", cerr.Error())
+	}
+	if s.runtime != nil {
+		if cerr := s.runtime.Close(); cerr != nil {
+			log.V(2).Info("Closing the container runtime connection", "error", cerr.Error())
+		}
 	}
 	log.Info("Healer sidecar stopped")
 	return err
@@ -397,6 +432,14 @@ func (s *Sidecar) httpHandler() http.Handler {
 		}
 	})
 	return mux
+}
+
+// runtimeEndpoint is the container runtime's socket, for logs, or "off".
+func (s *Sidecar) runtimeEndpoint() string {
+	if s.runtime == nil {
+		return "off"
+	}
+	return s.runtime.Endpoint()
 }
 
 func addrString(a net.Addr) string {

@@ -23,6 +23,7 @@ import (
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
+	"github.com/volume-healer/volume-healer/sidecar/restart"
 	"github.com/volume-healer/volume-healer/version"
 )
 
@@ -92,6 +93,10 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.DurationVar(&o.SecretCacheTTL, "secret-cache-ttl", sidecar.DefaultSecretCacheTTL, "How long a node-stage Secret read is used; a rotated Secret reaches the driver within this time.")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", sidecar.DefaultKubeletDir, "kubelet's root folder, the base of staging paths; read-only, the sidecar reads kubelet's volume records there to probe and list the volumes of a driver that does not.")
 	fs.DurationVar(&o.StatTimeout, "stat-timeout", 5*time.Second, "When the sidecar probes a volume itself, how long a stat of a mount may take before the mount is reported hung.")
+	fs.StringVar(&o.ContainerRuntimeEndpoint, "container-runtime-endpoint", "", "The node's container runtime socket (CRI), such as unix:///run/containerd/containerd.sock: "+
+		"lets the sidecar restart in place the containers of a pod that mount a healed volume (RestartContainers). Empty: off. "+
+		"The socket gives power over every container of the node: see the threat model in docs/operations.md. Default: $CONTAINER_RUNTIME_ENDPOINT, as crictl reads it.")
+	fs.DurationVar(&o.ContainerStopGracePeriod, "container-stop-grace-period", restart.DefaultStopGracePeriod, "The most a container that RestartContainers stops is given between its stop signal and SIGKILL (whole seconds); the controller's deadline may leave it less.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", sidecar.DefaultMetricsAddress, "Address of /metrics, /healthz and /readyz; 0 turns it off.")
 
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -112,6 +117,9 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 		{&o.Namespace, "POD_NAMESPACE"},
 		{&o.PodUID, "POD_UID"},
 		{&o.PodIP, "POD_IP"},
+		// deploy/components/container-restart sets it: a patch cannot add a flag to a container
+		// whose place among the DaemonSet's containers it does not know.
+		{&o.ContainerRuntimeEndpoint, "CONTAINER_RUNTIME_ENDPOINT"},
 	} {
 		if *f.value == "" {
 			*f.value, _ = env(f.env)

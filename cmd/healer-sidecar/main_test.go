@@ -12,7 +12,9 @@ func TestParse(t *testing.T) {
 	env := map[string]string{"NODE_NAME": "worker-1", "POD_NAMESPACE": "ceph-csi", "POD_UID": "0b1c", "POD_IP": "10.1.2.3"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	tests := map[string]struct {
-		args  []string
+		args []string
+		// env adds to the environment.
+		env   map[string]string
 		check func(t *testing.T, c *config)
 	}{
 		"defaults and the downward API": {
@@ -25,6 +27,25 @@ func TestParse(t *testing.T) {
 					o.DriverTimeout != 30*time.Second || o.ShutdownTimeout != 10*time.Second ||
 					!slices.Equal(o.AllowedIdentities, []string{sidecar.DefaultAllowedIdentity}) {
 					t.Errorf("defaults = %+v", o)
+				}
+				if o.ContainerRuntimeEndpoint != "" {
+					t.Errorf("container runtime endpoint %q by default, want none", o.ContainerRuntimeEndpoint)
+				}
+			},
+		},
+		"container runtime access": {
+			args: []string{"--container-runtime-endpoint=unix:///run/containerd/containerd.sock", "--container-stop-grace-period=20s"},
+			check: func(t *testing.T, c *config) {
+				if c.opts.ContainerRuntimeEndpoint != "unix:///run/containerd/containerd.sock" || c.opts.ContainerStopGracePeriod != 20*time.Second {
+					t.Errorf("container runtime flags not applied: %q, %s", c.opts.ContainerRuntimeEndpoint, c.opts.ContainerStopGracePeriod)
+				}
+			},
+		},
+		"container runtime access from the environment": {
+			env: map[string]string{"CONTAINER_RUNTIME_ENDPOINT": "unix:///run/k3s/containerd/containerd.sock"},
+			check: func(t *testing.T, c *config) {
+				if c.opts.ContainerRuntimeEndpoint != "unix:///run/k3s/containerd/containerd.sock" {
+					t.Errorf("container runtime endpoint %q, want $CONTAINER_RUNTIME_ENDPOINT", c.opts.ContainerRuntimeEndpoint)
 				}
 			},
 		},
@@ -53,7 +74,12 @@ func TestParse(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			c, err := parse(tc.args, lookup)
+			c, err := parse(tc.args, func(k string) (string, bool) {
+				if v, ok := tc.env[k]; ok {
+					return v, true
+				}
+				return lookup(k)
+			})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -166,6 +166,13 @@ var rules = []Rule{
 			"stages nor the policy engine",
 	},
 	{
+		Name:     "restart-only-stops",
+		Packages: []string{"sidecar/restart"},
+		Forbid:   []string{"...", "k8s.io/client-go/..."},
+		Reason: "the container restart knows no PersistentVolume and reads nothing of the API server: " +
+			"the sidecar proves which publish target it may act on, and the restart only stops what mounts it",
+	},
+	{
 		Name:     "refdriver-is-a-driver",
 		Packages: []string{"refdriver/...", "cmd/refdriver/..."},
 		Forbid:   join(controller, sidecars),
@@ -201,6 +208,12 @@ var rules = []Rule{
 		Allow:    join(tooling, []string{"api/..."}),
 		Reason: "the control plane, the metric recorder and the fixtures are what tests stand on, " +
 			"not what they test; of the product only the contract's names (api/) may shape a fixture",
+	},
+	{
+		Name:     "fake-runtime-is-a-leaf",
+		Packages: []string{"test/fakecri"},
+		Forbid:   []string{"..."},
+		Reason:   "the fake container runtime stands in for containerd, which knows nothing of the healer",
 	},
 	{
 		Name:     "containers-know-no-healer",

@@ -19,6 +19,7 @@ import (
 //	plugins/kubernetes.io/csi/<driver>/<hex sha256 of the volume handle>/vol_data.json
 //	pods/<pod UID>/volumes/kubernetes.io~csi/<volume name>/mount                        publish target
 //	pods/<pod UID>/volumes/kubernetes.io~csi/<volume name>/vol_data.json
+//	pods/<pod UID>/volume-subpaths/<pod's volume name>/<container>/<mount index>      subPath bind mounts
 //
 // The volume name of a PersistentVolume is the PV's name. vol_data.json is a JSON object of
 // strings that kubelet writes before it calls NodeStageVolume or NodePublishVolume and removes
@@ -27,6 +28,7 @@ const (
 	csiPluginDir  = "plugins/kubernetes.io/csi"
 	podsDir       = "pods"
 	podVolumesDir = "volumes/kubernetes.io~csi"
+	podSubpathDir = "volume-subpaths"
 	volDataFile   = "vol_data.json"
 	globalMount   = "globalmount"
 	publishMount  = "mount"
@@ -67,6 +69,19 @@ type Records struct {
 func (r Records) StagingDir(driver, handle string) string {
 	sum := sha256.Sum256([]byte(handle))
 	return filepath.Join(r.KubeletDir, csiPluginDir, driver, hex.EncodeToString(sum[:]))
+}
+
+// PublishTarget returns the path kubelet publishes the PersistentVolume pv at for the pod with
+// UID podUID, and gives the pod's containers as the host path of their mount of it.
+func (r Records) PublishTarget(podUID, pv string) string {
+	return filepath.Join(r.KubeletDir, podsDir, podUID, podVolumesDir, pv, publishMount)
+}
+
+// SubpathDir returns the folder under which kubelet bind-mounts the subPaths of the volumes of the
+// pod with UID podUID, one folder per volume of the pod named by the pod's name for it (not by
+// the PersistentVolume), before it gives them to the containers.
+func (r Records) SubpathDir(podUID string) string {
+	return filepath.Join(r.KubeletDir, podsDir, podUID, podSubpathDir)
 }
 
 // Find returns what kubelet records of the volume handle of driver, published under the volume

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
+	"github.com/volume-healer/volume-healer/test/kubelet"
 )
 
 const testDriver = "fuse.csi.example.com"
@@ -206,5 +207,22 @@ func TestRecordsList(t *testing.T) {
 
 	if got, err := (nodeprobe.Records{KubeletDir: t.TempDir()}).List(testDriver); err != nil || len(got) != 0 {
 		t.Fatalf("List of an empty kubelet folder: %v, %v; want nothing", got, err)
+	}
+}
+
+func TestPublishTargetIsKubeletsPath(t *testing.T) {
+	k, err := kubelet.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	r := nodeprobe.Records{KubeletDir: k.Root()}
+	const pod, pv = "1f0c7a52-0b9e-4c55-9d6a-2f1b0e8c3d44", "pvc-7d1e"
+	if got, want := r.PublishTarget(pod, pv), k.PublishPath(pod, pv); got != want {
+		t.Errorf("PublishTarget = %s, kubelet publishes at %s", got, want)
+	}
+	// kubelet's getSubpathBindTarget (mount-utils subpath_linux.go): <pod dir>/volume-subpaths/...
+	if got, want := r.SubpathDir(pod), filepath.Join(k.Root(), "pods", pod, "volume-subpaths"); got != want {
+		t.Errorf("SubpathDir = %s, want %s", got, want)
 	}
 }

@@ -611,6 +611,9 @@ func (c *Cluster) waitDefaultServiceAccount(ctx context.Context) error {
 // NodeName is the node's name.
 func (c *Cluster) NodeName() string { return c.opts.NodeName }
 
+// ContainerdSocket is the path of the node's containerd socket, which kubelet speaks CRI to.
+func (c *Cluster) ContainerdSocket() string { return c.dirs.containerdSock }
+
 // Logs is the folder of the components' logs.
 func (c *Cluster) Logs() string { return c.dirs.logs }
 

@@ -44,6 +44,18 @@ type Env struct {
 	tools  map[string]string
 	// helmHome holds helm's cache, configuration and data.
 	helmHome string
+	opts     InstallOptions
+	// sidecarCA signed the node's sidecar certificate (PEM).
+	sidecarCA []byte
+}
+
+// InstallOptions change what Install installs from the suite's defaults.
+type InstallOptions struct {
+	// ContainerRestart gives the healer sidecar the node's containerd socket
+	// (healerSidecar.containerRuntime.enabled), so that it serves RestartContainers.
+	ContainerRestart bool
+	// NoRemediation leaves the controller's remediation off: it evicts no pod.
+	NoRemediation bool
 }
 
 // tools builds or finds helm (hack/tools.sh) and kubectl (the machine's, else hack/tools.sh).
@@ -95,8 +107,14 @@ func (e *Env) must(t harness.TB, name string, args ...string) string {
 	return out
 }
 
-// install installs the CSIAddonsNode CRD and the charts on the node.
+// Install installs the CSIAddonsNode CRD and the charts on the node, as the suite does by default.
 func Install(t harness.TB, c *cluster.Cluster, assets cluster.Assets) *Env {
+	t.Helper()
+	return InstallWith(t, c, assets, InstallOptions{})
+}
+
+// InstallWith installs the CSIAddonsNode CRD and the charts on the node, with opts.
+func InstallWith(t harness.TB, c *cluster.Cluster, assets cluster.Assets, opts InstallOptions) *Env {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -107,7 +125,7 @@ func Install(t harness.TB, c *cluster.Cluster, assets cluster.Assets) *Env {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(helmHome) })
-	e := &Env{t: t, c: c, assets: assets, root: root, tools: findTools(t, root), helmHome: helmHome}
+	e := &Env{t: t, c: c, assets: assets, root: root, tools: findTools(t, root), helmHome: helmHome, opts: opts}
 	ctrllog.SetLogger(logr.Discard())
 	crd, err := controlplane.CSIAddonsNodeCRDPath()
 	if err != nil {
@@ -201,6 +219,7 @@ func (e *Env) sidecarTLS() {
 			t.Fatalf("%v", err)
 		}
 	}
+	e.sidecarCA = ca.CertPEM
 	e.namespace(healerNS, nil)
 	e.namespace(driverNS, nil)
 	_, err = e.c.Clientset.CoreV1().ConfigMaps(healerNS).Create(ctx, &corev1.ConfigMap{
@@ -228,7 +247,7 @@ func (e *Env) installCharts() {
 		"--set", "image.repository="+img["volume-healer"].Repository, "--set", "image.tag="+img["volume-healer"].Tag,
 		"--set", "image.pullPolicy=Never",
 		"--set", "config.webhook.enabled=false",
-		"--set", "config.remediation.enabled=true",
+		"--set", fmt.Sprintf("config.remediation.enabled=%t", !e.opts.NoRemediation),
 		"--set", "podDisruptionBudget.enabled=false",
 		"--set", "sidecar.enabled=true", "--set", "sidecar.namespace="+driverNS,
 		"--set", "sidecar.serviceAccountName=healer-refdriver-node",
@@ -250,6 +269,11 @@ func (e *Env) installCharts() {
 		// Periodic sweeps of the class every 10s: they find a mounter that died alone.
 		"--set-string", "storageClass.annotations.healer\\.csiaddons\\.openshift\\.io/schedule=@every 10s",
 		"--wait", "--timeout", "5m"}
+	if e.opts.ContainerRestart {
+		// The node's containerd, at its own socket: the chart mounts it at the same path.
+		args = append(args, "--set", "healerSidecar.containerRuntime.enabled=true",
+			"--set", "healerSidecar.containerRuntime.socketPath="+e.c.ContainerdSocket())
+	}
 	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher", "csiAddons"} {
 		args = append(args, "--set", "images."+name+".pullPolicy=Never")
 	}
