@@ -77,9 +77,20 @@ func (e *Env) KillMounter(t harness.TB, w *Workload) {
 	t.Fatalf("no mounter process of volume %s", handle)
 }
 
+// The remedies of the outage table, by the way the workloads got their volume back.
+const (
+	RemedyHeal             = "in-place heal (HostToContainer)"
+	RemedyContainerRestart = "container restart (None, CRI on)"
+	RemedyEviction         = "eviction (None, CRI off)"
+	RemedyRecycle          = "recycle (stock driver, rclone)"
+)
+
 // Disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
-// writes failed and came back in the same pod, the private pod was replaced by one that writes;
-// and the heal Events on their PVCs.
+// writes failed and came back in the same pod (the heal reached it in place); the private pod,
+// which keeps the dead mount (propagation None), was evicted and replaced by one that writes, or,
+// once EnableContainerRestart gave the sidecar the container runtime, kept its pod and got its
+// container restarted; and the Events of both on their PVCs and pods. Each workload's outage, from
+// its first failed try to its first good one, goes into the table under its remedy.
 func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, breakIt func()) {
 	ctx := t.Context()
 	sharedPod, err := shared.pod(ctx)
@@ -87,12 +98,16 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 		t.Fatalf("%v", err)
 	}
 	var privatePod *corev1.Pod
+	var privateRec *Recorder
+	at := time.Now()
 	if private != nil {
 		if privatePod, err = private.pod(ctx); err != nil {
 			t.Fatalf("%v", err)
 		}
+		// An evicted pod takes its output with it: record it while it goes.
+		privateRec = private.Record(at)
+		defer privateRec.Stop()
 	}
-	at := time.Now()
 	breakIt()
 
 	// The shared pod keeps its container: its own writes resume once the volume is healed.
@@ -119,18 +134,68 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
 		what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
 		o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
+	e.outages.Add(RemedyHeal, what, o.resumed.Time.Sub(o.firstFailure.Time))
 
 	e.expectEvent(t, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at)
 	if private == nil {
 		return
 	}
-	// The private pod cannot see the healed mount: the PVC says so, the policy evicts the pod,
-	// its replacement writes.
+	// The private pod cannot see the healed mount: the PVC says so, and the policy restarts its
+	// container in place where the sidecar can, or evicts it.
 	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
-	replaced := private.WaitWriting(t, at, 3*time.Minute, privatePod)
-	t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
-	e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
+	remedy := RemedyEviction
+	if e.opts.ContainerRestart {
+		remedy = RemedyContainerRestart
+		before := writerRestarts(privatePod)
+		harness.Eventually(t, 3*time.Minute, "the private pod "+privatePod.Name+" to write again from a restarted container", func() (bool, string) {
+			p, err := e.c.Clientset.CoreV1().Pods(appsNS).Get(ctx, privatePod.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if p.UID != privatePod.UID || p.DeletionTimestamp != nil {
+				return false, fmt.Sprintf("pod %s is going or was replaced", privatePod.Name)
+			}
+			if n := writerRestarts(p); n <= before {
+				state, _ := private.podState(ctx, p)
+				return false, fmt.Sprintf("writer restartCount %d (was %d); latest try: %s", n, before, state)
+			}
+			ok, failure, err := private.PodState(ctx, p.Name)
+			if err != nil || !ok {
+				return false, fmt.Sprintf("restarted, not writing yet: %s %v", failure, err)
+			}
+			return true, ""
+		})
+		e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonContainersRestarted, at)
+		if now, err := private.pod(ctx); err != nil || now.UID != privatePod.UID {
+			t.Errorf("the private workload's pod %s was replaced (%v); its container must restart in place", privatePod.Name, err)
+		}
+		t.Logf("%s: the private workload's pod %s writes again from a restarted container, %s after it", what, privatePod.Name, time.Since(at).Round(100*time.Millisecond))
+	} else {
+		replaced := private.WaitWriting(t, at, 3*time.Minute, privatePod)
+		t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
+		e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
+	}
+	var po SlotOutage
+	harness.Eventually(t, time.Minute, "the private workload's recorded tries to show its outage", func() (bool, string) {
+		po = privateRec.Outages()[private.name]
+		return po.Over(), po.String()
+	})
+	t.Logf("%s: the private workload: %s", what, po)
+	e.outages.Add(remedy, what, po.Duration())
 }
+
+// writerRestarts is the restart count of the pod's writer container.
+func writerRestarts(p *corev1.Pod) int32 {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == "writer" {
+			return s.RestartCount
+		}
+	}
+	return 0
+}
+
+// Outages is the table of the workloads' outages by remedy that Disrupt and DisruptStock fill.
+func (e *Env) Outages() *OutageTable { return &e.outages }
 
 // claim is the name of the workload's (first) PVC.
 func (w *Workload) claim() string { return w.claims[0] }
@@ -162,14 +227,21 @@ func (e *Env) expectEvent(t harness.TB, kind, name, reason string, since time.Ti
 // would; kubelet restarts the container in the same pod.
 func (e *Env) KillDriverContainer(t harness.TB) {
 	t.Helper()
+	e.killDriverContainer(t, driverNS, nodePluginPods)
+}
+
+// killDriverContainer kills the driver process of the node plugin pod of namespace that selector
+// selects, and waits until kubelet restarted the container.
+func (e *Env) killDriverContainer(t harness.TB, namespace, selector string) {
+	t.Helper()
 	ctx := t.Context()
-	pod, id := e.driverContainer(ctx, t)
+	pod, id := e.driverContainer(ctx, t, namespace, selector)
 	pid := e.containerPID(ctx, t, id)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 %d (the driver container of %s): %v", pid, pod.Name, err)
 	}
 	harness.Eventually(t, 2*time.Minute, "kubelet to restart the driver container of "+pod.Name, func() (bool, string) {
-		p, err := e.c.Clientset.CoreV1().Pods(driverNS).Get(ctx, pod.Name, metav1.GetOptions{})
+		p, err := e.c.Clientset.CoreV1().Pods(namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -191,10 +263,11 @@ func restarts(p *corev1.Pod) int32 {
 	return 0
 }
 
-// driverContainer returns the node plugin's pod and the containerd ID of its driver container.
-func (e *Env) driverContainer(ctx context.Context, t harness.TB) (*corev1.Pod, string) {
+// driverContainer returns the node plugin's pod in namespace that selector selects and the
+// containerd ID of its driver container.
+func (e *Env) driverContainer(ctx context.Context, t harness.TB, namespace, selector string) (*corev1.Pod, string) {
 	t.Helper()
-	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: nodePluginPods})
+	list, err := e.c.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -208,7 +281,7 @@ func (e *Env) driverContainer(ctx context.Context, t harness.TB) (*corev1.Pod, s
 			}
 		}
 	}
-	t.Fatalf("no running node plugin pod with a refdriver container in %s", driverNS)
+	t.Fatalf("no running node plugin pod with a refdriver container in %s", namespace)
 	return nil, ""
 }
 
