@@ -81,6 +81,9 @@ func (e *Env) KillMounter(t harness.TB, w *Workload) {
 const (
 	RemedyHeal             = "in-place heal (HostToContainer)"
 	RemedyContainerRestart = "container restart (None, CRI on)"
+	// RemedyContainerRestartAgain is a container restart of a pod whose container kubelet
+	// restarted before.
+	RemedyContainerRestartAgain = "container restart of a restarted container (None, CRI on)"
 	RemedyEviction         = "eviction (None, CRI off)"
 	RemedyRecycle          = "recycle (stock driver, rclone)"
 )
@@ -110,14 +113,23 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	}
 	breakIt()
 
-	// The shared pod keeps its container: its own writes resume once the volume is healed.
+	// The shared pod keeps its container: its own writes resume once the volume is healed. A heal
+	// may also come between two of its tries (100ms apart), before any of them failed: then the
+	// heal's Event and a good try after it are what it saw.
 	var o outage
+	var healedFirst time.Time
 	harness.Eventually(t, 3*time.Minute, "the shared workload's writes to fail and resume in pod "+sharedPod.Name, func() (bool, string) {
 		o, err = shared.outageOf(ctx, sharedPod.Name, at)
 		switch {
 		case err != nil:
 			return false, err.Error()
 		case o.firstFailure == nil:
+			if healed := e.eventSince(ctx, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at); !healed.IsZero() {
+				if first, err := shared.FirstWrite(ctx, sharedPod.Name, healed.Add(time.Second)); err == nil && !first.IsZero() {
+					healedFirst = healed
+					return true, ""
+				}
+			}
 			return false, "no failed try yet"
 		case o.resumed == nil:
 			return false, fmt.Sprintf("failing since #%d: %s %s", o.firstFailure.Seq, o.firstFailure.Op, o.firstFailure.Err)
@@ -131,10 +143,14 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	if now.UID != sharedPod.UID {
 		t.Errorf("the shared workload's pod was replaced (%s -> %s); a HostToContainer pod must see the healed mount in place", sharedPod.Name, now.Name)
 	}
-	t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
-		what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
-		o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
-	e.outages.Add(RemedyHeal, what, o.resumed.Time.Sub(o.firstFailure.Time))
+	if o.firstFailure == nil {
+		t.Logf("%s: the volume was healed (%s) before any of the shared workload's tries failed; it writes on", what, healedFirst.Format(time.TimeOnly))
+	} else {
+		t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
+			what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
+			o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
+		e.outages.Add(RemedyHeal, what, o.resumed.Time.Sub(o.firstFailure.Time))
+	}
 
 	e.expectEvent(t, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at)
 	if private == nil {
@@ -147,6 +163,11 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	if e.opts.ContainerRestart {
 		remedy = RemedyContainerRestart
 		before := writerRestarts(privatePod)
+		if before > 0 {
+			// kubelet starts a container that stopped again after a restart only after its
+			// crash back-off (10s, doubling).
+			remedy = RemedyContainerRestartAgain
+		}
 		harness.Eventually(t, 3*time.Minute, "the private pod "+privatePod.Name+" to write again from a restarted container", func() (bool, string) {
 			p, err := e.c.Clientset.CoreV1().Pods(appsNS).Get(ctx, privatePod.Name, metav1.GetOptions{})
 			if err != nil {
@@ -199,6 +220,27 @@ func (e *Env) Outages() *OutageTable { return &e.outages }
 
 // claim is the name of the workload's (first) PVC.
 func (w *Workload) claim() string { return w.claims[0] }
+
+// eventSince returns the time of the latest Event of reason on the object kind/name in the
+// workloads' namespace at or after since, zero when there is none (or it cannot be read).
+func (e *Env) eventSince(ctx context.Context, kind, name, reason string, since time.Time) time.Time {
+	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.AsSelector().String()
+	list, err := e.c.Clientset.CoreV1().Events(appsNS).List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return time.Time{}
+	}
+	var latest time.Time
+	for _, ev := range list.Items {
+		last := ev.LastTimestamp.Time
+		if ev.EventTime.After(last) {
+			last = ev.EventTime.Time
+		}
+		if !last.Before(since.Truncate(time.Second)) && last.After(latest) {
+			latest = last
+		}
+	}
+	return latest
+}
 
 // expectEvent waits for an Event of reason on the object kind/name in the workloads' namespace,
 // at or after since.
