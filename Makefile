@@ -31,6 +31,15 @@ build: ## Build every binary into bin/, and bin/kubectl-healer (healerctl as a k
 images: ## Build the container images (controller, sidecar, reference driver; amd64 and arm64) into .cache/images.
 	$(GO) run ./hack/images --out .cache/images
 
+# The folder `make release` writes to, and the URL its archives are to be published below (the
+# krew manifest's download links; empty: the GitHub release of the version).
+DIST             ?= dist
+RELEASE_BASE_URL ?=
+
+.PHONY: release
+release: ## Build every release artifact into DIST (default dist/), pushing nothing: images, Helm charts, kustomize bundle, healerctl/kubectl-healer archives, krew manifest, SBOMs, SHA256SUMS (docs/release.md).
+	RELEASE_BASE_URL="$(RELEASE_BASE_URL)" $(GO) run ./hack/release --out $(DIST) --images .cache/images
+
 .PHONY: control-plane
 control-plane: ## Build kube-apiserver and install etcd for tests (cached in .cache/control-plane).
 	@hack/control-plane.sh
@@ -50,6 +59,16 @@ node: ## Build a real node's binaries (kubelet, containerd, CSI sidecars; cached
 .PHONY: fuse
 fuse: ## Install rclone and fusermount from Debian where missing (root): the reference driver's third-party mounter (--mounter rclone).
 	@if ! hack/fuse.sh >/dev/null; then echo "fuse: rclone or fusermount is missing and cannot be installed here: the tests that mount with rclone will skip (and fail under CI=true)"; fi
+
+# The chaos soak's length of faults and its seed (0: a new one, printed at the start).
+SOAK_DURATION ?= 30m
+SOAK_SEED     ?= 0
+SOAK_TIMEOUT  ?= 90m
+
+.PHONY: soak
+soak: node ## Run the chaos soak on the real node: SOAK_DURATION (default 30m) of faults at random; SOAK_SEED=N replays a run (docs/operations.md, "Chaos soak").
+	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test -count=1 -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) -v ./test/realcluster/ \
+	  -args -soak.duration=$(SOAK_DURATION) -soak.seed=$(SOAK_SEED)
 
 .PHONY: test-short
 test-short: ## Run only the fast tests (no control plane, no builds of external tools).

@@ -35,6 +35,8 @@ type Config struct {
 	Policy Policy
 	// Webhook configures the validating admission webhook of policy ConfigMaps.
 	Webhook Webhook
+	// PropagationWebhook configures the mutating admission webhook of pods' mount propagation.
+	PropagationWebhook PropagationWebhook
 	// Schedule configures periodic sweeps.
 	Schedule Schedule
 	// Restart configures sweeps triggered by a node plugin restart.
@@ -126,6 +128,16 @@ type Webhook struct {
 	KeyFile string
 }
 
+// PropagationWebhook configures the mutating admission webhook that sets mountPropagation
+// HostToContainer on the claim volumes of pods being created, where the policy's propagation rule
+// asks for it (docs/policy.md), so that a heal of the node's mount reaches running containers
+// without a restart. It is served beside the policy webhook, on webhook.bindAddress with its
+// certificate; the MutatingWebhookConfiguration comes with deploy/, off by default.
+type PropagationWebhook struct {
+	// Enabled serves the webhook; it needs webhook.enabled. Default false.
+	Enabled bool
+}
+
 // Schedule configures periodic sweeps. Specs use robfig/cron/v3's standard syntax: five fields
 // ("0 */6 * * *") or a descriptor ("@hourly", "@every 1h30m"), optionally prefixed by
 // "CRON_TZ=<zone> ".
@@ -144,8 +156,9 @@ type Schedule struct {
 
 // Restart configures sweeps triggered by a node plugin restart.
 type Restart struct {
-	// Debounce is how long to wait after a restart is seen before sweeping, so that a plugin
-	// that restarts several times in a row is swept once. Default 2s.
+	// Debounce is the shortest time between two restart sweeps of one node's driver: a restart
+	// is swept at once, and a plugin that restarts several times in a row within the window is
+	// swept once more at its end. Default 2s.
 	Debounce time.Duration
 	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
 	// changed (same pod, same healer sidecar start): a restart of that container alone, which

@@ -258,6 +258,10 @@ func TestLoadInvalidValues(t *testing.T) {
 			args: []string{"--webhook-enabled", "--webhook-bind-address=9443", "--webhook-cert-file=c", "--webhook-key-file=k"},
 			want: []string{`webhook.bindAddress (flag --webhook-bind-address): "9443" is not allowed`, "must be host:port"},
 		},
+		"propagation webhook without the policy webhook": {
+			env:  map[string]string{"VOLUME_HEALER_PROPAGATION_WEBHOOK_ENABLED": "true"},
+			want: []string{"propagationWebhook.enabled (env VOLUME_HEALER_PROPAGATION_WEBHOOK_ENABLED): true is not allowed", "needs webhook.enabled"},
+		},
 		"default schedule not cron": {
 			file: "schedule:\n  default: every day\n",
 			want: []string{`schedule.default (file `, `"every day" is not allowed`, "must be a cron spec", "expected exactly 5 fields"},

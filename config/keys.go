@@ -135,6 +135,13 @@ var settings = []setting{
 		allowed: "a path; required when webhook.enabled is true",
 	},
 	{
+		path:  "propagationWebhook.enabled",
+		field: func(c *Config) any { return &c.PropagationWebhook.Enabled },
+		help: "Serve the mutating admission webhook that sets mountPropagation HostToContainer on the claim volumes of pods being created where the policy's propagation rule asks for it, " +
+			"beside the policy webhook on webhook.bindAddress; it never refuses a pod. deploy/ registers it only when turned on.",
+		allowed: "true or false; true needs webhook.enabled",
+	},
+	{
 		path:    "schedule.default",
 		field:   func(c *Config) any { return &c.Schedule.Default },
 		help:    "Cron schedule of periodic sweeps for StorageClasses without their own; empty means no periodic sweep for them.",
@@ -155,7 +162,7 @@ var settings = []setting{
 	{
 		path:    "restart.debounce",
 		field:   func(c *Config) any { return &c.Restart.Debounce },
-		help:    "Wait after a node plugin restart is seen before sweeping, so that repeated restarts cause one sweep.",
+		help:    "The shortest time between two restart sweeps of one node's driver: a restart is swept at once, and the restarts that follow within this window (a crash-looping plugin) are folded into one sweep at its end, made only when the marker changed again.",
 		allowed: "a duration >= 0",
 	},
 	{

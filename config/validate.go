@@ -144,6 +144,10 @@ func (c *Config) validate() []issue {
 			v.add("webhook.keyFile", `""`, "must name the PEM private key of the webhook's certificate when webhook.enabled is true", "webhook.enabled")
 		}
 	}
+	if c.PropagationWebhook.Enabled && !c.Webhook.Enabled {
+		v.add("propagationWebhook.enabled", "true",
+			"needs webhook.enabled: the propagation webhook is served beside the policy webhook, on webhook.bindAddress with its certificate", "webhook.enabled")
+	}
 
 	if c.Schedule.Default != "" {
 		if err := checkCron(c.Schedule.Default); err != nil {

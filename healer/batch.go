@@ -74,6 +74,8 @@ func (s *Summary) count(o outcome) {
 		s.WouldProbe++
 	case outcomeWouldHeal:
 		s.WouldHeal++
+	case outcomeWouldRecycle:
+		s.WouldRecycle++
 	case outcomeRecycling:
 		s.Probed++
 		s.Recycling++

@@ -39,3 +39,41 @@ func TestDriverTier(t *testing.T) {
 		})
 	}
 }
+
+// TestRemediesOfTheInput checks input.remedies for each kind of driver and sidecar: heal from the
+// driver's HEAL, restartContainers from the sidecar's container_restart, evict from the
+// controller's configuration, and that the Rego form the policy reads says the same.
+func TestRemediesOfTheInput(t *testing.T) {
+	tests := map[string]struct {
+		caps  probe.Capabilities
+		evict bool
+		want  policy.Remedies
+	}{
+		"a healing driver, a sidecar with CRI access, evictions on": {
+			caps: probe.Capabilities{Probe: true, Heal: true, ContainerRestart: true}, evict: true,
+			want: policy.Remedies{Heal: true, RestartContainers: true, Evict: true},
+		},
+		"a stock driver, evictions on": {
+			caps: probe.Capabilities{Probe: true, ProbeSource: probe.ProbeSourceSidecar}, evict: true,
+			want: policy.Remedies{Evict: true},
+		},
+		"a healing driver, evictions off": {
+			caps: probe.Capabilities{Probe: true, Heal: true},
+			want: policy.Remedies{Heal: true},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			d := driverTermOf(newDriverTerms(), &tc.caps, nil, tc.evict)
+			if d.remedies != tc.want {
+				t.Fatalf("remedies %+v, want %+v", d.remedies, tc.want)
+			}
+			in := policy.Input{Trigger: policy.TriggerRestart, Remedies: d.remedies}
+			withTerm := in
+			withTerm.Terms.Remedies = d.remediesTerm
+			if in.RegoValue().Compare(withTerm.RegoValue()) != 0 {
+				t.Errorf("the Rego form of the remedies differs from the field: %v, %v", withTerm.RegoValue(), in.RegoValue())
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/probe"
 )
@@ -119,6 +120,12 @@ func (m *memory) recordProbe(pv, node, driver string, at time.Time, r *probe.Res
 		switch {
 		case r.Healthy():
 			s.notHealable = false
+		case r.OnlyReason(healerv1alpha1.ReasonStaleMountInPods):
+			// The node's mounts work and only pods with propagation None still see a dead
+			// one: the driver answers "not healable" because no heal can reach those pods,
+			// not because it cannot heal the volume. Taken for a verdict, it would keep the
+			// volume from every heal when its mounter dies again once the pods were
+			// replaced, until the node plugin restarts.
 		case !r.Healable:
 			s.notHealable, s.notHealableGen = true, gen
 		}

@@ -66,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"trigger"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_sweep_decisions_total",
-			Help: "First decisions of sweeps per volume, by trigger and action (probe, heal, skip).",
+			Help: "First decisions of sweeps per volume, by trigger and action (probe, heal, skip, recycle).",
 		}, []string{"trigger", "action"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_probes_total",

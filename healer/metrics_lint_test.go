@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/volume-healer/volume-healer/admission/propagation"
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/policy/webhook"
@@ -71,6 +72,8 @@ var controllerFamilies = map[string]family{
 	"volume_healer_policy_decisions_total":                          {dto.MetricType_COUNTER, []string{"action"}},
 	"volume_healer_webhook_reviews_total":                           {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_webhook_review_duration_seconds":                 {dto.MetricType_HISTOGRAM, nil},
+	"volume_healer_propagation_webhook_requests_total":              {dto.MetricType_COUNTER, []string{"result"}},
+	"volume_healer_propagation_webhook_request_duration_seconds":    {dto.MetricType_HISTOGRAM, nil},
 	"volume_healer_build_info":                                      {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 	"volume_healer_evictions_total":                                 {dto.MetricType_COUNTER, []string{"result"}},
 	"volume_healer_evictions_throttled_total":                       {dto.MetricType_COUNTER, nil},
@@ -81,12 +84,13 @@ var controllerFamilies = map[string]family{
 
 // sidecarFamilies are the metrics of the healer sidecar besides the Go and process collectors.
 var sidecarFamilies = map[string]family{
-	"volume_healer_sidecar_calls_total":           {dto.MetricType_COUNTER, []string{"code", "rpc"}},
-	"volume_healer_sidecar_call_duration_seconds": {dto.MetricType_HISTOGRAM, []string{"rpc"}},
-	"volume_healer_sidecar_auth_failures_total":   {dto.MetricType_COUNTER, []string{"reason"}},
-	"volume_healer_sidecar_driver_errors_total":   {dto.MetricType_COUNTER, []string{"code"}},
-	"volume_healer_sidecar_panics_total":          {dto.MetricType_COUNTER, []string{"rpc"}},
-	"volume_healer_build_info":                    {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
+	"volume_healer_sidecar_calls_total":            {dto.MetricType_COUNTER, []string{"code", "rpc"}},
+	"volume_healer_sidecar_call_duration_seconds":  {dto.MetricType_HISTOGRAM, []string{"rpc"}},
+	"volume_healer_sidecar_auth_failures_total":    {dto.MetricType_COUNTER, []string{"reason"}},
+	"volume_healer_sidecar_driver_errors_total":    {dto.MetricType_COUNTER, []string{"code"}},
+	"volume_healer_sidecar_panics_total":           {dto.MetricType_COUNTER, []string{"rpc"}},
+	"volume_healer_sidecar_goroutine_panics_total": {dto.MetricType_COUNTER, []string{"goroutine"}},
+	"volume_healer_build_info":                     {dto.MetricType_GAUGE, []string{"commit", "goversion", "version"}},
 }
 
 // volumeLabels name one volume. They are unbounded over the life of a cluster, so only gauges that
@@ -120,6 +124,7 @@ func controllerMetrics(reg prometheus.Registerer) error {
 	dispatch.NewMetrics(reg)
 	policy.NewMetrics(reg)
 	webhook.NewMetrics(reg)
+	propagation.NewMetrics(reg)
 	reg.MustRegister(versionmetrics.NewBuildInfo(version.Get()))
 	s := &Sweeper{mem: newMemory()}
 	s.mem.recordProbe("pv-1", "node-a", "rbd.csi.ceph.com", time.Now(), &probe.Result{Health: []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}}, 0)

@@ -184,3 +184,24 @@ func TestRecycleOfAProbeWithoutFinding(t *testing.T) {
 		t.Fatalf("recycle requests %+v; want v1 recycled with no finding", reqs)
 	}
 }
+
+// recycleAtOnce recycles without a probe.
+type recycleAtOnce struct{}
+
+func (recycleAtOnce) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	return policy.Decision{Action: policy.ActionRecycle, Reason: "SiteRecycles"}, nil
+}
+
+// Dry run reports a recycle it would make, and neither probes nor recycles.
+func TestDryRunReportsAWouldBeRecycle(t *testing.T) {
+	f := newFixture(t, 1, true)
+	r := &recordingRestarter{}
+	f.sweeper.opts.Restarter, f.sweeper.opts.Evict, f.sweeper.opts.Policy = r, true, recycleAtOnce{}
+	sum := f.sweeper.Run(context.Background(), f.restart())
+	if sum.WouldRecycle != 1 || len(r.requests()) != 0 || f.sidecars.probes["v1"] != 0 {
+		t.Fatalf("summary %+v, requests %v, probes %d; want one would-be recycle and no call", sum, r.requests(), f.sidecars.probes["v1"])
+	}
+	if !strings.Contains(sum.String(), "would recycle 1") {
+		t.Errorf("summary %q does not say what dry run would recycle", sum)
+	}
+}

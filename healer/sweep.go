@@ -35,8 +35,8 @@ type Summary struct {
 	// Recycling counts volumes recycled on their node and not yet found healthy there: a restart
 	// sweep with any is incomplete, and tries them again until they are.
 	Recycling int
-	// WouldProbe and WouldHeal count dry-run decisions.
-	WouldProbe, WouldHeal int
+	// WouldProbe, WouldHeal and WouldRecycle count dry-run decisions.
+	WouldProbe, WouldHeal, WouldRecycle int
 	// Cancelled is true when the sweep stopped before every volume was handled.
 	Cancelled bool
 	// Incomplete says why the sweep did not decide and act on every volume it should have (a
@@ -57,8 +57,11 @@ func (s Summary) String() string {
 	if s.Recycling > 0 {
 		out += fmt.Sprintf(", %d being recycled", s.Recycling)
 	}
-	if s.WouldProbe+s.WouldHeal > 0 {
+	if s.WouldProbe+s.WouldHeal+s.WouldRecycle > 0 {
 		out += fmt.Sprintf("; dry run: would probe %d, would heal %d", s.WouldProbe, s.WouldHeal)
+		if s.WouldRecycle > 0 {
+			out += fmt.Sprintf(", would recycle %d", s.WouldRecycle)
+		}
 	}
 	if s.Incomplete != "" {
 		out += "; incomplete: " + s.Incomplete

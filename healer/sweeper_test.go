@@ -448,6 +448,38 @@ func TestNotHealableVolumeIsNotOfferedAgainUntilRestart(t *testing.T) {
 	}
 }
 
+// A driver answers "not healable" while the node's mounts work and only pods with propagation
+// None still see a dead mount (StaleMountInPods alone): no heal can reach those pods. That answer
+// says nothing of the driver's ability to heal: when the mounter dies again once the pods were
+// replaced, the volume must be healed, without waiting for a node plugin restart.
+func TestStaleMountInPodsAloneDoesNotStopLaterHeals(t *testing.T) {
+	f := newFixture(t, 1, false)
+	restarter := &recordingRestarter{}
+	f.sweeper.opts.Restarter = restarter
+	ctx := context.Background()
+	stale := []probe.Health{{Status: "INACCESSIBLE", Reason: healerv1alpha1.ReasonStaleMountInPods, Message: "1 process in 1 mount namespace"}}
+	// The heal: the node's mount repaired, a None pod still on the dead one.
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
+	f.sidecars.afterHeal = map[string][]probe.Health{"v1": stale}
+	if sum := f.sweeper.Run(ctx, f.restart()); sum.Unhealthy != 1 || f.sidecars.heals["v1"] != 1 {
+		t.Fatalf("first sweep: summary %+v, heals %d; want one heal that leaves pods on the dead mount", sum, f.sidecars.heals["v1"])
+	}
+	// Before the pod is gone, a periodic probe gets the driver's answer for that state: not
+	// healable (ProbeVolume says so when StaleMountInPods is all it found).
+	f.sidecars.set(func(s *fakeSidecars) { s.health["v1"], s.healable["v1"], s.afterHeal = stale, false, nil })
+	manual := scheduler.Sweep{Trigger: scheduler.TriggerManual, Driver: "rbd", Node: "node-a"}
+	if sum := f.sweeper.Run(ctx, manual); sum.Unhealthy != 1 || f.sidecars.heals["v1"] != 1 {
+		t.Fatalf("sweep while the pod still sees the dead mount: summary %+v, heals %d; want it unhealthy and no heal", sum, f.sidecars.heals["v1"])
+	}
+	// The pod was replaced; the new mounter dies: the staging mount is dead and healable again.
+	f.sidecars.set(func(s *fakeSidecars) {
+		s.health["v1"], s.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
+	})
+	if sum := f.sweeper.Run(ctx, manual); sum.Healed != 1 || f.sidecars.heals["v1"] != 2 {
+		t.Fatalf("sweep after the mounter died again: summary %+v, heals %d; want the volume healed a second time", sum, f.sidecars.heals["v1"])
+	}
+}
+
 func TestDryRunCallsNothing(t *testing.T) {
 	f := newFixture(t, 3, true)
 	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
@@ -522,7 +554,9 @@ func TestProbeAfterEvictionClearsTheDeadMountFlag(t *testing.T) {
 	}
 	reprobe := scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1", AfterEviction: true}
 
-	// The evicted pods still stop: the driver still sees processes on the dead mount.
+	// The evicted pods still stop: the driver still sees processes on the dead mount, and
+	// answers, as driverkit's ProbeVolume does when that is all it finds, not healable.
+	f.sidecars.set(func(s *fakeSidecars) { s.healable["v1"] = false })
 	if sum := f.sweeper.Run(context.Background(), reprobe); sum.Probed != 1 {
 		t.Fatalf("summary %+v, want v1 probed", sum)
 	}
@@ -553,5 +587,37 @@ func TestProbeAfterEvictionClearsTheDeadMountFlag(t *testing.T) {
 	}
 	if st, ok := pvc.Annotations[annotations.VolumeStatus]; ok {
 		t.Errorf("claim-v1 status = %q after the probe found it healthy, want none", st)
+	}
+}
+
+// The probe after an eviction restarts no pods it finds on a dead mount (the evicted ones may
+// still stop), but when the volume broke again since (its new mounter died) and the sweep heals
+// it, the replacement pods with propagation None are on the mount that heal replaced: they must
+// be handed to the Restarter like after any heal, or they stay on it until a periodic sweep.
+func TestHealAfterEvictionRestartsThePodsItLeavesOnTheDeadMount(t *testing.T) {
+	f := newFixture(t, 1, false)
+	restarter := &recordingRestarter{}
+	f.sweeper.opts.Restarter = restarter
+	ctx := context.Background()
+	stale := []probe.Health{{Status: "INACCESSIBLE", Reason: healerv1alpha1.ReasonStaleMountInPods}}
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}, true
+	f.sidecars.afterHeal = map[string][]probe.Health{"v1": stale}
+	f.sweeper.Run(ctx, f.restart())
+	if len(restarter.reqs) != 1 {
+		t.Fatalf("restart requests = %+v, want one after the first heal", restarter.reqs)
+	}
+	// The pods were evicted; before the probe that follows, the new mounter died.
+	f.sidecars.set(func(s *fakeSidecars) {
+		s.health["v1"] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountDisconnected"}}
+	})
+	reprobe := scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1", AfterEviction: true}
+	if sum := f.sweeper.Run(ctx, reprobe); sum.Unhealthy != 1 || f.sidecars.heals["v1"] != 2 {
+		t.Fatalf("probe after the eviction: summary %+v, heals %d; want a second heal that leaves pods on the dead mount", sum, f.sidecars.heals["v1"])
+	}
+	if len(restarter.reqs) != 2 {
+		t.Fatalf("restart requests = %d, want a second one for the pods the second heal left on the dead mount", len(restarter.reqs))
+	}
+	if first, second := restarter.reqs[0].HealedAt, restarter.reqs[1].HealedAt; second.Before(first) {
+		t.Errorf("second restart request's heal time %s is before the first's %s", second, first)
 	}
 }

@@ -34,6 +34,7 @@ const (
 	outcomeUndecided
 	outcomeWouldProbe
 	outcomeWouldHeal
+	outcomeWouldRecycle
 	// outcomeRecycling is a volume recycled on its node and not yet found healthy there: a
 	// restart sweep with one stays pending.
 	outcomeRecycling
@@ -53,7 +54,8 @@ type volumeWork struct {
 	caps     *probe.Capabilities
 	in       policy.Input
 	action   policy.Action
-	// restartPods hands pods found on the volume's dead mount to the Restarter.
+	// restartPods hands pods that a probe finds on the volume's dead mount to the Restarter;
+	// the pods a heal leaves on the mount it replaced are handed over in every sweep.
 	restartPods bool
 	// tally counts the volume's outcome once done; tasks counts the task until then.
 	tally *tally
@@ -172,7 +174,7 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		return nil, dispatch.Task{}, outcomeSkipped
 	case s.opts.DryRun && action == policy.ActionRecycle:
 		volumeLogger().Info("Dry run: would recycle", "reason", d.Reason)
-		return nil, dispatch.Task{}, outcomeWouldHeal
+		return nil, dispatch.Task{}, outcomeWouldRecycle
 	case s.opts.DryRun && action == policy.ActionProbe:
 		volumeLogger().Info("Dry run: would probe", "reason", d.Reason)
 		return nil, dispatch.Task{}, outcomeWouldProbe
@@ -197,8 +199,9 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 }
 
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
-// to confirm. Pods found on the volume's dead mount are handed to the Restarter when restartPods
-// is set. Errors are classified for the dispatcher.
+// to confirm. Pods that the probe finds on the volume's dead mount are handed to the Restarter
+// when restartPods is set, those the heal leaves on the mount it replaced always. Errors are
+// classified for the dispatcher.
 func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool) (outcome, error) {
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
@@ -240,6 +243,9 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
+			if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
+				s.podsMustRestart(v, res, probedAt, in, restartPods)
+			}
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
@@ -287,7 +293,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		s.count(v.Driver, false, "pods_must_restart")
 		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
-		s.podsMustRestart(v, healed, start, in, restartPods)
+		// This heal replaced the mount the pods hold, so the pods created before it are on a
+		// dead mount whatever the sweep: also in the probe that follows an eviction, when the
+		// volume broke again since (its new mounter died) and the replacement pods are the
+		// ones left on it.
+		s.podsMustRestart(v, healed, start, in, true)
 		return outcomeUnhealthy, nil
 	}
 	if !confirm.Healthy() || !healed.Healthy() {

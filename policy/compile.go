@@ -207,10 +207,11 @@ func revisionID(modules []Module) string {
 }
 
 // Compile turns modules into a revision ready to serve: it parses, rejects forbidden built-in
-// functions, compiles in strict mode, prepares the decision query, works out whether decisions
-// can be memoized, and finally evaluates the revision against canned inputs (every trigger, with
-// and without probe results) to catch runtime errors, conflicts, wrong output types, undefined
-// decisions and slow evaluation before the revision serves. Every failure is a *LoadError.
+// functions, compiles in strict mode, prepares the decision, restart and propagation queries,
+// works out whether decisions can be memoized, and finally evaluates the revision against canned
+// inputs (every trigger, with and without probe results; pods to restart; pods being created) to
+// catch runtime errors, conflicts, wrong output types, undefined decisions and slow evaluation
+// before the revision serves. Every failure is a *LoadError.
 func Compile(ctx context.Context, modules []Module, opts CompileOptions) (*Revision, error) {
 	opts = opts.withDefaults()
 	all, parsed, err := parseModules(modules)
@@ -248,13 +249,25 @@ func Compile(ctx context.Context, modules []Module, opts CompileOptions) (*Revis
 		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", RestartQuery, err)}
 	}
 
+	propagationQuery, err := rego.New(
+		rego.Query(PropagationQuery),
+		rego.Compiler(compiler),
+		rego.Store(inmem.New()),
+		rego.StrictBuiltinErrors(true),
+	).PrepareForEval(ctx)
+	if err != nil {
+		return nil, &LoadError{Kind: KindCompile, Err: fmt.Errorf("preparing %s: %w", PropagationQuery, err)}
+	}
+
 	rev := &Revision{
-		id:           revisionID(modules),
-		modules:      all,
-		compiler:     compiler,
-		query:        query,
-		restartQuery: restartQuery,
-		timeout:      opts.EvalTimeout,
+		id:               revisionID(modules),
+		modules:          all,
+		compiler:         compiler,
+		query:            query,
+		restartQuery:     restartQuery,
+		propagationQuery: propagationQuery,
+		hasPropagation:   len(compiler.GetRules(ast.MustParseRef(PropagationQuery))) > 0,
+		timeout:          opts.EvalTimeout,
 	}
 	for _, m := range modules {
 		rev.files = append(rev.files, m.File)
@@ -301,6 +314,19 @@ func (r *Revision) validate(ctx context.Context) error {
 				files = []string{te.Location.File}
 			}
 			return &LoadError{Kind: errorKindOf(err), Files: files, Err: fmt.Errorf("evaluating %s for %s: %w", RestartQuery, c.name, err)}
+		}
+	}
+	for _, c := range propagationValidationInputs() {
+		if _, err := r.decidePropagation(ctx, &c.input); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("validating policy revision: %w", ctx.Err())
+			}
+			files := r.ruleFiles(PropagationQuery)
+			var te *topdown.Error
+			if errors.As(err, &te) && te.Location != nil && te.Location.File != "" {
+				files = []string{te.Location.File}
+			}
+			return &LoadError{Kind: errorKindOf(err), Files: files, Err: fmt.Errorf("evaluating %s for %s: %w", PropagationQuery, c.name, err)}
 		}
 	}
 	return nil

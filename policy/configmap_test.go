@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/util/retry"
+
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -142,14 +144,21 @@ func (h *configMapHarness) create(cm *corev1.ConfigMap) {
 }
 
 // update replaces the data of a ConfigMap, keeping what the source wrote.
+// update replaces the ConfigMap's data. The source writes its status annotation on the same
+// object whenever it applies a revision, which may land between the read and the write here: a
+// conflict is read again and retried, as any client of an object with a second writer does.
 func (h *configMapHarness) update(name string, data map[string]string) {
 	h.t.Helper()
-	cm, err := h.client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, name, metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := h.client.CoreV1().ConfigMaps(testNamespace).Get(h.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cm.Data = data
+		_, err = h.client.CoreV1().ConfigMaps(testNamespace).Update(h.ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		h.t.Fatal(err)
-	}
-	cm.Data = data
-	if _, err := h.client.CoreV1().ConfigMaps(testNamespace).Update(h.ctx, cm, metav1.UpdateOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }

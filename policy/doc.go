@@ -1,6 +1,8 @@
 // Package policy decides, per volume, whether volume-healer probes, heals or skips it.
 //
-// Policies are Rego (v1) modules in package volumehealer that define data.volumehealer.decision.
+// Policies are Rego (v1) modules in package volumehealer that define data.volumehealer.decision,
+// and optionally data.volumehealer.restart (RestartQuery) and data.volumehealer.propagation
+// (PropagationQuery).
 // An Engine serves decisions from one compiled, validated Revision at a time and swaps revisions
 // atomically; a revision that fails to parse, compile or validate never serves. A ConfigMapSource
 // feeds the engine from labelled ConfigMaps and reports rejections on them; its Check judges a change
@@ -13,5 +15,6 @@
 // docs/policy.md documents the input and output schema, the default policy and error reporting.
 //
 // It decides and never acts: it must not import scheduler, probe or healer (the planner builds
-// its Input; the healer acts on its Decision).
+// its Input; the healer acts on its Decision), nor admission (the propagation webhook builds its
+// PropagationInput and patches the pod).
 package policy

@@ -23,7 +23,11 @@ type Revision struct {
 	query    rego.PreparedEvalQuery
 	// restartQuery evaluates RestartQuery, the per-pod decision after a heal pods cannot see.
 	restartQuery rego.PreparedEvalQuery
-	timeout      time.Duration
+	// propagationQuery evaluates PropagationQuery, the per-pod decision of the propagation
+	// admission webhook; hasPropagation says whether a module defines it.
+	propagationQuery rego.PreparedEvalQuery
+	hasPropagation   bool
+	timeout          time.Duration
 
 	plan    *keyPlan // the input fields decisions depend on; nil when they cannot be memoized
 	memoOff string   // why decisions are not memoized, when they are not

@@ -148,3 +148,38 @@ func restartValidationInputs() []restartCanned {
 	}
 	return out
 }
+
+// propagationCanned is a pod being created that the propagation rule must decide for before a
+// revision serves.
+type propagationCanned struct {
+	name  string
+	input PropagationInput
+}
+
+// propagationValidationInputs returns pods being created through the usual branches: a CSI
+// volume opted in by its StorageClass, by its namespace, or not at all; a volume that is not CSI;
+// an unbound claim; mounts with every propagation; a pod without claim volumes.
+func propagationValidationInputs() []propagationCanned {
+	optIn := map[string]string{annotations.MountPropagationLabel: annotations.MountPropagationHostToContainer}
+	mounts := []VolumeMountInfo{
+		{Container: "app", ContainerKind: "container", MountPath: "/data"},
+		{Container: "init", ContainerKind: "initContainer", MountPath: "/data", Propagation: "None"},
+		{Container: "debug", ContainerKind: "ephemeralContainer", MountPath: "/data", Propagation: "HostToContainer"},
+		{Container: "agent", ContainerKind: "container", MountPath: "/shared", Propagation: "Bidirectional"},
+	}
+	volumes := func(scLabels map[string]string) []ClaimVolume {
+		return []ClaimVolume{
+			{Name: "data", Claim: "data-app-0", PersistentVolume: "pvc-1", Driver: "rbd.csi.ceph.com",
+				StorageClass: &ClassInfo{Name: "fast", Labels: scLabels, Parameters: map[string]string{"mounter": "rbd-nbd"}}, Mounts: mounts},
+			{Name: "nfs", Claim: "legacy", PersistentVolume: "nfs-1", Mounts: mounts[:1]},
+			{Name: "pending", Claim: "new", StorageClass: &ClassInfo{Name: "fast"}, Mounts: mounts[:1]},
+		}
+	}
+	pod := AdmittedPod{Namespace: "shop", GenerateName: "app-", OwnerKind: "ReplicaSet", Labels: map[string]string{"app": "shop"}}
+	return []propagationCanned{
+		{"a pod not opted in", PropagationInput{Pod: pod, Namespace: Labeled{Name: "shop"}, Volumes: volumes(nil)}},
+		{"a pod whose StorageClass opted in", PropagationInput{Pod: pod, Namespace: Labeled{Name: "shop"}, Volumes: volumes(optIn)}},
+		{"a pod whose namespace opted in", PropagationInput{Pod: pod, Namespace: Labeled{Name: "shop", Labels: optIn}, Volumes: volumes(nil)}},
+		{"a bare pod without claim volumes", PropagationInput{Pod: AdmittedPod{Namespace: "shop", Name: "tools"}, Namespace: Labeled{Name: "shop"}}},
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -222,6 +223,12 @@ type Options struct {
 	// leader), so that no call outlives the time the controller is known to lead. Default nil:
 	// every call runs under the caller's context and its own timeout.
 	Guard func(ctx context.Context) (context.Context, func(), error)
+	// PersistentVolume, when set, returns a PersistentVolume from the controller's caches by
+	// name, without a read from the API server: probes and heals then carry its facts (volume
+	// handle, volume context, access modes, volume mode, fsType, mount options, node-stage
+	// Secret reference), and the sidecar reads no PV and no VolumeAttachment for them. Default
+	// nil: the requests name the PV alone and the sidecar reads it.
+	PersistentVolume func(name string) (*corev1.PersistentVolume, bool)
 }
 
 func (o *Options) defaults() {
@@ -474,7 +481,7 @@ func (c *Client) Probe(ctx context.Context, t Target, pv string) (*Result, error
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, err)
 	}
 	defer end()
-	resp, err := client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv})
+	resp, err := client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv, Volume: c.volumeFacts(pv)})
 	if err != nil {
 		return nil, fmt.Errorf("probe of %s on node %s: %w", pv, t.Node, Classify(err))
 	}
@@ -539,7 +546,7 @@ func (c *Client) Heal(ctx context.Context, t Target, pv string) (*Result, error)
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, err)
 	}
 	defer end()
-	resp, err := client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: pv})
+	resp, err := client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: pv, Volume: c.volumeFacts(pv)})
 	if err != nil {
 		return nil, fmt.Errorf("heal of %s on node %s: %w", pv, t.Node, Classify(err))
 	}

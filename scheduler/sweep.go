@@ -48,8 +48,10 @@ type Sweep struct {
 	Fired time.Time
 	// AfterEviction marks the manual sweep of one PV that probes it again after the pods on its
 	// dead mount were evicted, so that its dead-mount flag clears once the replacement pods see
-	// the repaired mount. It reports what it finds and restarts no pods: while the evicted pods
-	// still stop, their replacements must not be taken for pods on the dead mount.
+	// the repaired mount. It reports what its probe finds and restarts no pods for it: while the
+	// evicted pods still stop, their replacements must not be taken for pods on the dead mount.
+	// When the volume broke again since and the sweep heals it, the pods that heal leaves on the
+	// mount it replaced are restarted as after any heal.
 	AfterEviction bool
 }
 

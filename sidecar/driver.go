@@ -51,6 +51,10 @@ type driverClient struct {
 	// onReconnect runs after a load that follows the loss of a ready connection: the driver
 	// restarted (a UNIX socket connection does not drop otherwise, and idleness is off).
 	onReconnect func(*driverInfo)
+	// loaded is closed once a load has worked: the driver answered GetIdentity and
+	// GetHealerCapabilities, and can be asked to probe and heal.
+	loaded     chan struct{}
+	loadedOnce sync.Once
 
 	loads singleflight.Group
 	mu    sync.RWMutex
@@ -66,9 +70,11 @@ func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
 		// An idle channel drops its connection, which would look like a driver restart to watch.
 		grpc.WithIdleTimeout(0),
 		// A local socket comes back within seconds of a driver restart; the default backoff of up
-		// to two minutes would leave the sidecar unavailable long after the driver is back.
+		// to two minutes would leave the sidecar unavailable long after the driver is back, and
+		// its restart marker unwritten. Dialling a UNIX socket that is not there costs next to
+		// nothing, so the sidecar tries at least every driverRetryMax.
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: driverRetryMax},
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	)
@@ -82,8 +88,14 @@ func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
 		identity: identity.NewIdentityClient(conn),
 		healer:   healerv1alpha1.NewHealerClient(conn),
 		metrics:  metrics,
+		loaded:   make(chan struct{}),
 	}, nil
 }
+
+// driverRetryMax is the longest the sidecar waits between two tries to reach the driver (connect
+// to its socket, or ask its identity and capabilities): the restart marker follows the driver's
+// readiness by at most this.
+const driverRetryMax = time.Second
 
 func (d *driverClient) close() error {
 	return d.conn.Close()
@@ -125,6 +137,7 @@ func (d *driverClient) load(ctx context.Context) error {
 		if err != nil {
 			return nil, err
 		}
+		d.loadedOnce.Do(func() { close(d.loaded) })
 		log := klog.FromContext(ctx)
 		log.Info("Driver identity and healer capabilities loaded", "driver", info.name,
 			"vendorVersion", info.vendorVersion, "capabilities", capabilityNames(info), "attributes", info.attributes)
@@ -178,7 +191,7 @@ func capabilityNames(info *driverInfo) []string {
 // each time a new connection is ready, which is how a driver restart shows. It returns when
 // ctx is done.
 func (d *driverClient) watch(ctx context.Context) {
-	const firstRetry, maxRetry = 200 * time.Millisecond, 10 * time.Second
+	const firstRetry, maxRetry = 200 * time.Millisecond, driverRetryMax
 	log := klog.FromContext(ctx)
 	retries := retryBackoff(firstRetry, maxRetry)
 	// stale: the ready connection, if any, has not been asked yet. lost: a ready connection

@@ -287,7 +287,10 @@ func (f *fixture) attach(pv *corev1.PersistentVolume, node string) error {
 	if pv.Spec.CSI != nil {
 		name = healerv1alpha1.VolumeAttachmentName(pv.Spec.CSI.VolumeHandle, f.driverName, node)
 	}
-	return fixtures.Attach(f.ctx, f.env.Clientset, name, f.driverName, pvName, node)
+	if err := fixtures.Attach(f.ctx, f.env.Clientset, name, f.driverName, pvName, node); err != nil || pv.Spec.CSI == nil {
+		return err
+	}
+	return fixtures.ReportAttached(f.ctx, f.env.Clientset, node, f.driverName, pv.Spec.CSI.VolumeHandle)
 }
 
 // pvName names a PV of the fixture.

@@ -29,6 +29,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/api/annotations"
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
+	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
@@ -149,77 +150,31 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
-// TestMarkerDoesNotWaitForASlowReadAhead: while the API server does not answer the read ahead's
-// VolumeAttachment reads (a rollout loading it), the sidecar writes its restart marker once the
-// read ahead's head start has passed, not when the reads end; the reads go on, and the calls are
-// answered once the API server answers.
-func TestMarkerDoesNotWaitForASlowReadAhead(t *testing.T) {
-	f := newFixture(t)
-	f.startDriver(simulated.Options{SeedVolumes: []string{"vol-1"}}, nil)
-	f.create(f.pv("pv-1", "vol-1"))
-	release := make(chan struct{})
-	held := make(chan struct{}, 1)
-	started := time.Now()
-	sc := f.startSidecar(func(o *sidecar.Options) {
-		o.KubeConfig.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-				if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/volumeattachments/") {
-					select {
-					case held <- struct{}{}:
-					default:
-					}
-					select {
-					case <-release:
-					case <-req.Context().Done():
-						return nil, req.Context().Err()
-					}
-				}
-				return rt.RoundTrip(req)
-			})
-		})
-	})
-	select {
-	case <-sc.s.Registered():
-	case <-time.After(20 * time.Second):
-		close(release)
-		t.Fatal("no restart marker 20 s after the start while the read ahead waits for the API server")
-	}
-	waited := time.Since(started)
-	select {
-	case <-held:
-	default:
-		t.Error("the read ahead did not ask for the node's VolumeAttachment")
-	}
-	if waited < 4*time.Second {
-		t.Errorf("the marker was written %s after the start, before the read ahead's head start: the sweep would find nothing read", waited.Round(time.Millisecond))
-	}
-	t.Logf("restart marker written %s after the start, with the read ahead still waiting", waited.Round(time.Millisecond))
-	close(release)
-	ctx := f.as(f.token(controllerSA))
-	if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
-		t.Errorf("probe once the API server answers: %v", err)
-	}
-}
-
 // TestListStagedVolumes relays the driver's staged volumes page by page, with the PV names of the
-// volumes attached here, which the sidecar read ahead at its start through their
-// VolumeAttachments, and none for a volume no PV of this driver attaches here (the controller maps
-// such volumes from its own cache: the sidecar keeps no view of the cluster's PVs).
+// volumes the sidecar was called for, and none for the others (the controller maps such volumes
+// from its own cache: the sidecar keeps no view of the cluster's PVs, and reads none ahead).
 func TestListStagedVolumes(t *testing.T) {
 	f := newFixture(t)
 	d := f.startDriver(simulated.Options{SeedVolumes: []string{"vol-1", "vol-2", "vol-3", "vol-orphan"}}, nil)
 	if _, err := d.AddVolume(simulated.VolumeSpec{ID: "vol-unstaged", NotStaged: true}); err != nil {
 		t.Fatal(err)
 	}
-	f.create(f.pv("pv-1", "vol-1"))
-	f.create(f.pv("pv-2", "vol-2"))
-	f.create(f.pv("pv-3", "vol-3"))
+	pvs := []*corev1.PersistentVolume{f.pv("pv-1", "vol-1"), f.pv("pv-2", "vol-2"), f.pv("pv-3", "vol-3")}
+	for _, pv := range pvs {
+		f.create(pv)
+	}
 	f.create(f.pv("pv-unstaged", "vol-unstaged"))
 	// Another driver's PV with the same handle must not be taken for ours.
 	f.create(f.pv("other", "vol-orphan", func(pv *corev1.PersistentVolume) { pv.Spec.CSI.Driver = "other.example.com" }))
 	sc := f.startSidecar(nil)
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
+	// The calls of a controller, with the facts of the PVs.
+	for _, pv := range pvs {
+		if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: pv.Name, Volume: probe.FactsOf(pv)}); err != nil {
+			t.Fatalf("probe of %s: %v", pv.Name, err)
+		}
+	}
 
 	list := func() (map[string]string, int) {
 		got := map[string]string{}
@@ -254,7 +209,6 @@ func TestListStagedVolumes(t *testing.T) {
 		"vol-3":      f.pvName("pv-3"),
 		"vol-orphan": "",
 	}
-	// The read ahead runs once the restart is marked: the names come with it.
 	poll.Eventually(t, 10*time.Second, "the staged volumes with their PV names", func() (bool, string) {
 		got, pages := list()
 		if pages != 2 {
@@ -576,8 +530,9 @@ func (reasonless) ProbeVolume(context.Context, *healerv1alpha1.ProbeVolumeReques
 	return &healerv1alpha1.ProbeVolumeResponse{HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE}}}, nil
 }
 
-// TestStageSecrets hands the driver the node-stage Secret of the PV, follows changes to it within
-// SecretCacheTTL, and answers FAILED_PRECONDITION when it is missing.
+// TestStageSecrets hands the driver the node-stage Secret of the PV for a heal, follows changes to
+// it within SecretCacheTTL, and answers UNAVAILABLE when it is missing; a probe carries no Secret
+// and reads none.
 func TestStageSecrets(t *testing.T) {
 	f := newFixture(t)
 	f.startDriver(simulated.Options{}, nil)
@@ -593,23 +548,38 @@ func TestStageSecrets(t *testing.T) {
 	}
 	f.create(f.pv("pv-1", "vol-1", withSecret("ceph-node-stage")))
 	f.create(f.pv("pv-2", "vol-2", withSecret("does-not-exist")))
-	sc := f.startSidecar(func(o *sidecar.Options) { o.SecretCacheTTL = 500 * time.Millisecond })
+	counter := &apiCounter{}
+	sc := f.startSidecar(func(o *sidecar.Options) {
+		o.SecretCacheTTL = 500 * time.Millisecond
+		counter.wrap(o)
+	})
 	f.waitReady(sc)
 	ctx := f.as(f.token(controllerSA))
 
-	if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
+	for _, pv := range []string{"pv-1", "pv-2"} {
+		if _, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName(pv)}); err != nil {
+			t.Fatalf("probe of %s: %v", pv, err)
+		}
+		if got := f.recorder.Probe().GetSecrets(); len(got) != 0 {
+			t.Errorf("the driver's probe of %s got %d secrets, want none", pv, len(got))
+		}
+	}
+	if got := counter.get("GET secrets"); got != 0 {
+		t.Errorf("probes read %d Secrets, want 0", got)
+	}
+	if _, err := sc.client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: f.pvName("pv-1")}); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"userID": "csi-rbd-node", "userKey": "AQBsecret=="}
-	if got := f.recorder.Probe().GetSecrets(); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := f.recorder.Heal().GetSecrets(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("driver got secrets %v, want %v", got, want)
 	}
 
-	_, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-2")})
+	_, err := sc.client.HealVolume(ctx, &healerv1alpha1.NodeHealVolumeRequest{PvName: f.pvName("pv-2")})
 	// UNAVAILABLE, which the controller retries: FAILED_PRECONDITION would say the volume is not
-	// on this node, and the restart would be recorded with the volume never probed.
+	// on this node, and the restart would be recorded with the volume never healed.
 	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "does-not-exist") {
-		t.Errorf("probe of a PV whose secret is missing: %v, want UNAVAILABLE naming the secret", err)
+		t.Errorf("heal of a PV whose secret is missing: %v, want UNAVAILABLE naming the secret", err)
 	}
 
 	// A rotated key reaches the driver once the cached one expires, without a restart.

@@ -49,21 +49,18 @@ func (h *nodeHealer) capabilitiesFor(info *driverInfo) *healerv1alpha1.NodeGetHe
 	return resp
 }
 
-// probeLocally probes the volume of PV pvName on this node itself, for a driver that does not
-// advertise PROBE. It reads no Secret: nothing it does needs one.
-func (h *nodeHealer) probeLocally(ctx context.Context, info *driverInfo, pvName string) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+// probeLocally probes the volume of the PV the request names on this node itself, for a driver
+// that does not advertise PROBE. It reads no Secret: nothing it does needs one.
+func (h *nodeHealer) probeLocally(ctx context.Context, info *driverInfo, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+	pvName := req.GetPvName()
 	if pvName == "" {
 		return nil, toStatus(fmt.Errorf("%w: pv_name is required", ErrInvalidRequest))
 	}
-	vol, err := h.volumes.resolve(ctx, info.name, pvName)
+	vol, err := h.volumeFor(ctx, info, pvName, req.GetVolume())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	pv, err := h.volumes.persistentVolume(ctx, pvName)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if isBlock(pv) {
+	if vol.block {
 		return nil, status.Errorf(codes.Unimplemented, "the driver %q does not probe volumes (it advertises no PROBE), and the sidecar probes filesystem volumes only: PersistentVolume %q is a raw block volume",
 			info.name, pvName)
 	}
@@ -71,7 +68,7 @@ func (h *nodeHealer) probeLocally(ctx context.Context, info *driverInfo, pvName 
 		return nil, toStatus(err)
 	}
 	log := klog.FromContext(ctx).WithValues("volume", vol.volumeID)
-	readOnly := pv.Spec.CSI.ReadOnly || vol.capability.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+	readOnly := vol.readOnly || vol.capability.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
 	_, findings, err := h.local.Probe(ctx, nodeprobe.Request{Driver: info.name, Handle: vol.volumeID, PV: pvName, ReadOnly: readOnly})
 	switch {
 	case errors.Is(err, nodeprobe.ErrNotOnNode):

@@ -26,8 +26,11 @@ type Metrics struct {
 	authFailures *prometheus.CounterVec
 	driverErrors *prometheus.CounterVec
 	panics       *prometheus.CounterVec
-	restarts     *prometheus.CounterVec
-	runtimeUp    prometheus.Gauge
+	// goroutinePanics counts the panics recovered in the sidecar's own goroutines, by goroutine.
+	goroutinePanics *prometheus.CounterVec
+	// restarts counts RestartContainers calls by result; runtimeUp says whether the runtime answers.
+	restarts  *prometheus.CounterVec
+	runtimeUp prometheus.Gauge
 }
 
 // Results of volume_healer_sidecar_container_restarts_total.
@@ -71,6 +74,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_sidecar_panics_total",
 			Help: "Calls whose handling panicked, by RPC; each was answered Internal and the sidecar went on.",
 		}, []string{"rpc"}),
+		goroutinePanics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_sidecar_goroutine_panics_total",
+			Help: "Panics recovered in the sidecar's own goroutines, by goroutine (registration: writing the restart marker, started again; " +
+				"registration_watch: keeping the CSIAddonsNode's annotations, started again); the sidecar went on.",
+		}, []string{"goroutine"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "volume_healer_sidecar_container_restarts_total",
 			Help: "RestartContainers calls of authenticated callers, by result: restarted (containers stopped for kubelet " +
@@ -84,7 +92,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"0 while it does not or when none was given.",
 		}),
 	}
-	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, m.restarts, m.runtimeUp,
+	for _, g := range goroutines {
+		m.goroutinePanics.WithLabelValues(g)
+	}
+	reg.MustRegister(m.calls, m.callDuration, m.authFailures, m.driverErrors, m.panics, m.goroutinePanics, m.restarts, m.runtimeUp,
 		versionmetrics.NewBuildInfo(version.Get()))
 	return m
 }
@@ -116,6 +127,14 @@ func (m *Metrics) panicked(rpc string) {
 		return
 	}
 	m.panics.WithLabelValues(rpc).Inc()
+}
+
+// goroutinePanicked counts a panic recovered in the sidecar's goroutine named goroutine.
+func (m *Metrics) goroutinePanicked(goroutine string) {
+	if m == nil {
+		return
+	}
+	m.goroutinePanics.WithLabelValues(goroutine).Inc()
 }
 
 // containerRestart counts a RestartContainers call by the gRPC code of its answer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -73,6 +74,17 @@ type registrar struct {
 	mu            sync.Mutex
 	currentName   string
 	currentMarker string
+	// currentRV is the resourceVersion that the latest registration's write returned, from which
+	// keep's first watch starts; empty when unknown.
+	currentRV string
+}
+
+// currentState returns the object, marker and resourceVersion of the latest successful
+// registration.
+func (r *registrar) currentState() (name, marker, rv string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.currentName, r.currentMarker, r.currentRV
 }
 
 // current returns the object and marker of the latest successful registration.
@@ -131,12 +143,12 @@ func retryBackoff(base, ceiling time.Duration) wait.Backoff {
 func (r *registrar) registerCurrent(ctx context.Context, driverName, marker string) (string, []csiaddonsv1alpha1.CSIAddonsNode, error) {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
-	name, matches, err := r.register(ctx, driverName, marker)
+	name, rv, matches, err := r.register(ctx, driverName, marker)
 	if err != nil {
 		return "", nil, err
 	}
 	r.mu.Lock()
-	r.currentName, r.currentMarker = name, marker
+	r.currentName, r.currentMarker, r.currentRV = name, marker, rv
 	r.mu.Unlock()
 	return name, matches, nil
 }
@@ -152,9 +164,15 @@ func (r *registrar) keep(ctx context.Context, driverName string) {
 	}
 	log := klog.FromContext(ctx).WithValues("csiAddonsNode", klog.KRef(r.namespace, name))
 	retries := retryBackoff(r.backoff, r.maxBackoff)
+	// The first watch starts where the registration's write left the object, so that it sees
+	// every change since and needs no read of it first.
+	_, _, from := r.currentState()
 	for ctx.Err() == nil {
-		w, err := r.watcher.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{},
-			client.InNamespace(r.namespace), client.MatchingFields{"metadata.name": name})
+		opts := []client.ListOption{client.InNamespace(r.namespace), client.MatchingFields{"metadata.name": name}}
+		if from != "" {
+			opts = append(opts, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: from}})
+		}
+		w, err := r.watcher.Watch(ctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, opts...)
 		if err != nil {
 			retryIn := retries.Step()
 			log.Error(err, "Cannot watch the CSIAddonsNode; retrying", "retryIn", retryIn)
@@ -164,8 +182,11 @@ func (r *registrar) keep(ctx context.Context, driverName string) {
 			continue
 		}
 		retries = retryBackoff(r.backoff, r.maxBackoff)
-		// The object may have changed while no watch ran.
-		r.restore(ctx, driverName)
+		if from == "" {
+			// The object may have changed while no watch ran.
+			r.restore(ctx, driverName)
+		}
+		from = ""
 		r.follow(ctx, w, driverName, name)
 		w.Stop()
 	}
@@ -208,7 +229,7 @@ func (r *registrar) restore(ctx context.Context, driverName string) {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	name, marker := r.current()
-	name, err := r.registerAs(ctx, driverName, marker, name)
+	name, _, err := r.registerAs(ctx, driverName, marker, name, nil)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Cannot put the sidecar's annotations back on the CSIAddonsNode; trying again on its next change")
 		return
@@ -229,34 +250,43 @@ func (r *registrar) sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // register makes one attempt: it merge-patches the restart marker and endpoint onto the
-// existing CSIAddonsNode, or creates the object. Without a name given it looks the object up
-// and also returns the CSIAddonsNodes of this driver and node it listed, for converge.
-func (r *registrar) register(ctx context.Context, driverName, marker string) (string, []csiaddonsv1alpha1.CSIAddonsNode, error) {
+// existing CSIAddonsNode, or creates the object, and returns its name and the resourceVersion the
+// write left. Without a name given it looks the object up and also returns the CSIAddonsNodes of
+// this driver and node it listed, for converge.
+func (r *registrar) register(ctx context.Context, driverName, marker string) (string, string, []csiaddonsv1alpha1.CSIAddonsNode, error) {
 	name := r.name
 	var matches []csiaddonsv1alpha1.CSIAddonsNode
+	var listed *csiaddonsv1alpha1.CSIAddonsNode
 	if name == "" {
 		var err error
 		if matches, err = r.matching(ctx, driverName); err != nil {
-			return "", nil, err
+			return "", "", nil, err
 		}
 		// The csi-addons sidecar's wins, then the oldest; with none, the default name.
 		name = DefaultCSIAddonsNodeName(r.nodeName, driverName)
 		if len(matches) > 0 {
-			name = matches[0].Name
+			name, listed = matches[0].Name, matches[0].DeepCopy()
 		}
 	}
-	name, err := r.registerAs(ctx, driverName, marker, name)
-	return name, matches, err
+	name, rv, err := r.registerAs(ctx, driverName, marker, name, listed)
+	return name, rv, matches, err
 }
 
 // registerAs merge-patches the restart marker and endpoint onto the CSIAddonsNode name, or
-// creates it.
-func (r *registrar) registerAs(ctx context.Context, driverName, marker, name string) (string, error) {
+// creates it, and returns the resourceVersion the write left (or that the object has, when
+// there was nothing to write). listed, when not nil, is the object as just listed, which spares
+// reading it again.
+func (r *registrar) registerAs(ctx context.Context, driverName, marker, name string, listed *csiaddonsv1alpha1.CSIAddonsNode) (string, string, error) {
 	set := map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: r.endpoint}
 	labels := map[string]string{annotations.Registration: r.label(driverName)}
 
 	var existing csiaddonsv1alpha1.CSIAddonsNode
-	err := r.client.Get(ctx, types.NamespacedName{Namespace: r.namespace, Name: name}, &existing)
+	var err error
+	if listed != nil {
+		existing = *listed
+	} else {
+		err = r.client.Get(ctx, types.NamespacedName{Namespace: r.namespace, Name: name}, &existing)
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		created := &csiaddonsv1alpha1.CSIAddonsNode{
@@ -267,29 +297,33 @@ func (r *registrar) registerAs(ctx context.Context, driverName, marker, name str
 		}
 		if err := r.client.Create(ctx, created); err != nil {
 			// AlreadyExists: a csi-addons sidecar created it meanwhile; the next attempt patches.
-			return "", fmt.Errorf("create CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+			return "", "", fmt.Errorf("create CSIAddonsNode %s/%s: %w", r.namespace, name, err)
 		}
-		return name, nil
+		return name, created.ResourceVersion, nil
 	case err != nil:
-		return "", fmt.Errorf("get CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+		return "", "", fmt.Errorf("get CSIAddonsNode %s/%s: %w", r.namespace, name, err)
 	}
 	if d := existing.Spec.Driver; d.Name != driverName || d.NodeID != r.nodeName {
-		return "", fmt.Errorf("%w: %s/%s names driver %q on node %q, this sidecar serves driver %q on node %q; fix --csiaddonsnode-name",
+		return "", "", fmt.Errorf("%w: %s/%s names driver %q on node %q, this sidecar serves driver %q on node %q; fix --csiaddonsnode-name",
 			ErrCSIAddonsNodeConflict, r.namespace, name, d.Name, d.NodeID, driverName, r.nodeName)
 	}
 	if existing.Annotations[annotations.HealerRestart] == marker && existing.Annotations[annotations.Endpoint] == r.endpoint &&
 		existing.Labels[annotations.Registration] == labels[annotations.Registration] && !carriesPrevious(&existing) {
-		// keep's check when its watch starts, mostly: nothing to write.
-		return name, nil
+		// keep's check when its watch starts, mostly: nothing to write. A listed object may
+		// trail the API server: its resourceVersion is not one to watch from.
+		if listed != nil {
+			return name, "", nil
+		}
+		return name, existing.ResourceVersion, nil
 	}
 	// A merge patch of two annotations and a label, which removes the keys 0.1.0 wrote them
 	// under: it cannot conflict with, or undo, what the csi-addons sidecar writes, and needs no
 	// resourceVersion.
 	patch := annotations.LabeledMergePatch(set, labels)
 	if err := r.client.Patch(ctx, &existing, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return "", fmt.Errorf("patch CSIAddonsNode %s/%s: %w", r.namespace, name, err)
+		return "", "", fmt.Errorf("patch CSIAddonsNode %s/%s: %w", r.namespace, name, err)
 	}
-	return name, nil
+	return name, existing.ResourceVersion, nil
 }
 
 // deregisterTimeout bounds how long a stopping sidecar tries to take its endpoint off its
@@ -311,6 +345,18 @@ func (r *registrar) deregister(ctx context.Context) error {
 		return nil
 	}
 	key := types.NamespacedName{Namespace: r.namespace, Name: name}
+	// One write, when the object carries this start's endpoint and marker under their keys: the
+	// API server checks them (JSON patch "test") and removes the endpoint in one step, so a
+	// successor's write is never undone. Any other state is read and judged below.
+	taken := &csiaddonsv1alpha1.CSIAddonsNode{ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: name}}
+	err := r.client.Patch(ctx, taken, client.RawPatch(types.JSONPatchType, endpointRemoval(r.endpoint, marker)))
+	switch {
+	case err == nil:
+		klog.FromContext(ctx).Info("Took the sidecar's endpoint off the CSIAddonsNode", "csiAddonsNode", klog.KRef(r.namespace, name), "endpoint", r.endpoint)
+		return nil
+	case apierrors.IsNotFound(err):
+		return nil
+	}
 	for {
 		var n csiaddonsv1alpha1.CSIAddonsNode
 		if err := r.client.Get(ctx, key, &n); err != nil {
@@ -339,6 +385,21 @@ func (r *registrar) deregister(ctx context.Context) error {
 			return fmt.Errorf("take the endpoint off CSIAddonsNode %s: %w", key, err)
 		}
 	}
+}
+
+// endpointRemoval is a JSON patch that removes the endpoint annotation if, and only if, the
+// object carries endpoint and marker under the current keys.
+func endpointRemoval(endpoint, marker string) []byte {
+	path := func(key string) string {
+		return "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+	}
+	ops := []map[string]string{
+		{"op": "test", "path": path(annotations.Endpoint), "value": endpoint},
+		{"op": "test", "path": path(annotations.HealerRestart), "value": marker},
+		{"op": "remove", "path": path(annotations.Endpoint)},
+	}
+	b, _ := json.Marshal(ops) // strings only: cannot fail
+	return b
 }
 
 // carriesPrevious reports whether n carries one of the sidecar's annotations or its label under

@@ -158,7 +158,7 @@ func TestRegister(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := fakeClient(t, nil, tc.objs...)
 			r := newRegistrar(t, c, tc.name)
-			got, _, err := r.register(context.Background(), "rbd.csi.ceph.com", "marker-2")
+			got, _, _, err := r.register(context.Background(), "rbd.csi.ceph.com", "marker-2")
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 				t.Fatalf("register: %v, want %v", err, tc.wantErr)
 			}

@@ -7,10 +7,7 @@ import (
 	"path"
 	"runtime/debug"
 	"slices"
-	"sync/atomic"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -37,7 +34,11 @@ type nodeHealer struct {
 	runtime *restart.Runtime
 	// restartTimeout bounds a RestartContainers call whose caller sent no deadline.
 	restartTimeout time.Duration
-	metrics        *Metrics
+	// metrics counts the restarts and the panics of the read ahead.
+	metrics *Metrics
+	// attachments is the node's status.volumesAttached; nil checks attachments with GETs of
+	// VolumeAttachments alone.
+	attachments *nodeAttachments
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
@@ -56,9 +57,9 @@ func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha
 // does not advertise PROBE.
 func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
 	if info, err := h.driver.current(ctx); err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
-		return h.probeLocally(ctx, info, req.GetPvName())
+		return h.probeLocally(ctx, info, req)
 	}
-	vol, ctx, err := h.prepare(ctx, req.GetPvName(), healerv1alpha1.HealerCapability_RPC_PROBE)
+	vol, ctx, err := h.prepare(ctx, req.GetPvName(), req.GetVolume(), healerv1alpha1.HealerCapability_RPC_PROBE)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -89,7 +90,7 @@ func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodePr
 
 // HealVolume heals the volume of a PV.
 func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHealVolumeRequest) (*healerv1alpha1.NodeHealVolumeResponse, error) {
-	vol, ctx, err := h.prepare(ctx, req.GetPvName(), healerv1alpha1.HealerCapability_RPC_HEAL)
+	vol, ctx, err := h.prepare(ctx, req.GetPvName(), req.GetVolume(), healerv1alpha1.HealerCapability_RPC_HEAL)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -153,8 +154,9 @@ func (h *nodeHealer) ListStagedVolumes(ctx context.Context, req *healerv1alpha1.
 }
 
 // prepare makes the checks every volume RPC shares, in the order of the protocol's error
-// tables, and resolves the PV. The returned context logs with the volume ID too.
-func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alpha1.HealerCapability_RPC_Type) (*volume, context.Context, error) {
+// tables, and resolves the PV: from the caller's facts when it sent them, else with a read of the
+// PV. The returned context logs with the volume ID too.
+func (h *nodeHealer) prepare(ctx context.Context, pvName string, facts *healerv1alpha1.VolumeFacts, rpc healerv1alpha1.HealerCapability_RPC_Type) (*volume, context.Context, error) {
 	if pvName == "" {
 		return nil, ctx, fmt.Errorf("%w: pv_name is required", ErrInvalidRequest)
 	}
@@ -166,40 +168,68 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, rpc healerv1alp
 	if !info.serves(rpc) {
 		return nil, ctx, notAdvertised(info, rpc)
 	}
-	vol, err := h.volumes.resolve(ctx, info.name, pvName)
+	vol, err := h.volumeFor(ctx, info, pvName, facts)
 	if err != nil {
 		return nil, ctx, err
 	}
 	if err := h.onNode(ctx, info, vol, rpc); err != nil {
 		return nil, ctx, err
 	}
-	if err := h.volumes.stageSecrets(ctx, vol); err != nil {
-		return nil, ctx, err
+	// A probe looks at the node's mount and needs no credentials: only a heal, which may stage
+	// the volume again, reads the node-stage Secret, so that a sweep's probes read nothing per
+	// volume.
+	if rpc == healerv1alpha1.HealerCapability_RPC_HEAL {
+		if err := h.volumes.stageSecrets(ctx, vol); err != nil {
+			return nil, ctx, err
+		}
 	}
 	return vol, klog.NewContext(ctx, log.WithValues("volume", vol.volumeID)), nil
 }
 
+// volumeFor builds the volume of PV pvName from the caller's facts, or, when the caller sent
+// none (an older controller), from the PV read from the API server.
+func (h *nodeHealer) volumeFor(ctx context.Context, info *driverInfo, pvName string, facts *healerv1alpha1.VolumeFacts) (*volume, error) {
+	if facts != nil {
+		return h.volumes.fromFacts(info.name, pvName, facts)
+	}
+	return h.volumes.resolve(ctx, info.name, pvName)
+}
+
 // onNode checks that vol is on the sidecar's node before any call reaches the driver and before
-// its node-stage Secret is read: attached here (the VolumeAttachment of the driver to this node,
-// attached and not being deleted), or, for a volume without one there (drivers without an attach
-// step), staged or published here by kubelet's records on the node, or staged here by the
-// driver's own list. Neither: ErrNotOnNode, whoever asked. A probe may
-// go by an attachment read in the last probeAttachmentFresh; a heal reads it again.
+// its node-stage Secret is read, from the node's own truth, whatever the caller said of the
+// volume: the node's status.volumesAttached lists it (the attach/detach controller's record,
+// watched as one object), or kubelet's records on the node show it staged or published here, or
+// the driver lists it as staged here. Only while the Node has not been read (the watch failed or
+// has not listed yet) is the attachment read instead as an older sidecar did, from the
+// VolumeAttachment of the PV on this node (a probe may go by one read in the last
+// probeAttachmentFresh). None of these: ErrNotOnNode, whoever asked.
 func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, rpc healerv1alpha1.HealerCapability_RPC_Type) error {
-	reuse := time.Duration(0)
-	if rpc == healerv1alpha1.HealerCapability_RPC_PROBE {
-		reuse = probeAttachmentFresh
+	known := false
+	if h.attachments != nil {
+		var attached bool
+		if attached, known = h.attachments.attached(ctx, info.name, vol.volumeID); attached {
+			return nil
+		}
 	}
-	attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID, reuse)
-	if err != nil {
-		return err
-	}
-	if attached || h.recordedHere(info.name, vol) {
+	if h.recordedHere(info.name, vol) {
 		return nil
 	}
+	if !known {
+		reuse := time.Duration(0)
+		if rpc == healerv1alpha1.HealerCapability_RPC_PROBE {
+			reuse = probeAttachmentFresh
+		}
+		attached, err := h.volumes.attachedHere(ctx, info.name, vol.pvName, vol.volumeID, reuse)
+		if err != nil {
+			return err
+		}
+		if attached {
+			return nil
+		}
+	}
 	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
-		return fmt.Errorf("%w: PersistentVolume %q has no attached VolumeAttachment of driver %q on node %q, kubelet records no mount of it there, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
-			ErrNotOnNode, vol.pvName, info.name, h.nodeName)
+		return fmt.Errorf("%w: PersistentVolume %q (volume %q of driver %q) is not attached on node %q, kubelet records no mount of it there, and the driver does not list its staged volumes (LIST_VOLUMES) to show it is staged here; this sidecar acts only on its node's volumes",
+			ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
 	}
 	token := ""
 	for page := 0; page < 10000; page++ {
@@ -222,64 +252,8 @@ func (h *nodeHealer) onNode(ctx context.Context, info *driverInfo, vol *volume, 
 		}
 		token = resp.GetNextToken()
 	}
-	return fmt.Errorf("%w: PersistentVolume %q (volume %q) has no attached VolumeAttachment of driver %q on node %q and the driver does not list it as staged here; this sidecar acts only on its node's volumes",
+	return fmt.Errorf("%w: PersistentVolume %q (volume %q of driver %q) is not attached on node %q and the driver does not list it as staged here; this sidecar acts only on its node's volumes",
 		ErrNotOnNode, vol.pvName, vol.volumeID, info.name, h.nodeName)
-}
-
-// warm reads, at the sidecar's start, the VolumeAttachment, the PV and the node-stage Secret of
-// each volume the driver lists as staged here, a few at a time, so that the restart sweep finds
-// them read, and is answered even if the API server goes away during it.
-// What it reads is this node's alone. A volume a call has already read is skipped, and one
-// without a VolumeAttachment here (a driver without an attach step) is read when a call first
-// names it.
-func (h *nodeHealer) warm(ctx context.Context, info *driverInfo) {
-	if !info.serves(healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES) {
-		return
-	}
-	log := klog.FromContext(ctx)
-	var handles []string
-	token := ""
-	for page := 0; page < 10000; page++ {
-		cctx, cancel := h.driver.callContext(ctx)
-		resp, err := h.driver.healer.ListStagedVolumes(cctx, &healerv1alpha1.ListStagedVolumesRequest{StartingToken: token})
-		cancel()
-		if err != nil {
-			log.V(2).Info("Cannot list the staged volumes to read them ahead", "error", err.Error())
-			return
-		}
-		for _, e := range resp.GetEntries() {
-			handles = append(handles, e.GetVolumeId())
-		}
-		if resp.GetNextToken() == "" || resp.GetNextToken() == token {
-			break
-		}
-		token = resp.GetNextToken()
-	}
-	var read atomic.Int64
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
-	for _, handle := range handles {
-		g.Go(func() error {
-			if h.volumes.pvNameFor(info.name, handle) != "" {
-				// A call read it first.
-				return nil
-			}
-			pv, err := h.volumes.attachedPV(gctx, info.name, handle)
-			if err != nil || pv == "" {
-				return nil
-			}
-			vol, err := h.volumes.resolve(gctx, info.name, pv)
-			if err != nil {
-				return nil
-			}
-			if err := h.volumes.stageSecrets(gctx, vol); err == nil {
-				read.Add(1)
-			}
-			return nil
-		})
-	}
-	_ = g.Wait()
-	log.V(2).Info("Read the node's volumes ahead", "staged", len(handles), "read", read.Load())
 }
 
 func notAdvertised(info *driverInfo, rpc healerv1alpha1.HealerCapability_RPC_Type) error {

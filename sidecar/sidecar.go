@@ -3,10 +3,13 @@
 // the driver's Healer service on the driver's CSI-Addons UNIX socket.
 //
 // For each call it first authenticates the caller (a TokenReview of the ServiceAccount token in
-// the "authorization" metadata, cached briefly), before it reads the request; then it reads the
-// PersistentVolume (volume handle, kubelet staging path, volume context, volume capability),
-// checks that the volume is attached to or staged on its node, reads the node-stage Secret, and
-// calls the driver with a bounded timeout. For a driver that does not probe or list its volumes
+// the "authorization" metadata, cached briefly), before it reads the request; then it takes the
+// PersistentVolume's facts (volume handle, volume context, what the staging path and the volume
+// capability need, the node-stage Secret's reference) from the request, or reads the PV when an
+// older caller sent none; checks from its node's own truth that the volume is on its node (the
+// Node's status.volumesAttached, watched as one object; kubelet's records; the driver's staged
+// list); reads the node-stage Secret where the call needs it; and calls the driver with a bounded
+// timeout. For a driver that does not probe or list its volumes
 // (no Healer service, or no PROBE or LIST_VOLUMES), the sidecar does so itself from kubelet's
 // records on its node (package nodeprobe), and says so in its answers. Given the node's container
 // runtime socket, it serves RestartContainers itself, without the driver: it stops the containers
@@ -55,7 +58,9 @@ type Sidecar struct {
 	metrics *Metrics
 	driver  *driverClient
 	volumes *volumes
-	healer  *nodeHealer
+	// attachments watches the node's status.volumesAttached.
+	attachments *nodeAttachments
+	healer      *nodeHealer
 	// runtime is the node's container runtime, for RestartContainers; nil without
 	// ContainerRuntimeEndpoint.
 	runtime *restart.Runtime
@@ -88,8 +93,9 @@ func New(opts Options) (*Sidecar, error) {
 
 	kubeCfg := rest.CopyConfig(opts.KubeConfig)
 	if kubeCfg.QPS == 0 && kubeCfg.Burst == 0 {
-		// Every probe and heal reads its VolumeAttachment: client-go's default pace (5 requests
-		// a second) would pace the node's restart sweep instead of the controller's budgets.
+		// A call of an older controller reads its PV and VolumeAttachment, and each heal its
+		// Secret: client-go's default pace (5 requests a second) would pace the node's restart
+		// sweep instead of the controller's budgets.
 		kubeCfg.QPS, kubeCfg.Burst = DefaultAPIQPS, DefaultAPIBurst
 	}
 	if kubeCfg.ContentType == "" {
@@ -116,6 +122,7 @@ func New(opts Options) (*Sidecar, error) {
 		return nil, fmt.Errorf("CSIAddonsNode client: %w", err)
 	}
 	s.volumes = newVolumes(kube, &s.opts)
+	s.attachments = newNodeAttachments(kube, opts.NodeName)
 	s.auth = newAuthenticator(kube.AuthenticationV1().TokenReviews(), &s.opts, s.metrics, opts.Clock)
 
 	var creds credentials.TransportCredentials
@@ -169,7 +176,7 @@ func New(opts Options) (*Sidecar, error) {
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
 	s.healer = &nodeHealer{
-		nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, metrics: s.metrics,
+		nodeName: opts.NodeName, driver: s.driver, volumes: s.volumes, metrics: s.metrics, attachments: s.attachments,
 		local: nodeprobe.New(nodeprobe.Options{
 			KubeletDir: opts.KubeletDir,
 			Stat:       nodeprobe.StatterOptions{Command: opts.StatCommand, Timeout: opts.StatTimeout},
@@ -265,6 +272,10 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
+		s.attachments.run(gctx)
+		return nil
+	})
+	g.Go(func() error {
 		if err := s.grpc.Serve(s.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serve NodeHealer on %s: %w", s.lis.Addr(), err)
 		}
@@ -285,7 +296,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		g.Go(func() error { return s.runtime.Start(gctx) })
 	}
 	g.Go(func() error {
-		s.register(gctx)
+		s.runRegistration(gctx)
 		return nil
 	})
 	g.Go(func() error {
@@ -306,58 +317,30 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	return err
 }
 
-// The read ahead of the node's volumes at a start (warm): the restart marker waits for it up to
-// warmHeadStart, and it goes on after the marker up to warmTimeout. A call to a volume it has not
-// read yet reads that volume itself, inside the controller's budgets; the head start keeps those
-// reads out of the budgets for a node whose volumes the API server serves in time, and bounds what
-// a loaded API server (a rollout restarting many node plugins at once) adds before the node's
-// sweep: at 8 reads at a time, a node of 1,000 volumes took the whole 30 s in such a rollout.
-const (
-	warmHeadStart = 5 * time.Second
-	warmTimeout   = 30 * time.Second
-)
+// runRegistration runs register until ctx ends. A panic in it is logged and counted, and it
+// starts over after a backoff: without a registration the controller would never sweep the
+// node's restarts. Starting over writes a new restart marker, which costs one sweep of the node,
+// as a restart does.
+func (s *Sidecar) runRegistration(ctx context.Context) {
+	s.supervise(ctx, goroutineRegistration, s.register)
+}
 
-// register writes the restart marker once the sidecar can answer: the driver has told its name,
-// and the node's volumes have been read ahead (warm), or warmHeadStart has passed. Marking the
-// restart earlier would send the controller's sweep to a sidecar that answers UNAVAILABLE. It
-// writes a new marker each time the driver restarts under the running sidecar (the driver
-// container alone crashed), since that kills userspace mounters just as a restart of the whole
-// pod does.
+// register writes the restart marker as soon as the driver is ready to heal: it has answered
+// GetIdentity and GetHealerCapabilities on its CSI-Addons socket. Not before, which would send
+// the controller's sweep to a sidecar that answers UNAVAILABLE; not later, since the sidecar
+// reads nothing ahead: each call carries its volume's facts, and the node's attached volumes are
+// one watched object. It writes a new marker each time the driver restarts under the running
+// sidecar (the driver container alone crashed), since that kills userspace mounters just as a
+// restart of the whole pod does.
 func (s *Sidecar) register(ctx context.Context) {
 	log := klog.FromContext(ctx)
-	var info *driverInfo
-	retries := retryBackoff(s.opts.RegisterBackoff, s.opts.RegisterMaxBackoff)
-	for {
-		var err error
-		if info, err = s.driver.current(ctx); err == nil {
-			break
-		}
-		retryIn := retries.Step()
-		log.Info("Waiting for the driver before registering the CSIAddonsNode", "endpoint", s.opts.DriverEndpoint, "error", err.Error(), "retryIn", retryIn)
-		t := s.opts.Clock.NewTimer(retryIn)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C():
-		}
-	}
-	// The sweep this start sets off finds the node's volumes read.
-	warmed := make(chan struct{})
-	go func() {
-		defer close(warmed)
-		wctx, cancel := context.WithTimeout(ctx, warmTimeout)
-		defer cancel()
-		s.healer.warm(wctx, info)
-	}()
-	headStart := s.opts.Clock.NewTimer(warmHeadStart)
 	select {
-	case <-warmed:
-	case <-headStart.C():
-		log.Info("Writing the restart marker before the node's volumes are all read ahead; the reads go on", "after", warmHeadStart)
+	case <-s.driver.loaded:
 	case <-ctx.Done():
+		return
 	}
-	headStart.Stop()
+	info := s.driver.cached()
+	log.Info("The driver is ready to heal; writing the restart marker", "driver", info.name)
 	// A reconnect seen before the first registration is part of this start.
 	select {
 	case <-s.driverRestarted:
@@ -367,7 +350,17 @@ func (s *Sidecar) register(ctx context.Context) {
 		return
 	}
 	s.registeredOnce.Do(func() { close(s.registered) })
-	go s.reg.keep(ctx, info.name)
+	// The keeping of this registration ends with it, also when register panics and starts over.
+	kctx, stopKeep := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		s.supervise(kctx, goroutineRegistrationWatch, func(ctx context.Context) { s.reg.keep(ctx, info.name) })
+	}()
+	defer func() {
+		stopKeep()
+		<-kept
+	}()
 	for {
 		select {
 		case <-ctx.Done():

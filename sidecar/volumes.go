@@ -35,9 +35,9 @@ const (
 	staleFor = 30 * time.Minute
 	// apiTimeout bounds each GET.
 	apiTimeout = 10 * time.Second
-	// probeAttachmentFresh is how long a probe goes by an "attached here" read before it, by the
-	// read ahead at the sidecar's start or by an earlier call, instead of reading the
-	// VolumeAttachment again. A probe changes nothing, and a volume leaves a node only after
+	// probeAttachmentFresh is how long a probe goes by an "attached here" read of an earlier call
+	// instead of reading the VolumeAttachment again (only while the sidecar cannot read its Node,
+	// onNode). A probe changes nothing, and a volume leaves a node only after
 	// kubelet unstaged it there: a probe of a volume that left within this time reaches a driver
 	// that staged it here before and answers that it is not staged. A heal, which stages again,
 	// and every "not attached here" are read again at every call.
@@ -45,8 +45,8 @@ const (
 )
 
 // fromWatchCache are the options of every GET: resourceVersion "0" lets the API server answer
-// from its watch cache instead of a quorum read of etcd. Each probe and heal reads its
-// VolumeAttachment (and, when not cached, its PV and Secret); in a rollout that is one read per
+// from its watch cache instead of a quorum read of etcd. A call of an older controller reads its
+// PV and VolumeAttachment, and a heal its Secret; in a rollout that is one read per
 // call in flight over the whole cluster, and quorum reads made the API server and etcd the
 // bottleneck of the calls. The watch cache trails etcd by the time a watch event takes to arrive,
 // the freshness an informer of these objects would give; the controller checks its own caches
@@ -82,12 +82,14 @@ type volume struct {
 	// this node.
 	secretRef *corev1.SecretReference
 	secrets   map[string]string
+	// block is a raw block volume; readOnly a PV whose spec.csi.readOnly is set.
+	block, readOnly bool
 }
 
-// volumes resolves PersistentVolume names with GETs of the objects a call needs: the PV and its
-// node-stage Secret, kept briefly in small bounded caches, and its VolumeAttachment on this node,
-// read at every call. It lists and watches nothing: a cluster of 40,000 PVs costs the sidecar what
-// its own node's volumes cost.
+// volumes builds the volumes of calls from the caller's facts, and reads by name what a call needs
+// beyond them: the node-stage Secret of a heal, kept briefly in a small bounded cache, and, for a
+// call of an older controller, the PV (cached too) and its VolumeAttachment on this node. It lists
+// and watches nothing: a cluster of 40,000 PVs costs the sidecar what its own node's volumes cost.
 type volumes struct {
 	client     kubernetes.Interface
 	nodeName   string
@@ -234,27 +236,6 @@ func (v *volumes) attachedHere(ctx context.Context, driverName, pvName, handle s
 	return attached.(bool), nil
 }
 
-// attachedPV returns the PV that the VolumeAttachment of the volume handle on this node attaches
-// here, or "" when there is none.
-func (v *volumes) attachedPV(ctx context.Context, driverName, handle string) (string, error) {
-	name := healerv1alpha1.VolumeAttachmentName(handle, driverName, v.nodeName)
-	gctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	va, err := v.client.StorageV1().VolumeAttachments().Get(gctx, name, fromWatchCache)
-	if apierrors.IsNotFound(err) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("get VolumeAttachment %s: %w", name, err)
-	}
-	src := va.Spec.Source.PersistentVolumeName
-	if src == nil || !isAttachedHere(va, driverName, *src, v.nodeName) {
-		return "", nil
-	}
-	v.attachments.lru.Add(name+"/"+*src, cached{value: true, at: v.attachments.clock.Now()}, staleFor)
-	return *src, nil
-}
-
 func isAttachedHere(va *storagev1.VolumeAttachment, driverName, pvName, node string) bool {
 	src := va.Spec.Source.PersistentVolumeName
 	return va.Spec.NodeName == node && va.Spec.Attacher == driverName && src != nil && *src == pvName &&
@@ -262,18 +243,85 @@ func isAttachedHere(va *storagev1.VolumeAttachment, driverName, pvName, node str
 }
 
 // resolve reads the PV named pvName and builds the request fields the driver needs. The PV must
-// be a CSI volume of driverName.
+// be a CSI volume of driverName. It serves callers that send no VolumeFacts.
 func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volume, error) {
 	pv, err := v.persistentVolume(ctx, pvName)
 	if err != nil {
 		return nil, err
 	}
+	return v.volumeOf(driverName, pv)
+}
+
+// fromFacts builds the volume from the caller's facts about PersistentVolume pvName, reading
+// nothing: the facts must describe a CSI volume of driverName. Whether the volume is on this
+// node is not taken from them (onNode).
+func (v *volumes) fromFacts(driverName, pvName string, f *healerv1alpha1.VolumeFacts) (*volume, error) {
+	pv, err := persistentVolumeOf(pvName, f)
+	if err != nil {
+		return nil, err
+	}
+	vol, err := v.volumeOf(driverName, pv)
+	if err != nil {
+		return nil, err
+	}
+	v.handles.Add(driverHandleKey(driverName, vol.volumeID), pvName, staleFor)
+	return vol, nil
+}
+
+// persistentVolumeOf is the PersistentVolume that VolumeFacts describe, with the fields
+// leanPersistentVolume keeps, or an ErrInvalidRequest naming the field that is not valid.
+func persistentVolumeOf(pvName string, f *healerv1alpha1.VolumeFacts) (*corev1.PersistentVolume, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: volume facts of PersistentVolume %q: %s", ErrInvalidRequest, pvName, fmt.Sprintf(format, args...))
+	}
+	if f.GetDriverName() == "" {
+		return nil, bad("driver_name is required")
+	}
+	if f.GetVolumeHandle() == "" {
+		return nil, bad("volume_handle is required")
+	}
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName},
+		Spec: corev1.PersistentVolumeSpec{
+			MountOptions: f.GetMountOptions(),
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: f.GetDriverName(), VolumeHandle: f.GetVolumeHandle(), ReadOnly: f.GetReadOnly(),
+				FSType: f.GetFsType(), VolumeAttributes: f.GetVolumeContext(),
+			}},
+		},
+	}
+	for _, m := range f.GetAccessModes() {
+		mode := corev1.PersistentVolumeAccessMode(m)
+		if _, ok := accessModes[mode]; !ok {
+			return nil, bad("access mode %q is not one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod", m)
+		}
+		pv.Spec.AccessModes = append(pv.Spec.AccessModes, mode)
+	}
+	switch mode := corev1.PersistentVolumeMode(f.GetVolumeMode()); mode {
+	case "":
+	case corev1.PersistentVolumeFilesystem, corev1.PersistentVolumeBlock:
+		pv.Spec.VolumeMode = &mode
+	default:
+		return nil, bad("volume_mode %q is neither Filesystem nor Block", f.GetVolumeMode())
+	}
+	if ref := f.GetNodeStageSecretRef(); ref != nil {
+		if ref.GetNamespace() == "" || ref.GetName() == "" {
+			return nil, bad("node_stage_secret_ref needs both namespace and name, got %q/%q", ref.GetNamespace(), ref.GetName())
+		}
+		pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: ref.GetNamespace(), Name: ref.GetName()}
+	}
+	return pv, nil
+}
+
+// volumeOf builds the request fields the driver needs from pv, which must be a CSI volume of
+// driverName.
+func (v *volumes) volumeOf(driverName string, pv *corev1.PersistentVolume) (*volume, error) {
 	src := pv.Spec.CSI
 	if src == nil {
-		return nil, fmt.Errorf("%w: %q has no spec.csi", ErrNotCSIVolume, pvName)
+		return nil, fmt.Errorf("%w: %q has no spec.csi", ErrNotCSIVolume, pv.Name)
 	}
 	if src.Driver != driverName {
-		return nil, fmt.Errorf("%w: %q belongs to driver %q, this sidecar serves %q", ErrOtherDriver, pvName, src.Driver, driverName)
+		return nil, fmt.Errorf("%w: %q belongs to driver %q, this sidecar serves %q", ErrOtherDriver, pv.Name, src.Driver, driverName)
 	}
 	return &volume{
 		pvName:      pv.Name,
@@ -282,6 +330,8 @@ func (v *volumes) resolve(ctx context.Context, driverName, pvName string) (*volu
 		context:     src.VolumeAttributes,
 		capability:  volumeCapability(pv),
 		secretRef:   src.NodeStageSecretRef,
+		block:       isBlock(pv),
+		readOnly:    src.ReadOnly,
 	}, nil
 }
 

@@ -106,6 +106,18 @@ const (
 	EvictPodsLabel = "volume-healer.io/evict-pods"
 )
 
+// On a StorageClass or a Namespace: opting in to mount propagation set at pod creation.
+const (
+	// MountPropagationLabel with the value MountPropagationHostToContainer, on a StorageClass or
+	// a Namespace, lets the built-in policy have the propagation admission webhook set
+	// mountPropagation: HostToContainer on new pods' mounts of the class's (or the namespace's)
+	// CSI volumes, so that a mount healed in place on the node reaches them without a restart
+	// (the rule volumehealer.builtin.propagation reads it; with propagationWebhook.enabled).
+	MountPropagationLabel = "volume-healer.io/mount-propagation"
+	// MountPropagationHostToContainer is the value of MountPropagationLabel that opts in.
+	MountPropagationHostToContainer = "HostToContainer"
+)
+
 // On a PVC.
 const (
 	// VolumeStatus holds, as JSON, what the healer last found and did with the claim's volume. It

@@ -5,14 +5,14 @@ package main
 // comment and the rule together.
 //
 // Words the table uses, as the doc comments do:
-//   - the controller's packages: its stages (scheduler/..., policy/..., probe/..., healer/...) and
-//     its program (cmd/volume-healer/...);
+//   - the controller's packages: its stages (scheduler/..., policy/..., probe/..., healer/...),
+//     its admission webhook of pods (admission/...) and its program (cmd/volume-healer/...);
 //   - the sidecar's packages: sidecar/... and cmd/healer-sidecar/...;
 //   - the product: everything that ships, which is everything outside test/ and hack/.
 
 var (
 	stages     = []string{"scheduler/...", "policy/...", "probe/...", "healer/..."}
-	controller = append(stages[:len(stages):len(stages)], "cmd/volume-healer/...")
+	controller = append(stages[:len(stages):len(stages)], "admission/...", "cmd/volume-healer/...")
 	sidecars   = []string{"sidecar/...", "cmd/healer-sidecar/..."}
 	tooling    = []string{"test/...", "hack/..."}
 )
@@ -58,7 +58,7 @@ var rules = []Rule{
 		Forbid:   []string{"..."},
 		Allow:    []string{"hack/..."},
 		Reason: "build tooling builds the product and the test programs with the go command; it " +
-			"links none of them (hack/images, hack/filelock)",
+			"links none of them (hack/images, hack/release, hack/filelock)",
 	},
 	{
 		Name:     "filelock-is-a-leaf",
@@ -126,9 +126,16 @@ var rules = []Rule{
 	{
 		Name:     "policy-decides",
 		Packages: []string{"policy/..."},
-		Forbid:   []string{"scheduler/...", "probe/...", "healer/..."},
+		Forbid:   []string{"scheduler/...", "probe/...", "healer/...", "admission/..."},
 		Reason: "the policy (and its admission webhook) decides and never acts: the planner builds " +
 			"its input, the healer acts on its decision",
+	},
+	{
+		Name:     "admission-patches-pods",
+		Packages: []string{"admission/..."},
+		Forbid:   []string{"scheduler/...", "probe/...", "healer/..."},
+		Reason: "the propagation webhook asks the policy about a pod being created and patches it; " +
+			"it never plans, calls a sidecar or acts on a volume, and reads the caches through its own small interface",
 	},
 	{
 		Name:     "probe-is-a-client",

@@ -136,3 +136,31 @@ previous_evict_pods_label := "healer.csiaddons.openshift.io/evict-pods"
 opted_in(labels) if object.get(labels, evict_pods_label, object.get(labels, previous_evict_pods_label, "")) == "true"
 
 leave(reason) := {"action": "leave", "reason": reason}
+
+# Propagation: asked by the propagation admission webhook (propagationWebhook.enabled) once per
+# pod being created, for its volumes that name a claim. Set mountPropagation HostToContainer only
+# on CSI volumes, and only where the StorageClass or the namespace opted in with the label
+# volume-healer.io/mount-propagation: "HostToContainer". The webhook changes only mounts whose
+# propagation is unset or None: it never downgrades Bidirectional.
+propagation[v.name] := mount_propagation(v) if some v in input.volumes
+
+mount_propagation(v) := keep("NotCSI") if {
+	v.driver == ""
+} else := keep("NoMountToChange") if {
+	not changeable_mount(v)
+} else := {"set": true, "reason": "StorageClassOptedIn"} if {
+	propagation_opted_in(object.get(v, ["storageClass", "labels"], {}))
+} else := {"set": true, "reason": "NamespaceOptedIn"} if {
+	propagation_opted_in(input.namespace.labels)
+} else := keep("NotOptedIn")
+
+changeable_mount(v) if {
+	some m in v.mounts
+	m.propagation in {"", "None"}
+}
+
+mount_propagation_label := "volume-healer.io/mount-propagation"
+
+propagation_opted_in(labels) if labels[mount_propagation_label] == "HostToContainer"
+
+keep(reason) := {"set": false, "reason": reason}

@@ -267,3 +267,43 @@ test_recycle_of_an_unmounted_publish_target_evicts_without_opt_in if {
 test_recycle_never_evicts_a_bare_pod if {
 	volumehealer.restart == {"action": "leave", "reason": "NoController"} with input as remedy_pod("recycle", "PublishTargetNotMounted", "", "Always", may_evict, opted_in)
 }
+
+propagation_opted_in := {"volume-healer.io/mount-propagation": "HostToContainer"}
+
+new_pod(ns_labels, volumes) := {
+	"pod": {"namespace": "shop", "name": "", "generateName": "web-", "ownerKind": "ReplicaSet", "labels": {}},
+	"namespace": {"name": "shop", "labels": ns_labels},
+	"volumes": volumes,
+}
+
+claim_volume(name, driver, sc_labels, propagation) := {
+	"name": name, "claim": name, "persistentVolume": concat("-", ["pv", name]), "driver": driver,
+	"storageClass": {"name": "fast", "labels": sc_labels, "parameters": {}},
+	"mounts": [{"container": "app", "containerKind": "container", "mountPath": "/data", "propagation": propagation}],
+}
+
+test_propagation_sets_only_opted_in_csi_volumes if {
+	volumehealer.propagation == {
+		"data": {"set": true, "reason": "StorageClassOptedIn"},
+		"cache": {"set": false, "reason": "NotOptedIn"},
+		"nfs": {"set": false, "reason": "NotCSI"},
+	} with input as new_pod({}, [
+		claim_volume("data", "rbd.csi.ceph.com", propagation_opted_in, ""),
+		claim_volume("cache", "rbd.csi.ceph.com", {}, "None"),
+		claim_volume("nfs", "", propagation_opted_in, ""),
+	])
+}
+
+test_propagation_namespace_opts_in if {
+	volumehealer.propagation == {"data": {"set": true, "reason": "NamespaceOptedIn"}} with input as new_pod(propagation_opted_in, [claim_volume("data", "rbd.csi.ceph.com", {}, "None")])
+}
+
+test_propagation_leaves_set_propagations_alone if {
+	every p in {"HostToContainer", "Bidirectional"} {
+		volumehealer.propagation == {"data": {"set": false, "reason": "NoMountToChange"}} with input as new_pod(propagation_opted_in, [claim_volume("data", "rbd.csi.ceph.com", propagation_opted_in, p)])
+	}
+}
+
+test_propagation_without_claim_volumes_decides_nothing if {
+	volumehealer.propagation == {} with input as new_pod(propagation_opted_in, [])
+}

@@ -7,7 +7,9 @@
 // The judgement is policy.ConfigMapSource.Check; this package speaks AdmissionReview v1 over
 // HTTPS (Handler, Server), bounds what any caller's reviews cost (Limits: size, reviews in
 // flight, time) and counts the reviews (Metrics). The ValidatingWebhookConfiguration
-// comes with deploy/; docs/policy.md explains its failurePolicy.
+// comes with deploy/; docs/policy.md explains its failurePolicy. The Server also serves, on the
+// same listener and certificate, the further admission webhooks it is handed (Options.Handlers:
+// the mount propagation webhook), which read their reviews with ReadReview.
 //
 // It judges policies and never acts: it must not import scheduler, probe or healer.
 package webhook

@@ -165,6 +165,17 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request) (*admissionv1.A
 	return &admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}, nil
 }
 
+// ReadReview reads an AdmissionReview v1 with a request from the body of r, of at most limit
+// bytes, for the admission webhooks this package's Server serves. When it cannot, it returns the
+// HTTP status to answer with (405, 413, 415, 400) and why.
+func ReadReview(w http.ResponseWriter, r *http.Request, limit int64) (*admissionv1.AdmissionReview, int, error) {
+	review, rerr := readReview(w, r, limit)
+	if rerr != nil {
+		return nil, rerr.code, rerr.err
+	}
+	return review, 0, nil
+}
+
 // readReview reads an AdmissionReview v1 with a request from the body of r, of at most limit
 // bytes.
 func readReview(w http.ResponseWriter, r *http.Request, limit int64) (*admissionv1.AdmissionReview, *requestError) {
@@ -176,7 +187,7 @@ func readReview(w http.ResponseWriter, r *http.Request, limit int64) (*admission
 	}
 	tooLarge := func(size string) *requestError {
 		return &requestError{http.StatusRequestEntityTooLarge, fmt.Errorf(
-			"the AdmissionReview is %slarger than the %d bytes this webhook reads; no policy ConfigMap is that large (the API server stores objects of at most 1.5 MiB)", size, limit)}
+			"the AdmissionReview is %slarger than the %d bytes this webhook reads; no object it reviews is that large (the API server stores objects of at most 1.5 MiB)", size, limit)}
 	}
 	// Refused unread when the request says its size.
 	if r.ContentLength > limit {

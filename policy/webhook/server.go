@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +37,9 @@ type Options struct {
 	// ShutdownTimeout bounds how long reviews in flight get once the server stops. Default
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// Handlers are further admission webhooks served on the same listener and certificate, by
+	// path (the propagation webhook of package admission/propagation). Default none.
+	Handlers map[string]http.Handler
 }
 
 // Server serves the Handler over HTTPS on Path. It runs on every replica, leader or not: the API
@@ -56,6 +60,11 @@ func NewServer(o Options) (*Server, error) {
 		return nil, errors.New("webhook: a serving certificate and its key are required")
 	case o.Checker == nil:
 		return nil, errors.New("webhook: no Checker")
+	}
+	for path, h := range o.Handlers {
+		if path == Path || !strings.HasPrefix(path, "/") || h == nil {
+			return nil, fmt.Errorf("webhook: handler path %q is taken, not absolute, or has no handler", path)
+		}
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
@@ -88,6 +97,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, NewHandler(s.opts.Checker, s.opts.Metrics, s.opts.Limits))
+	for path, h := range s.opts.Handlers {
+		mux.Handle(path, h)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -115,7 +127,11 @@ func (s *Server) Start(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		s.listening.Store(true)
-		logger.Info("Serving the policy admission webhook", "address", ln.Addr().String(), "path", Path)
+		paths := []string{Path}
+		for path := range s.opts.Handlers {
+			paths = append(paths, path)
+		}
+		logger.Info("Serving the admission webhooks", "address", ln.Addr().String(), "paths", paths)
 		if err := srv.Serve(tls.NewListener(ln, tlsCfg)); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("webhook server: %w", err)
 		}

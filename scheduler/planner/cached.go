@@ -338,6 +338,12 @@ type pvShape struct {
 	accessModes  []corev1.PersistentVolumeAccessMode
 	mountOptions []string
 	phase        corev1.PersistentVolumePhase
+	// What the sidecar's calls carry to stage the volume alike (probe.Options.PersistentVolume):
+	// spec.volumeMode, spec.csi.fsType, spec.csi.readOnly and spec.csi.nodeStageSecretRef.
+	volumeMode                            corev1.PersistentVolumeMode
+	fsType                                string
+	readOnly                              bool
+	stageSecretNamespace, stageSecretName string
 }
 
 // shapeTable shares equal pvShapes between records, at most maxSharedSets of them: past that a
@@ -358,6 +364,11 @@ func (t *shapeTable) get(s pvShape) *pvShape {
 	key.WriteString(string(s.phase))
 	if s.csi {
 		key.WriteString("\x00csi")
+	}
+	// NUL occurs in none of these names, so the key stays unambiguous.
+	key.WriteString("\x00v" + string(s.volumeMode) + "\x00f" + s.fsType + "\x00s" + s.stageSecretNamespace + "/" + s.stageSecretName)
+	if s.readOnly {
+		key.WriteString("\x00ro")
 	}
 	for _, m := range s.accessModes {
 		key.WriteString("\x00m")
@@ -386,8 +397,15 @@ func compactPV(o *corev1.PersistentVolume) *cachedPV {
 		phase: corev1.PersistentVolumePhase(intern(string(o.Status.Phase))),
 	}
 	c := &cachedPV{name: o.Name, resourceVersion: o.ResourceVersion, deleting: o.DeletionTimestamp != nil}
+	if o.Spec.VolumeMode != nil {
+		shape.volumeMode = *o.Spec.VolumeMode
+	}
 	if csi := o.Spec.CSI; csi != nil {
 		shape.csi, shape.driver = true, intern(csi.Driver)
+		shape.fsType, shape.readOnly = intern(csi.FSType), csi.ReadOnly
+		if ref := csi.NodeStageSecretRef; ref != nil {
+			shape.stageSecretNamespace, shape.stageSecretName = intern(ref.Namespace), intern(ref.Name)
+		}
 		c.handle = csi.VolumeHandle
 		c.attributes = newStringMap(csi.VolumeAttributes)
 	}
@@ -412,9 +430,16 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 		},
 		Status: corev1.PersistentVolumeStatus{Phase: c.phase},
 	}
+	if c.volumeMode != "" {
+		mode := c.volumeMode
+		pv.Spec.VolumeMode = &mode
+	}
 	if c.csi {
 		pv.Spec.CSI = &corev1.CSIPersistentVolumeSource{Driver: c.driver, VolumeHandle: c.handle,
-			VolumeAttributes: c.attributes.toMap()}
+			VolumeAttributes: c.attributes.toMap(), FSType: c.fsType, ReadOnly: c.readOnly}
+		if c.stageSecretName != "" {
+			pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: c.stageSecretNamespace, Name: c.stageSecretName}
+		}
 	}
 	if c.claimName != "" {
 		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.claimNamespace, Name: c.claimName, UID: c.claimUID.uid()}
@@ -423,22 +448,36 @@ func (c *cachedPV) object() *corev1.PersistentVolume {
 }
 
 // cachedClaim is what the controller keeps of a PersistentVolumeClaim: its identity, labels and
-// annotations (the policy reads them; manual sweep requests and the status live there) and the
-// volume it is bound to.
+// annotations (the policy reads them; manual sweep requests and the status live there), the
+// volume it is bound to, and its StorageClass (the propagation webhook reads it while the claim is
+// not bound yet).
 type cachedClaim struct {
 	namespace, name, resourceVersion string
 	uid                              packedUID
 	volumeName                       string
-	labels, annotations              stringMap
-	deleting                         bool
+	// storageClass is the claim's spec.storageClassName when classSet; a claim that names no
+	// class gets the default one, an empty name none.
+	storageClass        string
+	classSet            bool
+	labels, annotations stringMap
+	deleting            bool
 }
 
 func compactClaim(o *corev1.PersistentVolumeClaim) *cachedClaim {
-	return &cachedClaim{
+	return compactClaimClass(&cachedClaim{
 		namespace: intern(o.Namespace), name: o.Name, resourceVersion: o.ResourceVersion, uid: packUID(o.UID),
-		volumeName: o.Spec.VolumeName, labels: newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
+		volumeName: o.Spec.VolumeName,
+		labels:     newStringMap(o.Labels), annotations: newStringMap(o.Annotations),
 		deleting: o.DeletionTimestamp != nil,
+	}, o)
+}
+
+// compactClaimClass keeps the claim's StorageClass name without an allocation per claim.
+func compactClaimClass(c *cachedClaim, o *corev1.PersistentVolumeClaim) *cachedClaim {
+	if p := o.Spec.StorageClassName; p != nil {
+		c.storageClass, c.classSet = intern(*p), true
 	}
+	return c
 }
 
 // GetObjectMeta makes the record keyable by the informer's store.
@@ -449,11 +488,16 @@ func (c *cachedClaim) GetObjectMeta() metav1.Object {
 
 // object builds the PersistentVolumeClaim the policy, Events and status patches use.
 func (c *cachedClaim) object() *corev1.PersistentVolumeClaim {
+	var class *string
+	if c.classSet {
+		name := c.storageClass
+		class = &name
+	}
 	return &corev1.PersistentVolumeClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion, UID: c.uid.uid(),
 			Labels: c.labels.toMap(), Annotations: c.annotations.toMap(), DeletionTimestamp: deletionOf(c.deleting)},
-		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: c.volumeName},
+		Spec: corev1.PersistentVolumeClaimSpec{VolumeName: c.volumeName, StorageClassName: class},
 	}
 }
 

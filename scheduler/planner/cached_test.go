@@ -28,7 +28,9 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
 				Driver: "rbd.csi.ceph.com", VolumeHandle: "0001-0009-rook-ceph-0000000000000002-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34",
 				FSType: "ext4", VolumeAttributes: map[string]string{"pool": "replicapool", "mounter": "rbd-nbd", "imageName": "csi-vol-8d7c3a6e-9f41-4b62-8a1d-2c5e8f0b7d34"},
+				ReadOnly: true, NodeStageSecretRef: &corev1.SecretReference{Namespace: "rook-ceph", Name: "rook-csi-rbd-node"},
 			}},
+			VolumeMode:       ptr(corev1.PersistentVolumeFilesystem),
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			ClaimRef:         &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: "shop", Name: "db", UID: "u1"},
 			StorageClassName: "gold", MountOptions: []string{"discard"},
@@ -41,7 +43,9 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 	}
 	got := PersistentVolumeFrom(rec)
 	want := pv.DeepCopy()
-	want.ManagedFields, want.Annotations, want.Spec.Capacity, want.Spec.CSI.FSType = nil, nil, nil, ""
+	// What the sidecar's calls carry (fsType, volumeMode, readOnly, the node-stage Secret's
+	// reference) is kept too.
+	want.ManagedFields, want.Annotations, want.Spec.Capacity = nil, nil, nil
 	want.DeletionTimestamp = got.DeletionTimestamp // only whether it is set is kept
 	if got.DeletionTimestamp == nil || !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("PV after the cache:\n got %+v\nwant %+v", got, want)
@@ -59,7 +63,8 @@ func TestCacheTransformKeepsWhatIsRead(t *testing.T) {
 	}
 	gotClaim := ClaimFrom(rec)
 	if gotClaim.Namespace != "shop" || gotClaim.Name != "db" || gotClaim.UID != "u1" || gotClaim.ResourceVersion != "3" ||
-		gotClaim.Spec.VolumeName != pvName || !equality.Semantic.DeepEqual(gotClaim.Labels, pvc.Labels) ||
+		gotClaim.Spec.VolumeName != pvName || gotClaim.Spec.StorageClassName == nil || *gotClaim.Spec.StorageClassName != "gold" ||
+		!equality.Semantic.DeepEqual(gotClaim.Labels, pvc.Labels) ||
 		!equality.Semantic.DeepEqual(gotClaim.Annotations, pvc.Annotations) || gotClaim.Kind != "PersistentVolumeClaim" {
 		t.Errorf("PVC after the cache: %+v", gotClaim)
 	}

@@ -223,6 +223,17 @@ type Planner struct {
 // New returns a planner over c.
 func New(c Caches) *Planner { return &Planner{c: c, terms: newPolicyTerms()} }
 
+// PersistentVolume returns the PersistentVolume named name as the caches keep it (the fields the
+// policy and the sidecar's calls read), without a read from the API server; false when it is not
+// in the caches. Read-only, as Volume.Objects.
+func (p *Planner) PersistentVolume(name string) (*corev1.PersistentVolume, bool) {
+	pv := p.pv(name)
+	if pv == nil {
+		return nil, false
+	}
+	return pv.object(), true
+}
+
 // AttachRequired reports whether the driver's volumes have VolumeAttachments. A driver without a
 // CSIDriver object is assumed to attach, as kubelet and the attach/detach controller assume.
 func (p *Planner) AttachRequired(driver string) bool {

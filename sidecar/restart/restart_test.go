@@ -228,9 +228,10 @@ func TestRestartGracePeriodFitsTheDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 		stops := s.Stops()
-		// 5s less the second kept for the kill and the answer, less the time to list: 3s.
-		if len(stops) != 1 || stops[0].Timeout != 3 {
-			t.Fatalf("stops = %+v, want one with a grace period of 3s", stops)
+		// 5s less the second kept for the kill and the answer, less the time to list, in whole
+		// seconds: 3s, or less on a machine slow to list; never the 30s asked for.
+		if len(stops) != 1 || stops[0].Timeout > 3 || stops[0].Timeout < 1 {
+			t.Fatalf("stops = %+v, want one with a grace period of 1s to 3s", stops)
 		}
 	})
 	t.Run("a deadline too short for a graceful stop stops nothing", func(t *testing.T) {

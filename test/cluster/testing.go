@@ -14,6 +14,10 @@ import (
 // machine that cannot fails t instead of hiding the suite.
 func StartForTest(t testing.TB) (*Cluster, Assets) {
 	t.Helper()
+	if testing.Short() {
+		// make test-short promises the fast tests only; a real node takes minutes to start.
+		t.Skip("a real node is not a fast test (-short)")
+	}
 	if why := Unavailable(); why != "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("cannot run a node here (%s), and CI (CI=true) must run the real-cluster suite", why)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -123,7 +124,12 @@ func TestProcessesWhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	named := func(pid int) bool { return slices.Contains(CommandLine(pid), marker) }
+	// The shell forks before it runs sleep, and a forked shell carries the same command line until
+	// it execs: the test's own child is the one whose parent is the test.
+	named := func(pid int) bool {
+		st, ok := ProcessStat(pid)
+		return ok && st.PPID == os.Getpid() && slices.Contains(CommandLine(pid), marker)
+	}
 	if got := ProcessesWhere(named); !slices.Equal(got, []int{p.Pid()}) {
 		t.Errorf("ProcessesWhere(named %s) = %v, want the child %d", marker, got, p.Pid())
 	}

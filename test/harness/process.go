@@ -233,6 +233,17 @@ func ProcessStat(pid int) (procfs.ProcStat, bool) {
 	return stat, err == nil
 }
 
+// ProcessFDs counts the open file descriptors of process pid (the entries of /proc/<pid>/fd);
+// false when the process has ended.
+func ProcessFDs(pid int) (int, bool) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return 0, false
+	}
+	n, err := p.FileDescriptorsLen()
+	return n, err == nil
+}
+
 // Pause freezes the process with SIGSTOP: its sockets stay open and accept connections, but
 // nothing answers. Stop and Kill end a paused process too.
 func (p *Process) Pause() error { return p.Signal(syscall.SIGSTOP) }

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
+	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
 	"github.com/volume-healer/volume-healer/test/kubelet"
 )
 
@@ -49,6 +51,16 @@ type RealNodeOptions struct {
 	RegisterTimeout time.Duration
 	// Logger, when set, is the sidecar's logger; else klog's global one.
 	Logger *klog.Logger
+	// Stock makes the driver look like a stock CSI driver to the sidecar: the sidecar reaches it
+	// through a relay that serves its CSI-Addons Identity service alone, so every Healer call
+	// answers UNIMPLEMENTED and the sidecar probes the volumes itself (tier "none"). Mount then
+	// writes kubelet's records (vol_data.json), which that probe reads, and Unpublish and Unstage
+	// remove them, as kubelet does. Default false.
+	Stock bool
+	// SidecarBinary is cmd/healer-sidecar (Build with NodePlugin), which the sidecar starts to stat
+	// a mount when it probes a volume itself: required with Stock, since this process is not
+	// that program.
+	SidecarBinary string
 }
 
 // RealNode is one node with real mounts on this machine: a kubelet stand-in (test/kubelet) under
@@ -71,6 +83,7 @@ type RealNode struct {
 	starts    int
 	drv       *Process
 	sc        *Sidecar
+	relay     *stockRelay
 	workloads []*kubelet.Workload
 }
 
@@ -79,6 +92,9 @@ type RealNode struct {
 func NewRealNode(o RealNodeOptions) (*RealNode, error) {
 	if o.Node == "" || o.Driver == "" || o.Namespace == "" || o.Kube == nil || o.Dir == "" || o.DriverBinary == "" {
 		return nil, errors.New("real node: Node, Driver, Namespace, Kube, Dir and DriverBinary are required")
+	}
+	if o.Stock && o.SidecarBinary == "" {
+		return nil, errors.New("real node: a Stock node needs SidecarBinary, which its sidecar starts to stat a mount")
 	}
 	if o.StatTimeout == 0 {
 		o.StatTimeout = time.Second
@@ -161,12 +177,25 @@ func (n *RealNode) Start(ctx context.Context) error {
 	if !n.opts.KeepPort {
 		addr = "127.0.0.1:0"
 	}
+	endpoint := n.socket
+	var statCommand []string
+	if n.opts.Stock {
+		statCommand = []string{n.opts.SidecarBinary, nodeprobe.StatArg}
+		relay, err := startStockRelay(n.socket, filepath.Join(n.sockDir, "addons.sock"))
+		if err != nil {
+			_ = drv.KillGroup()
+			return err
+		}
+		n.relay, endpoint = relay, relay.path
+	}
 	sc, err := StartSidecar(runCtx, sidecar.Options{
 		KubeConfig:     n.opts.Kube,
 		NodeName:       n.opts.Node,
 		Namespace:      n.opts.Namespace,
 		PodUID:         fmt.Sprintf("%s-real-start-%d", n.opts.Node, n.starts),
-		DriverEndpoint: "unix://" + n.socket,
+		DriverEndpoint: "unix://" + endpoint,
+		StatCommand:    statCommand,
+		StatTimeout:    n.opts.StatTimeout,
 		KubeletDir:     n.kubelet.Root(),
 		ListenAddress:  addr,
 		Insecure:       true,
@@ -229,7 +258,10 @@ func (n *RealNode) killLocked() error {
 			errs = append(errs, fmt.Errorf("sidecar on %s: %w", n.opts.Node, err))
 		}
 	}
-	n.drv, n.sc = nil, nil
+	if n.relay != nil {
+		n.relay.stop()
+	}
+	n.drv, n.sc, n.relay = nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -283,14 +315,76 @@ func (n *RealNode) Mount(ctx context.Context, v *Volume, podUID string) (string,
 	}
 	defer func() { _ = conn.Close() }()
 	kv := n.kubeletVolume(v)
+	staging := n.StagingPath(v)
+	if err := n.volData(filepath.Dir(staging), map[string]string{"driverName": n.opts.Driver, "volumeHandle": v.Handle}); err != nil {
+		return "", err
+	}
 	if err := n.kubelet.Stage(ctx, conn, kv); err != nil {
 		return "", fmt.Errorf("stage %s on %s: %w", v.PV, n.opts.Node, err)
+	}
+	if err := n.volData(filepath.Dir(n.kubelet.PublishPath(podUID, v.PV)), map[string]string{"driverName": n.opts.Driver,
+		"volumeHandle": v.Handle, "specVolID": v.PV, "volumeLifecycleMode": "Persistent"}); err != nil {
+		return "", err
 	}
 	target, err := n.kubelet.Publish(ctx, conn, kv, podUID)
 	if err != nil {
 		return "", fmt.Errorf("publish %s on %s: %w", v.PV, n.opts.Node, err)
 	}
 	return target, nil
+}
+
+// volData writes kubelet's vol_data.json into dir, for a Stock node only: kubelet writes it before
+// NodeStageVolume or NodePublishVolume.
+func (n *RealNode) volData(dir string, data map[string]string) error {
+	if !n.opts.Stock {
+		return nil
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "vol_data.json"), b, 0o600)
+}
+
+// Unpublish unpublishes the volume from the pod podUID, as kubelet does once the pod is gone; on
+// a Stock node kubelet's record goes first.
+func (n *RealNode) Unpublish(ctx context.Context, v *Volume, podUID string) error {
+	conn, err := n.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	if n.opts.Stock {
+		if err := os.Remove(filepath.Join(filepath.Dir(n.kubelet.PublishPath(podUID, v.PV)), "vol_data.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if err := n.kubelet.Unpublish(ctx, conn, n.kubeletVolume(v), podUID); err != nil {
+		return fmt.Errorf("unpublish %s from pod %s on %s: %w", v.PV, podUID, n.opts.Node, err)
+	}
+	return nil
+}
+
+// Unstage unstages the volume, as kubelet does once no pod on the node uses it; on a Stock node
+// kubelet's record goes first.
+func (n *RealNode) Unstage(ctx context.Context, v *Volume) error {
+	conn, err := n.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	if n.opts.Stock {
+		if err := os.Remove(filepath.Join(filepath.Dir(n.StagingPath(v)), "vol_data.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if err := n.kubelet.Unstage(ctx, conn, n.kubeletVolume(v)); err != nil {
+		return fmt.Errorf("unstage %s on %s: %w", v.PV, n.opts.Node, err)
+	}
+	return nil
 }
 
 // StagingPath is where kubelet stages the volume on this node.

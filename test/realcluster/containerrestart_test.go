@@ -34,6 +34,9 @@ import (
 func TestRealNodeRestartsContainersInPlace(t *testing.T) {
 	c, assets := cluster.StartForTest(t)
 	e := InstallWith(t, c, assets, InstallOptions{ContainerRestart: true, NoRemediation: true})
+	// Without the label that opts the namespace in to pod restarts: nothing but the call below
+	// may restart the pod.
+	e.namespace(appsNS, nil)
 	private := e.Deployment("private", corev1.MountPropagationNone)
 	other := e.Deployment("other", corev1.MountPropagationNone)
 	ctx := t.Context()
@@ -51,8 +54,9 @@ func TestRealNodeRestartsContainersInPlace(t *testing.T) {
 
 	at := time.Now()
 	e.KillMounter(t, private)
-	// The periodic sweep heals the node's mount; the pod, with propagation None, keeps the dead one.
-	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumeHealed, at)
+	// The periodic sweep heals the node's mount; the pod, with propagation None, keeps the dead
+	// one, and the driver's probe after the heal says so.
+	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
 	harness.Eventually(t, time.Minute, "the private pod's writes to fail on its dead mount after the heal", func() (bool, string) {
 		writing, failure, err := private.PodState(ctx, pod.Name)
 		if err != nil {

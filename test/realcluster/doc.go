@@ -12,6 +12,7 @@
 // It owns the workloads on the node, the ways it breaks the node plugin and the checks of what
 // the workloads saw. It reaches the node through test/cluster and test/harness, and of the
 // product imports only the names a user reads (api/annotations, the Event reasons of package
-// healer and healer/evict); it must not import the controller's stages or cmd/: the
-// product runs from its images, installed by Helm. test/demo imports it for its cluster mode.
+// healer and healer/evict), and in its container restart test the wire protocol's client, to
+// call the node's sidecar as the controller does; it must not import the controller's stages or
+// cmd/: the product runs from its images, installed by Helm. test/demo imports it for its cluster mode.
 package realcluster

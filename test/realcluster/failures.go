@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -63,18 +64,41 @@ func (e *Env) volumeHandle(t harness.TB, claim string) string {
 // KillMounter kills the FUSE daemon of w's volume with SIGKILL.
 func (e *Env) KillMounter(t harness.TB, w *Workload) {
 	t.Helper()
-	handle := e.volumeHandle(t, w.claim())
-	for _, pid := range harness.ProcessesWhere(func(int) bool { return true }) {
-		args := harness.CommandLine(pid)
-		if len(args) > 1 && args[1] == "mounter" && slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, handle) }) {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatalf("kill -9 %d (mounter of %s): %v", pid, handle, err)
-			}
-			t.Logf("killed the mounter of %s (pid %d): %s", handle, pid, strings.Join(args, " "))
-			return
+	e.signalMounter(t, w.claim(), syscall.SIGKILL)
+}
+
+// signalMounter sends sig to the FUSE daemon of claim's volume and returns its PID.
+func (e *Env) signalMounter(t harness.TB, claim string, sig syscall.Signal) int {
+	t.Helper()
+	handle := e.volumeHandle(t, claim)
+	pid := mounterPID(handle)
+	if pid == 0 {
+		t.Fatalf("no mounter process of volume %s", handle)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("kill -%d %d (mounter of %s): %v", sig, pid, handle, err)
+	}
+	t.Logf("sent %s to the mounter of %s (pid %d): %s", unix.SignalName(sig), handle, pid, strings.Join(harness.CommandLine(pid), " "))
+	return pid
+}
+
+// mounterPID returns the PID of the FUSE daemon of the volume handle; 0 when none runs.
+func mounterPID(handle string) int {
+	for _, pid := range mounterPIDs() {
+		if slices.ContainsFunc(harness.CommandLine(pid), func(a string) bool { return strings.Contains(a, handle) }) {
+			return pid
 		}
 	}
-	t.Fatalf("no mounter process of volume %s", handle)
+	return 0
+}
+
+// mounterPIDs lists the reference driver's FUSE daemons on the node: the processes run as
+// "<driver binary> mounter ...".
+func mounterPIDs() []int {
+	return harness.ProcessesWhere(func(pid int) bool {
+		args := harness.CommandLine(pid)
+		return len(args) > 1 && args[1] == "mounter"
+	})
 }
 
 // The remedies of the outage table, by the way the workloads got their volume back.
@@ -84,8 +108,8 @@ const (
 	// RemedyContainerRestartAgain is a container restart of a pod whose container kubelet
 	// restarted before.
 	RemedyContainerRestartAgain = "container restart of a restarted container (None, CRI on)"
-	RemedyEviction         = "eviction (None, CRI off)"
-	RemedyRecycle          = "recycle (stock driver, rclone)"
+	RemedyEviction              = "eviction (None, CRI off)"
+	RemedyRecycle               = "recycle (stock driver, rclone)"
 )
 
 // Disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
@@ -269,47 +293,67 @@ func (e *Env) expectEvent(t harness.TB, kind, name, reason string, since time.Ti
 // would; kubelet restarts the container in the same pod.
 func (e *Env) KillDriverContainer(t harness.TB) {
 	t.Helper()
-	e.killDriverContainer(t, driverNS, nodePluginPods)
+	e.killContainer(t, driverNS, nodePluginPods, "refdriver")
 }
 
-// killDriverContainer kills the driver process of the node plugin pod of namespace that selector
-// selects, and waits until kubelet restarted the container.
-func (e *Env) killDriverContainer(t harness.TB, namespace, selector string) {
+// KillControllerContainer kills the controller's process with SIGKILL; kubelet restarts the
+// container in the same pod.
+func (e *Env) KillControllerContainer(t harness.TB) {
+	t.Helper()
+	e.killContainer(t, healerNS, controllerPods, "controller")
+}
+
+// containerRestartBound is how long kubelet may take to restart a killed container: its
+// crash-loop back-off doubles from 10s at each restart up to 5 minutes (reset after 10 minutes
+// of running), and the container must then start and be ready.
+const containerRestartBound = 6 * time.Minute
+
+// controllerPods selects the controller's pods.
+const controllerPods = "app.kubernetes.io/component=controller"
+
+// killContainer kills the first process of the container named container in the running pod
+// that selector finds in ns with SIGKILL, and waits until kubelet restarted it and it is ready.
+func (e *Env) killContainer(t harness.TB, ns, selector, container string) {
 	t.Helper()
 	ctx := t.Context()
-	pod, id := e.driverContainer(ctx, t, namespace, selector)
+	pod, id := e.runningContainer(ctx, t, ns, selector, container)
 	pid := e.containerPID(ctx, t, id)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill -9 %d (the driver container of %s): %v", pid, pod.Name, err)
+		t.Fatalf("kill -9 %d (the %s container of %s): %v", pid, container, pod.Name, err)
 	}
-	harness.Eventually(t, 2*time.Minute, "kubelet to restart the driver container of "+pod.Name, func() (bool, string) {
-		p, err := e.c.Clientset.CoreV1().Pods(namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	harness.Eventually(t, containerRestartBound, "kubelet to restart the "+container+" container of "+pod.Name, func() (bool, string) {
+		p, err := e.c.Clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, s := range p.Status.ContainerStatuses {
-			if s.Name == "refdriver" {
-				return s.RestartCount > restarts(pod) && s.Ready, fmt.Sprintf("restartCount %d, ready %t", s.RestartCount, s.Ready)
-			}
+		if s := containerStatus(p, container); s != nil {
+			return s.RestartCount > restarts(pod, container) && s.Ready, fmt.Sprintf("restartCount %d, ready %t", s.RestartCount, s.Ready)
 		}
-		return false, "no refdriver container status"
+		return false, "no " + container + " container status"
 	})
 }
 
-func restarts(p *corev1.Pod) int32 {
-	for _, s := range p.Status.ContainerStatuses {
-		if s.Name == "refdriver" {
-			return s.RestartCount
+func containerStatus(p *corev1.Pod, container string) *corev1.ContainerStatus {
+	for i := range p.Status.ContainerStatuses {
+		if p.Status.ContainerStatuses[i].Name == container {
+			return &p.Status.ContainerStatuses[i]
 		}
+	}
+	return nil
+}
+
+func restarts(p *corev1.Pod, container string) int32 {
+	if s := containerStatus(p, container); s != nil {
+		return s.RestartCount
 	}
 	return 0
 }
 
-// driverContainer returns the node plugin's pod in namespace that selector selects and the
-// containerd ID of its driver container.
-func (e *Env) driverContainer(ctx context.Context, t harness.TB, namespace, selector string) (*corev1.Pod, string) {
+// runningContainer returns the running pod that selector finds in ns (not being deleted) and
+// the containerd ID of its container named container.
+func (e *Env) runningContainer(ctx context.Context, t harness.TB, ns, selector, container string) (*corev1.Pod, string) {
 	t.Helper()
-	list, err := e.c.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	list, err := e.c.Clientset.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -317,29 +361,36 @@ func (e *Env) driverContainer(ctx context.Context, t harness.TB, namespace, sele
 		if p.DeletionTimestamp != nil {
 			continue
 		}
-		for _, s := range p.Status.ContainerStatuses {
-			if s.Name == "refdriver" && s.ContainerID != "" {
-				return &p, strings.TrimPrefix(s.ContainerID, "containerd://")
-			}
+		if s := containerStatus(&p, container); s != nil && s.ContainerID != "" {
+			return &p, strings.TrimPrefix(s.ContainerID, "containerd://")
 		}
 	}
-	t.Fatalf("no running node plugin pod with a refdriver container in %s", namespace)
+	t.Fatalf("no running pod in %s (%s) with a %s container", ns, selector, container)
 	return nil, ""
 }
 
-// containerPID finds the host PID of the container's first process, from its cgroup: the
-// process in the container's cgroup whose parent is outside it.
-func (e *Env) containerPID(ctx context.Context, t harness.TB, id string) int {
+// containerPID finds the host PID of the container's first process (containerFirstPID).
+func (e *Env) containerPID(_ context.Context, t harness.TB, id string) int {
 	t.Helper()
+	pid, err := containerFirstPID(id)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return pid
+}
+
+// containerFirstPID finds the host PID of the container's first process, from its cgroup: the
+// process in the container's cgroup whose parent is outside it.
+func containerFirstPID(id string) (int, error) {
 	matches, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/" + id + "/cgroup.procs")
 	matches2, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/" + id + "/cgroup.procs")
 	matches = append(matches, matches2...)
 	if len(matches) != 1 {
-		t.Fatalf("container %s: %d cgroups found", id, len(matches))
+		return 0, fmt.Errorf("container %s: %d cgroups found", id, len(matches))
 	}
 	raw, err := os.ReadFile(matches[0])
 	if err != nil {
-		t.Fatalf("%v", err)
+		return 0, err
 	}
 	in := map[int]bool{}
 	for _, f := range strings.Fields(string(raw)) {
@@ -348,9 +399,8 @@ func (e *Env) containerPID(ctx context.Context, t harness.TB, id string) int {
 	}
 	for pid := range in {
 		if stat, ok := harness.ProcessStat(pid); ok && !in[stat.PPID] {
-			return pid
+			return pid, nil
 		}
 	}
-	t.Fatalf("container %s: no first process among %v", id, in)
-	return 0
+	return 0, fmt.Errorf("container %s: no first process among %v", id, in)
 }

@@ -25,7 +25,8 @@ import (
 //     gave it the runtime's socket, restarted in place (same pod, one more container restart);
 //   - on the stock driver, the sidecar's own probe finds the dead mounts (tier none), the policy
 //     recycles each volume (its pods evicted), and the driver's NodeStage and NodePublish mount it
-//     again for the replacement pods; the restart is recorded handled only once they are healthy.
+//     again for the replacement pods; the restart is recorded handled only once none is left on a
+//     dead mount.
 //
 // The suite logs the workloads' outage of each remedy side by side (docs/performance.md).
 //

@@ -124,7 +124,7 @@ func (e *Env) RolloutRestartStock(t harness.TB) {
 // restarts the container in the same pod, and the mounters, its children, die with it.
 func (e *Env) KillStockDriverContainer(t harness.TB) {
 	t.Helper()
-	e.killDriverContainer(t, stockNS, stockPods)
+	e.killContainer(t, stockNS, stockPods, "refdriver")
 }
 
 // stockNode is what the suite reads of the stock driver's CSIAddonsNode on the node.

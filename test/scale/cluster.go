@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/test/fixtures"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -147,7 +148,7 @@ func (c *cluster) createNodes(ctx context.Context, names []string) error {
 // the PV, the PVC and the VolumeAttachment. progress, when set, is called with the number done.
 func (c *cluster) createVolumes(ctx context.Context, vols []volume, workers int, progress func(int)) error {
 	var done atomic.Int64
-	return forEach(ctx, len(vols), workers, func(ctx context.Context, i int) error {
+	err := forEach(ctx, len(vols), workers, func(ctx context.Context, i int) error {
 		if err := c.createVolume(ctx, vols[i]); err != nil {
 			return fmt.Errorf("volume %s: %w", vols[i].pv, err)
 		}
@@ -155,6 +156,22 @@ func (c *cluster) createVolumes(ctx context.Context, vols []volume, workers int,
 			progress(int(n))
 		}
 		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// The attach/detach controller lists each attached volume in its Node's status: one update
+	// per node here.
+	byNode := map[string][]string{}
+	var nodes []string
+	for _, v := range vols {
+		if _, ok := byNode[v.node]; !ok {
+			nodes = append(nodes, v.node)
+		}
+		byNode[v.node] = append(byNode[v.node], v.handle)
+	}
+	return forEach(ctx, len(nodes), workers, func(ctx context.Context, i int) error {
+		return fixtures.ReportAttached(ctx, c.kube, nodes[i], driverName, byNode[nodes[i]]...)
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/volume-healer/volume-healer/policy"
+	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
@@ -114,6 +115,9 @@ type runner struct {
 	plugins []*nodePlugin
 	ctrl    *controllerProcess
 	res     *Results
+	// brokenPerRestart is how many of the restarted node's volumes lose their mount just before
+	// each restart of figure 1 (spread over its volumes), so that its sweeps heal them; 0: none.
+	brokenPerRestart int
 	// clusterVolumes and clusterNodes count every volume and node in the cluster, those of nodes
 	// without a plugin included; idleNodes count the nodes without a plugin.
 	clusterVolumes, clusterNodes, idleNodes int
@@ -473,6 +477,7 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 	var (
 		ctrlSum, sidecarSum, apiSum requestSnapshot
 		ctrlMin, ctrlMax, lgMax     int64 = -1, 0, 0
+		heals                       int64
 		lat, allProbed              []float64
 		sweepTotal                  time.Duration
 	)
@@ -485,6 +490,9 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 		handled := h.handledPatches()
 		h.big.calls.reset()
 		h.calls.reset()
+		if err := h.breakVolumes(h.big, h.brokenPerRestart); err != nil {
+			return err
+		}
 		if err := h.big.restart(ctx); err != nil {
 			return err
 		}
@@ -507,6 +515,7 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 		// Events are posted asynchronously, just before the handled marker: let them land.
 		time.Sleep(300 * time.Millisecond)
 		snap := h.big.calls.snapshot()
+		heals += h.calls.heals.Load()
 		a1, err := apiserverCounts(ctx, rc)
 		if err != nil {
 			return err
@@ -530,6 +539,7 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 		ClusterVolumes: h.volumes(), NodeVolumes: len(h.big.vols), Sweeps: n,
 		Controller: figureOf(ctrlSum, n), ControllerListGetMax: lgMax, ControllerRequestsMin: ctrlMin, ControllerRequestsMax: ctrlMax,
 		Sidecar: figureOf(sidecarSum, n), APIServer: figureOf(apiSum, n), SweepSeconds: sweepTotal.Seconds() / float64(n),
+		Heals: float64(heals) / float64(n), APIServerWithWatches: float64(apiSum.total("GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION")) / float64(n),
 	}
 
 	// The peer: one LIST of every VolumeAttachment, then a GET of each PV, VolumeAttachment and
@@ -559,6 +569,21 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 			NodeVolumes: len(h.big.vols), ClusterVolumes: h.volumes(), Restarts: n, DebounceSeconds: h.layout.Debounce.Seconds(),
 			P50Ms: percentile(lat, 50), P99Ms: percentile(lat, 99), MinMs: percentile(lat, 0), MaxMs: percentile(lat, 100),
 			SamplesMs: lat, AllProbedP50Ms: percentile(allProbed, 50), AllProbedP99Ms: percentile(allProbed, 99),
+		}
+	}
+	return nil
+}
+
+// breakVolumes makes n of p's volumes, spread over them, lose their mount (as a dead userspace
+// mounter leaves it), for the next restart's sweep to heal.
+func (h *runner) breakVolumes(p *nodePlugin, n int) error {
+	if n <= 0 || len(p.vols) == 0 {
+		return nil
+	}
+	step := max(len(p.vols)/n, 1)
+	for i := 0; i < n && i*step < len(p.vols); i++ {
+		if _, err := p.Driver().SetCondition(p.vols[i*step].handle, control.Gone, 0); err != nil {
+			return fmt.Errorf("break volume %s on %s: %w", p.vols[i*step].handle, p.name, err)
 		}
 	}
 	return nil

@@ -13,8 +13,10 @@ import (
 // listEverything does what a node plugin that heals at its own start does today (ceph-csi's
 // in-driver healer): one LIST of every VolumeAttachment in the cluster, then for each attachment
 // of its driver on its node a GET of the PersistentVolume, of the VolumeAttachment and of the
-// node-stage Secret, one goroutine per volume without a limit. It returns the number of volumes
-// it found on the node. The requests go through a client counted into stats.
+// node-stage Secret, one goroutine per volume, at most peerConcurrency at once (above that the
+// harness's own client times out its TLS handshakes on two shared cores, and a real node plugin
+// would meet the same). It returns the number of volumes it found on the node. The requests go
+// through a client counted into stats.
 func (c *cluster) listEverything(ctx context.Context, stats *requestStats, node string) (int, time.Duration, error) {
 	// client-go's default JSON, as the peer uses it; no rate limit, so that the count is not
 	// spread over minutes (the default limit is computed in the report instead).
@@ -29,6 +31,7 @@ func (c *cluster) listEverything(ctx context.Context, stats *requestStats, node 
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
+	slots := make(chan struct{}, peerConcurrency)
 	var firstErr error
 	found := 0
 	for i := range vas.Items {
@@ -38,7 +41,9 @@ func (c *cluster) listEverything(ctx context.Context, stats *requestStats, node 
 		}
 		found++
 		pvName, vaName := *va.Spec.Source.PersistentVolumeName, va.Name
+		slots <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-slots }()
 			err := func() error {
 				pv, err := kube.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{})
 				if err != nil {
@@ -66,6 +71,10 @@ func (c *cluster) listEverything(ctx context.Context, stats *requestStats, node 
 	wg.Wait()
 	return found, time.Since(start), firstErr
 }
+
+// peerConcurrency bounds the list-everything approach's GETs in flight: as many as a node of
+// figure 1's first size has volumes, so that its figure is the unbounded one there.
+const peerConcurrency = 1000
 
 // defaultRateLimitSeconds is how long n requests take under client-go's default client-side
 // rate limit (5 per second after a burst of 10), which a client that does not raise it gets.

@@ -23,11 +23,11 @@ func (r *Results) markdown() string {
 
 	if len(r.APIRequests) > 0 {
 		p("\n## 1. API requests per restart sweep\n\n")
-		p("| cluster volumes | node volumes | sweeps | controller requests/sweep (LIST+GET) | controller by verb | restarted sidecar requests | apiserver_request_total/sweep (all clients) | peer requests (LIST+GET) | peer response bytes | peer s | peer s at 5 QPS |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		p("| cluster volumes | node volumes | sweeps | heals/sweep | controller requests/sweep (LIST+GET) | controller by verb | restarted sidecar requests | apiserver_request_total/sweep (all clients) | with watches (budget 10 + 3/heal) | peer requests (LIST+GET) | peer response bytes | peer s | peer s at 5 QPS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, a := range r.APIRequests {
-			p("| %d | %d | %d | %.2f (%.0f) [min %d, max %d] | %s | %.1f | %.1f | %.0f (%.0f) | %.0f | %.2f | %.0f |\n",
-				a.ClusterVolumes, a.NodeVolumes, a.Sweeps, a.Controller.Requests, a.Controller.ListGet, a.ControllerRequestsMin, a.ControllerRequestsMax,
-				verbs(a.Controller.ByVerbResource), a.Sidecar.Requests, a.APIServer.Requests, a.Peer.Client.Requests, a.Peer.Client.ListGet,
+			p("| %d | %d | %d | %.1f | %.2f (%.0f) [min %d, max %d] | %s | %.1f | %.1f | %.1f (%.0f) | %.0f (%.0f) | %.0f | %.2f | %.0f |\n",
+				a.ClusterVolumes, a.NodeVolumes, a.Sweeps, a.Heals, a.Controller.Requests, a.Controller.ListGet, a.ControllerRequestsMin, a.ControllerRequestsMax,
+				verbs(a.Controller.ByVerbResource), a.Sidecar.Requests, a.APIServer.Requests, a.APIServerWithWatches, restartBudget(a.Heals), a.Peer.Client.Requests, a.Peer.Client.ListGet,
 				a.Peer.Client.ResponseBytes, a.Peer.Seconds, a.Peer.SecondsAtDefaultRateLimit)
 		}
 	}

@@ -107,8 +107,19 @@ type apiRequests struct {
 	APIServer requestFigure `json:"apiserver"`
 	// SweepSeconds is the mean time from the restart marker's acceptance to the handled marker.
 	SweepSeconds float64 `json:"sweepSeconds"`
-	Peer         peer    `json:"peer"`
+	// Heals is the mean number of heals per sweep (driver calls).
+	Heals float64 `json:"heals"`
+	// APIServerWithWatches is apiserver_request_total per sweep, every client and every verb
+	// together, watches included (APIServer.Requests leaves them out).
+	APIServerWithWatches float64 `json:"apiserverWithWatches"`
+	Peer                 peer    `json:"peer"`
 }
+
+// restartBudget is what a node plugin restart may cost the API server, every client counted:
+// a handful of requests (the restarted sidecar's registration and watches, the controller's
+// handled marker), and per volume that needs a heal its Event, its status and the Secret the
+// heal reads.
+func restartBudget(heals float64) float64 { return 10 + 3*heals }
 
 // peer is the list-everything approach for the same node.
 type peer struct {

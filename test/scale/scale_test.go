@@ -98,6 +98,7 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		if a.Peer.Volumes != a.NodeVolumes {
 			t.Errorf("the list-everything approach found %d volumes on the node, want %d", a.Peer.Volumes, a.NodeVolumes)
 		}
+		checkRestartCost(t, a)
 		if want := float64(1 + 3*a.NodeVolumes); a.Peer.Client.Requests != want {
 			t.Errorf("the list-everything approach made %.0f requests, want %.0f (one LIST, three GETs per volume)", a.Peer.Client.Requests, want)
 		}

@@ -85,8 +85,14 @@ func (d *finishingDispatcher) Submit(tasks ...dispatch.Task) {
 	}
 }
 
-// noClient is a client that a periodic sweep of healthy volumes never uses.
+// noClient is a client that a periodic sweep of healthy volumes uses only to record the tier of
+// each driver on each node on its CSIAddonsNode, once; any other call panics (a nil Client).
 type noClient struct{ client.Client }
+
+// Patch accepts the sweep's write of a driver's tier.
+func (noClient) Patch(context.Context, client.Object, client.Patch, ...client.PatchOption) error {
+	return nil
+}
 
 // sweepCPU is the cost of one periodic sweep over every volume, planning and policy only.
 type sweepCPU struct {

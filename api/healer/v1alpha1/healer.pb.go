@@ -378,7 +378,10 @@ type ProbeVolumeRequest struct {
 	VolumeCapability *csi.VolumeCapability `protobuf:"bytes,5,opt,name=volume_capability,json=volumeCapability,proto3" json:"volume_capability,omitempty"`
 	// The secrets that NodeStageVolume received (the PV's
 	// nodeStageSecretRef). They are sensitive: neither side may log them.
-	// This field is OPTIONAL.
+	// The volume-healer sidecar leaves them out: a probe looks at the node's
+	// mount and needs no credentials, and reading the Secret for each probe
+	// of a restart sweep would cost the API server a request per volume. A
+	// driver MUST NOT require them to probe. This field is OPTIONAL.
 	Secrets       map[string]string `protobuf:"bytes,6,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1000,7 +1003,8 @@ func (x *NodeGetHealerCapabilitiesResponse) GetContainerRestart() bool {
 //	| Condition                              | gRPC code           | Caller behaviour                     |
 //	|----------------------------------------|---------------------|--------------------------------------|
 //	| pv_name empty, or the PV is not a CSI  | INVALID_ARGUMENT    | Fix the request; do not retry as is. |
-//	| volume of this sidecar's driver        |                     |                                      |
+//	| volume of this sidecar's driver, or    |                     |                                      |
+//	| volume has facts that are not valid    |                     |                                      |
 //	| No or invalid token                    | UNAUTHENTICATED     | Fix the credentials; do not retry.   |
 //	| Caller not allowed                     | PERMISSION_DENIED   | Fix the configuration; do not retry. |
 //	| PV unknown to the sidecar, or the      | NOT_FOUND           | Retry once the sidecar's cache has   |
@@ -1018,7 +1022,15 @@ func (x *NodeGetHealerCapabilitiesResponse) GetContainerRestart() bool {
 type NodeProbeVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The name of the PersistentVolume. This field is REQUIRED.
-	PvName        string `protobuf:"bytes,1,opt,name=pv_name,json=pvName,proto3" json:"pv_name,omitempty"`
+	PvName string `protobuf:"bytes,1,opt,name=pv_name,json=pvName,proto3" json:"pv_name,omitempty"`
+	// What the caller knows of the PersistentVolume. When set, the sidecar
+	// reads no PersistentVolume and no VolumeAttachment: it builds the driver's
+	// request from these facts, and checks from its own node's truth alone
+	// that volume_handle is on its node (see VolumeFacts). When unset (an
+	// older caller), the sidecar reads the PersistentVolume and its
+	// VolumeAttachment from the API server. A sidecar that predates this field
+	// ignores it. This field is OPTIONAL.
+	Volume        *VolumeFacts `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1060,6 +1072,212 @@ func (x *NodeProbeVolumeRequest) GetPvName() string {
 	return ""
 }
 
+func (x *NodeProbeVolumeRequest) GetVolume() *VolumeFacts {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+// VolumeFacts are what the controller knows of a PersistentVolume from its
+// caches, put into a call so that the sidecar need not read the object: the
+// fields of spec.csi and of the spec that the driver's request needs.
+//
+// The sidecar takes these facts from the authenticated caller, except one:
+// that the volume is on the sidecar's node. That it checks against its node's
+// own truth, whatever the facts say: the Node object's
+// status.volumesAttached (written by the attach/detach controller, watched by
+// the sidecar as one object), kubelet's volume records on the node
+// (vol_data.json beside each staging path and publish target), or the
+// driver's list of the volumes it staged. A volume none of them shows on the
+// node is refused with FAILED_PRECONDITION.
+//
+// Errors: facts that cannot describe a volume of the sidecar's driver
+// (driver_name of another driver, volume_handle empty, an unknown access
+// mode or volume mode, a half-set node_stage_secret_ref) are
+// INVALID_ARGUMENT.
+type VolumeFacts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// spec.csi.driver. This field is REQUIRED.
+	DriverName string `protobuf:"bytes,1,opt,name=driver_name,json=driverName,proto3" json:"driver_name,omitempty"`
+	// spec.csi.volumeHandle: the CSI volume ID. This field is REQUIRED.
+	VolumeHandle string `protobuf:"bytes,2,opt,name=volume_handle,json=volumeHandle,proto3" json:"volume_handle,omitempty"`
+	// spec.csi.volumeAttributes: the volume context NodeStageVolume received.
+	// This field is OPTIONAL.
+	VolumeContext map[string]string `protobuf:"bytes,3,rep,name=volume_context,json=volumeContext,proto3" json:"volume_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// spec.accessModes, as Kubernetes spells them ("ReadWriteOnce",
+	// "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"), in the
+	// PersistentVolume's order: the first is the one kubelet staged the volume
+	// with. Empty means ReadWriteOnce. This field is OPTIONAL.
+	AccessModes []string `protobuf:"bytes,4,rep,name=access_modes,json=accessModes,proto3" json:"access_modes,omitempty"`
+	// spec.volumeMode: "Filesystem" or "Block"; empty means Filesystem. It
+	// decides the staging path and the volume capability's access type.
+	// This field is OPTIONAL.
+	VolumeMode string `protobuf:"bytes,5,opt,name=volume_mode,json=volumeMode,proto3" json:"volume_mode,omitempty"`
+	// spec.csi.fsType. This field is OPTIONAL.
+	FsType string `protobuf:"bytes,6,opt,name=fs_type,json=fsType,proto3" json:"fs_type,omitempty"`
+	// spec.mountOptions. This field is OPTIONAL.
+	MountOptions []string `protobuf:"bytes,7,rep,name=mount_options,json=mountOptions,proto3" json:"mount_options,omitempty"`
+	// spec.csi.readOnly. This field is OPTIONAL.
+	ReadOnly bool `protobuf:"varint,8,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// spec.csi.nodeStageSecretRef: the Secret the sidecar reads (one GET,
+	// cached briefly) for a heal, once the volume is known to be on its node;
+	// probes carry no secrets. Unset: the volume has none. This field is
+	// OPTIONAL.
+	NodeStageSecretRef *SecretReference `protobuf:"bytes,9,opt,name=node_stage_secret_ref,json=nodeStageSecretRef,proto3" json:"node_stage_secret_ref,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *VolumeFacts) Reset() {
+	*x = VolumeFacts{}
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeFacts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeFacts) ProtoMessage() {}
+
+func (x *VolumeFacts) ProtoReflect() protoreflect.Message {
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeFacts.ProtoReflect.Descriptor instead.
+func (*VolumeFacts) Descriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *VolumeFacts) GetDriverName() string {
+	if x != nil {
+		return x.DriverName
+	}
+	return ""
+}
+
+func (x *VolumeFacts) GetVolumeHandle() string {
+	if x != nil {
+		return x.VolumeHandle
+	}
+	return ""
+}
+
+func (x *VolumeFacts) GetVolumeContext() map[string]string {
+	if x != nil {
+		return x.VolumeContext
+	}
+	return nil
+}
+
+func (x *VolumeFacts) GetAccessModes() []string {
+	if x != nil {
+		return x.AccessModes
+	}
+	return nil
+}
+
+func (x *VolumeFacts) GetVolumeMode() string {
+	if x != nil {
+		return x.VolumeMode
+	}
+	return ""
+}
+
+func (x *VolumeFacts) GetFsType() string {
+	if x != nil {
+		return x.FsType
+	}
+	return ""
+}
+
+func (x *VolumeFacts) GetMountOptions() []string {
+	if x != nil {
+		return x.MountOptions
+	}
+	return nil
+}
+
+func (x *VolumeFacts) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *VolumeFacts) GetNodeStageSecretRef() *SecretReference {
+	if x != nil {
+		return x.NodeStageSecretRef
+	}
+	return nil
+}
+
+// SecretReference names a Secret, as a PersistentVolume's
+// spec.csi.nodeStageSecretRef does.
+type SecretReference struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Secret's namespace. This field is REQUIRED.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The Secret's name. This field is REQUIRED.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretReference) Reset() {
+	*x = SecretReference{}
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretReference) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretReference) ProtoMessage() {}
+
+func (x *SecretReference) ProtoReflect() protoreflect.Message {
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretReference.ProtoReflect.Descriptor instead.
+func (*SecretReference) Descriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SecretReference) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *SecretReference) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // NodeProbeVolumeResponse is the driver's ProbeVolumeResponse for the PV, or
 // the sidecar's own probe of it when the driver serves no ProbeVolume.
 type NodeProbeVolumeResponse struct {
@@ -1083,7 +1301,7 @@ type NodeProbeVolumeResponse struct {
 
 func (x *NodeProbeVolumeResponse) Reset() {
 	*x = NodeProbeVolumeResponse{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[12]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1313,7 @@ func (x *NodeProbeVolumeResponse) String() string {
 func (*NodeProbeVolumeResponse) ProtoMessage() {}
 
 func (x *NodeProbeVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[12]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1326,7 @@ func (x *NodeProbeVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeProbeVolumeResponse.ProtoReflect.Descriptor instead.
 func (*NodeProbeVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{12}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeProbeVolumeResponse) GetHealthStatuses() []*csi.VolumeHealth_VolumeHealthEntry {
@@ -1160,14 +1378,17 @@ func (x *NodeProbeVolumeResponse) GetProbeSource() ProbeSource {
 type NodeHealVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The name of the PersistentVolume. This field is REQUIRED.
-	PvName        string `protobuf:"bytes,1,opt,name=pv_name,json=pvName,proto3" json:"pv_name,omitempty"`
+	PvName string `protobuf:"bytes,1,opt,name=pv_name,json=pvName,proto3" json:"pv_name,omitempty"`
+	// What the caller knows of the PersistentVolume; see
+	// NodeProbeVolumeRequest.volume. This field is OPTIONAL.
+	Volume        *VolumeFacts `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeHealVolumeRequest) Reset() {
 	*x = NodeHealVolumeRequest{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[13]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1400,7 @@ func (x *NodeHealVolumeRequest) String() string {
 func (*NodeHealVolumeRequest) ProtoMessage() {}
 
 func (x *NodeHealVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[13]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1413,7 @@ func (x *NodeHealVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealVolumeRequest.ProtoReflect.Descriptor instead.
 func (*NodeHealVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{13}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeHealVolumeRequest) GetPvName() string {
@@ -1200,6 +1421,13 @@ func (x *NodeHealVolumeRequest) GetPvName() string {
 		return x.PvName
 	}
 	return ""
+}
+
+func (x *NodeHealVolumeRequest) GetVolume() *VolumeFacts {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
 }
 
 // NodeHealVolumeResponse is the driver's HealVolumeResponse for the PV.
@@ -1218,7 +1446,7 @@ type NodeHealVolumeResponse struct {
 
 func (x *NodeHealVolumeResponse) Reset() {
 	*x = NodeHealVolumeResponse{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[14]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1458,7 @@ func (x *NodeHealVolumeResponse) String() string {
 func (*NodeHealVolumeResponse) ProtoMessage() {}
 
 func (x *NodeHealVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[14]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1471,7 @@ func (x *NodeHealVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealVolumeResponse.ProtoReflect.Descriptor instead.
 func (*NodeHealVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{14}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodeHealVolumeResponse) GetHealthStatuses() []*csi.VolumeHealth_VolumeHealthEntry {
@@ -1294,7 +1522,7 @@ type NodeListStagedVolumesRequest struct {
 
 func (x *NodeListStagedVolumesRequest) Reset() {
 	*x = NodeListStagedVolumesRequest{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[15]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1534,7 @@ func (x *NodeListStagedVolumesRequest) String() string {
 func (*NodeListStagedVolumesRequest) ProtoMessage() {}
 
 func (x *NodeListStagedVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[15]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1547,7 @@ func (x *NodeListStagedVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeListStagedVolumesRequest.ProtoReflect.Descriptor instead.
 func (*NodeListStagedVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{15}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeListStagedVolumesRequest) GetMaxEntries() int32 {
@@ -1349,7 +1577,7 @@ type NodeListStagedVolumesResponse struct {
 
 func (x *NodeListStagedVolumesResponse) Reset() {
 	*x = NodeListStagedVolumesResponse{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[16]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1589,7 @@ func (x *NodeListStagedVolumesResponse) String() string {
 func (*NodeListStagedVolumesResponse) ProtoMessage() {}
 
 func (x *NodeListStagedVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[16]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1602,7 @@ func (x *NodeListStagedVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeListStagedVolumesResponse.ProtoReflect.Descriptor instead.
 func (*NodeListStagedVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{16}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeListStagedVolumesResponse) GetEntries() []*NodeListStagedVolumesResponse_Entry {
@@ -1424,7 +1652,7 @@ type NodeRestartContainersRequest struct {
 
 func (x *NodeRestartContainersRequest) Reset() {
 	*x = NodeRestartContainersRequest{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1664,7 @@ func (x *NodeRestartContainersRequest) String() string {
 func (*NodeRestartContainersRequest) ProtoMessage() {}
 
 func (x *NodeRestartContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[17]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1677,7 @@ func (x *NodeRestartContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRestartContainersRequest.ProtoReflect.Descriptor instead.
 func (*NodeRestartContainersRequest) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{17}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodeRestartContainersRequest) GetPvName() string {
@@ -1479,7 +1707,7 @@ type NodeRestartContainersResponse struct {
 
 func (x *NodeRestartContainersResponse) Reset() {
 	*x = NodeRestartContainersResponse{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1719,7 @@ func (x *NodeRestartContainersResponse) String() string {
 func (*NodeRestartContainersResponse) ProtoMessage() {}
 
 func (x *NodeRestartContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[18]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1732,7 @@ func (x *NodeRestartContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRestartContainersResponse.ProtoReflect.Descriptor instead.
 func (*NodeRestartContainersResponse) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{18}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodeRestartContainersResponse) GetContainers() []string {
@@ -1525,7 +1753,7 @@ type HealerCapability_RPC struct {
 
 func (x *HealerCapability_RPC) Reset() {
 	*x = HealerCapability_RPC{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1765,7 @@ func (x *HealerCapability_RPC) String() string {
 func (*HealerCapability_RPC) ProtoMessage() {}
 
 func (x *HealerCapability_RPC) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[20]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1808,7 @@ type ListStagedVolumesResponse_Entry struct {
 
 func (x *ListStagedVolumesResponse_Entry) Reset() {
 	*x = ListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[25]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1820,7 @@ func (x *ListStagedVolumesResponse_Entry) String() string {
 func (*ListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *ListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[25]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1882,7 @@ type NodeListStagedVolumesResponse_Entry struct {
 
 func (x *NodeListStagedVolumesResponse_Entry) Reset() {
 	*x = NodeListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1894,7 @@ func (x *NodeListStagedVolumesResponse_Entry) String() string {
 func (*NodeListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *NodeListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1907,7 @@ func (x *NodeListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Messag
 
 // Deprecated: Use NodeListStagedVolumesResponse_Entry.ProtoReflect.Descriptor instead.
 func (*NodeListStagedVolumesResponse_Entry) Descriptor() ([]byte, []int) {
-	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{16, 0}
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{18, 0}
 }
 
 func (x *NodeListStagedVolumesResponse_Entry) GetPvName() string {
@@ -1790,17 +2018,37 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x11container_restart\x18\a \x01(\bR\x10containerRestart\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
 	"\x16NodeProbeVolumeRequest\x12\x17\n" +
-	"\apv_name\x18\x01 \x01(\tR\x06pvName\"\xa4\x02\n" +
+	"\apv_name\x18\x01 \x01(\tR\x06pvName\x124\n" +
+	"\x06volume\x18\x02 \x01(\v2\x1c.healer.v1alpha1.VolumeFactsR\x06volume\"\xe1\x03\n" +
+	"\vVolumeFacts\x12\x1f\n" +
+	"\vdriver_name\x18\x01 \x01(\tR\n" +
+	"driverName\x12#\n" +
+	"\rvolume_handle\x18\x02 \x01(\tR\fvolumeHandle\x12V\n" +
+	"\x0evolume_context\x18\x03 \x03(\v2/.healer.v1alpha1.VolumeFacts.VolumeContextEntryR\rvolumeContext\x12!\n" +
+	"\faccess_modes\x18\x04 \x03(\tR\vaccessModes\x12\x1f\n" +
+	"\vvolume_mode\x18\x05 \x01(\tR\n" +
+	"volumeMode\x12\x17\n" +
+	"\afs_type\x18\x06 \x01(\tR\x06fsType\x12#\n" +
+	"\rmount_options\x18\a \x03(\tR\fmountOptions\x12\x1b\n" +
+	"\tread_only\x18\b \x01(\bR\breadOnly\x12S\n" +
+	"\x15node_stage_secret_ref\x18\t \x01(\v2 .healer.v1alpha1.SecretReferenceR\x12nodeStageSecretRef\x1a@\n" +
+	"\x12VolumeContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
+	"\x0fSecretReference\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xa4\x02\n" +
 	"\x17NodeProbeVolumeResponse\x12O\n" +
 	"\x0fhealth_statuses\x18\x01 \x03(\v2&.csi.v1.VolumeHealth.VolumeHealthEntryR\x0ehealthStatuses\x12\x1a\n" +
 	"\bhealable\x18\x02 \x01(\bR\bhealable\x12>\n" +
 	"\rrecheck_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\x12\x1b\n" +
 	"\tvolume_id\x18\x04 \x01(\tR\bvolumeId\x12?\n" +
-	"\fprobe_source\x18\x05 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\"0\n" +
+	"\fprobe_source\x18\x05 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\"f\n" +
 	"\x15NodeHealVolumeRequest\x12\x17\n" +
-	"\apv_name\x18\x01 \x01(\tR\x06pvName\"\xc6\x01\n" +
+	"\apv_name\x18\x01 \x01(\tR\x06pvName\x124\n" +
+	"\x06volume\x18\x02 \x01(\v2\x1c.healer.v1alpha1.VolumeFactsR\x06volume\"\xc6\x01\n" +
 	"\x16NodeHealVolumeResponse\x12O\n" +
 	"\x0fhealth_statuses\x18\x01 \x03(\v2&.csi.v1.VolumeHealth.VolumeHealthEntryR\x0ehealthStatuses\x12>\n" +
 	"\rrecheck_after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\x12\x1b\n" +
@@ -1856,92 +2104,99 @@ func file_healer_v1alpha1_healer_proto_rawDescGZIP() []byte {
 }
 
 var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_healer_v1alpha1_healer_proto_goTypes = []any{
-	(ProbeSource)(0),                            // 0: healer.v1alpha1.ProbeSource
-	(HealerCapability_RPC_Type)(0),              // 1: healer.v1alpha1.HealerCapability.RPC.Type
-	(*GetHealerCapabilitiesRequest)(nil),        // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
-	(*GetHealerCapabilitiesResponse)(nil),       // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
-	(*HealerCapability)(nil),                    // 4: healer.v1alpha1.HealerCapability
-	(*ProbeVolumeRequest)(nil),                  // 5: healer.v1alpha1.ProbeVolumeRequest
-	(*ProbeVolumeResponse)(nil),                 // 6: healer.v1alpha1.ProbeVolumeResponse
-	(*HealVolumeRequest)(nil),                   // 7: healer.v1alpha1.HealVolumeRequest
-	(*HealVolumeResponse)(nil),                  // 8: healer.v1alpha1.HealVolumeResponse
-	(*ListStagedVolumesRequest)(nil),            // 9: healer.v1alpha1.ListStagedVolumesRequest
-	(*ListStagedVolumesResponse)(nil),           // 10: healer.v1alpha1.ListStagedVolumesResponse
-	(*NodeGetHealerCapabilitiesRequest)(nil),    // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	(*NodeGetHealerCapabilitiesResponse)(nil),   // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	(*NodeProbeVolumeRequest)(nil),              // 13: healer.v1alpha1.NodeProbeVolumeRequest
-	(*NodeProbeVolumeResponse)(nil),             // 14: healer.v1alpha1.NodeProbeVolumeResponse
-	(*NodeHealVolumeRequest)(nil),               // 15: healer.v1alpha1.NodeHealVolumeRequest
-	(*NodeHealVolumeResponse)(nil),              // 16: healer.v1alpha1.NodeHealVolumeResponse
-	(*NodeListStagedVolumesRequest)(nil),        // 17: healer.v1alpha1.NodeListStagedVolumesRequest
-	(*NodeListStagedVolumesResponse)(nil),       // 18: healer.v1alpha1.NodeListStagedVolumesResponse
-	(*NodeRestartContainersRequest)(nil),        // 19: healer.v1alpha1.NodeRestartContainersRequest
-	(*NodeRestartContainersResponse)(nil),       // 20: healer.v1alpha1.NodeRestartContainersResponse
-	nil,                                         // 21: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	(*HealerCapability_RPC)(nil),                // 22: healer.v1alpha1.HealerCapability.RPC
-	nil,                                         // 23: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	nil,                                         // 24: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	nil,                                         // 25: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	nil,                                         // 26: healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	(*ListStagedVolumesResponse_Entry)(nil),     // 27: healer.v1alpha1.ListStagedVolumesResponse.Entry
-	nil,                                         // 28: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	nil,                                         // 29: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	(*NodeListStagedVolumesResponse_Entry)(nil), // 30: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	(*csi.VolumeCapability)(nil),                // 31: csi.v1.VolumeCapability
-	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 32: csi.v1.VolumeHealth.VolumeHealthEntry
-	(*durationpb.Duration)(nil),                 // 33: google.protobuf.Duration
+	(ProbeSource)(0),                          // 0: healer.v1alpha1.ProbeSource
+	(HealerCapability_RPC_Type)(0),            // 1: healer.v1alpha1.HealerCapability.RPC.Type
+	(*GetHealerCapabilitiesRequest)(nil),      // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
+	(*GetHealerCapabilitiesResponse)(nil),     // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
+	(*HealerCapability)(nil),                  // 4: healer.v1alpha1.HealerCapability
+	(*ProbeVolumeRequest)(nil),                // 5: healer.v1alpha1.ProbeVolumeRequest
+	(*ProbeVolumeResponse)(nil),               // 6: healer.v1alpha1.ProbeVolumeResponse
+	(*HealVolumeRequest)(nil),                 // 7: healer.v1alpha1.HealVolumeRequest
+	(*HealVolumeResponse)(nil),                // 8: healer.v1alpha1.HealVolumeResponse
+	(*ListStagedVolumesRequest)(nil),          // 9: healer.v1alpha1.ListStagedVolumesRequest
+	(*ListStagedVolumesResponse)(nil),         // 10: healer.v1alpha1.ListStagedVolumesResponse
+	(*NodeGetHealerCapabilitiesRequest)(nil),  // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	(*NodeGetHealerCapabilitiesResponse)(nil), // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	(*NodeProbeVolumeRequest)(nil),            // 13: healer.v1alpha1.NodeProbeVolumeRequest
+	(*VolumeFacts)(nil),                       // 14: healer.v1alpha1.VolumeFacts
+	(*SecretReference)(nil),                   // 15: healer.v1alpha1.SecretReference
+	(*NodeProbeVolumeResponse)(nil),           // 16: healer.v1alpha1.NodeProbeVolumeResponse
+	(*NodeHealVolumeRequest)(nil),             // 17: healer.v1alpha1.NodeHealVolumeRequest
+	(*NodeHealVolumeResponse)(nil),            // 18: healer.v1alpha1.NodeHealVolumeResponse
+	(*NodeListStagedVolumesRequest)(nil),      // 19: healer.v1alpha1.NodeListStagedVolumesRequest
+	(*NodeListStagedVolumesResponse)(nil),     // 20: healer.v1alpha1.NodeListStagedVolumesResponse
+	(*NodeRestartContainersRequest)(nil),      // 21: healer.v1alpha1.NodeRestartContainersRequest
+	(*NodeRestartContainersResponse)(nil),     // 22: healer.v1alpha1.NodeRestartContainersResponse
+	nil,                                       // 23: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	(*HealerCapability_RPC)(nil),              // 24: healer.v1alpha1.HealerCapability.RPC
+	nil,                                       // 25: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	nil,                                       // 26: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	nil,                                       // 27: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	nil,                                       // 28: healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	(*ListStagedVolumesResponse_Entry)(nil),   // 29: healer.v1alpha1.ListStagedVolumesResponse.Entry
+	nil,                                       // 30: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	nil,                                       // 31: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	nil,                                       // 32: healer.v1alpha1.VolumeFacts.VolumeContextEntry
+	(*NodeListStagedVolumesResponse_Entry)(nil), // 33: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	(*csi.VolumeCapability)(nil),                // 34: csi.v1.VolumeCapability
+	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 35: csi.v1.VolumeHealth.VolumeHealthEntry
+	(*durationpb.Duration)(nil),                 // 36: google.protobuf.Duration
 }
 var file_healer_v1alpha1_healer_proto_depIdxs = []int32{
 	4,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	21, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	22, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
-	23, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	31, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	24, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	32, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	33, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	25, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	31, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	26, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	32, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	33, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	27, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
+	23, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	24, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
+	25, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	34, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	26, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	35, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	36, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	27, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	34, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	28, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	35, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	36, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	29, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
 	4,  // 14: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	29, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	31, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
 	0,  // 16: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	32, // 17: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	33, // 18: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	0,  // 19: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	32, // 20: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	33, // 21: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	30, // 22: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	1,  // 23: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
-	28, // 24: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	2,  // 25: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
-	5,  // 26: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
-	7,  // 27: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
-	9,  // 28: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
-	11, // 29: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	13, // 30: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
-	15, // 31: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
-	17, // 32: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
-	19, // 33: healer.v1alpha1.NodeHealer.RestartContainers:input_type -> healer.v1alpha1.NodeRestartContainersRequest
-	3,  // 34: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
-	6,  // 35: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
-	8,  // 36: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
-	10, // 37: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
-	12, // 38: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	14, // 39: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
-	16, // 40: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
-	18, // 41: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
-	20, // 42: healer.v1alpha1.NodeHealer.RestartContainers:output_type -> healer.v1alpha1.NodeRestartContainersResponse
-	34, // [34:43] is the sub-list for method output_type
-	25, // [25:34] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	14, // 17: healer.v1alpha1.NodeProbeVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
+	32, // 18: healer.v1alpha1.VolumeFacts.volume_context:type_name -> healer.v1alpha1.VolumeFacts.VolumeContextEntry
+	15, // 19: healer.v1alpha1.VolumeFacts.node_stage_secret_ref:type_name -> healer.v1alpha1.SecretReference
+	35, // 20: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	36, // 21: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	0,  // 22: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
+	14, // 23: healer.v1alpha1.NodeHealVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
+	35, // 24: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	36, // 25: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	33, // 26: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	1,  // 27: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
+	30, // 28: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	2,  // 29: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
+	5,  // 30: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
+	7,  // 31: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
+	9,  // 32: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
+	11, // 33: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	13, // 34: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
+	17, // 35: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
+	19, // 36: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
+	21, // 37: healer.v1alpha1.NodeHealer.RestartContainers:input_type -> healer.v1alpha1.NodeRestartContainersRequest
+	3,  // 38: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
+	6,  // 39: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
+	8,  // 40: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
+	10, // 41: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
+	12, // 42: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	16, // 43: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
+	18, // 44: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
+	20, // 45: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
+	22, // 46: healer.v1alpha1.NodeHealer.RestartContainers:output_type -> healer.v1alpha1.NodeRestartContainersResponse
+	38, // [38:47] is the sub-list for method output_type
+	29, // [29:38] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_healer_v1alpha1_healer_proto_init() }
@@ -1958,7 +2213,7 @@ func file_healer_v1alpha1_healer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_healer_v1alpha1_healer_proto_rawDesc), len(file_healer_v1alpha1_healer_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -117,3 +117,13 @@ func VolumeAttachmentName(volumeHandle, driverName, nodeName string) string {
 	sum := sha256.Sum256([]byte(volumeHandle + driverName + nodeName))
 	return "csi-" + hex.EncodeToString(sum[:])
 }
+
+// AttachedVolumeName returns the name under which a Node's status.volumesAttached lists a CSI
+// volume attached to it: kubelet's unique volume name, "kubernetes.io/csi/" and the driver name
+// and the volume handle joined by "^". The attach/detach controller adds the name once the volume
+// is attached and removes it before it detaches the volume, and kubelet stages an attachable
+// volume only once the name is there; the sidecar checks that a volume is on its node from this
+// list, watched as one object.
+func AttachedVolumeName(driverName, volumeHandle string) string {
+	return "kubernetes.io/csi/" + driverName + "^" + volumeHandle
+}

@@ -3,8 +3,9 @@
 // informers to the heal:
 //
 //   - run.go: Run, in named steps: the clients and the manager (leader election, health
-//     checks), the policy engine with its ConfigMap source and admission webhook, the one shared
-//     informer factory with the planner's caches, the act stage (dispatcher, sidecar client,
+//     checks), the policy engine with its ConfigMap source, the one shared informer factory with
+//     the planner's caches, the admission webhooks (policy ConfigMaps, and pods' mount
+//     propagation, which reads those caches), the act stage (dispatcher, sidecar client,
 //     evictor, sweeper), the triggers, which parts run on every replica or on the leader only, and
 //     the run with the Lease's end;
 //   - events.go: informer events routed to the sidecar targets and the triggers;

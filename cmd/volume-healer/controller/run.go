@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/volume-healer/volume-healer/admission/propagation"
 	"github.com/volume-healer/volume-healer/cmd/volume-healer/controller/leader"
 	"github.com/volume-healer/volume-healer/config"
 	"github.com/volume-healer/volume-healer/healer"
@@ -74,9 +75,14 @@ func Run(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	caches, err := newCaches(k, pol.source)
+	caches, err := newCaches(cfg, k, pol.source)
 	if err != nil {
 		return err
+	}
+	if cfg.Webhook.Enabled {
+		if err := addWebhooks(cfg, k, mgr, pol, caches); err != nil {
+			return err
+		}
 	}
 	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner)
 	if err != nil {
@@ -246,7 +252,7 @@ type policyStage struct {
 }
 
 // newPolicy builds the policy engine, on the built-in default until the ConfigMaps are read and
-// then on whatever they say, its ConfigMap source, and the admission webhook when it is enabled.
+// then on whatever they say, and its ConfigMap source.
 func newPolicy(ctx context.Context, cfg *config.Config, k *kube, mgr manager.Manager) (*policyStage, error) {
 	policyMetrics := policy.NewMetrics(k.reg)
 	engine, err := policy.NewEngine(ctx, policy.Options{
@@ -264,25 +270,40 @@ func newPolicy(ctx context.Context, cfg *config.Config, k *kube, mgr manager.Man
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Webhook.Enabled {
-		if err := addWebhook(cfg, k.reg, mgr, source); err != nil {
-			return nil, err
-		}
-	}
 	return &policyStage{engine: engine, source: source, leading: leading}, nil
 }
 
-// addWebhook adds the admission webhook, which judges policy changes with the source's
-// ConfigMaps, on every replica, and its readiness check.
-func addWebhook(cfg *config.Config, reg prometheus.Registerer, mgr manager.Manager, source *policy.ConfigMapSource) error {
-	webhookMetrics := webhook.NewMetrics(reg)
-	server, err := webhook.NewServer(webhook.Options{
+// addWebhooks adds the admission webhooks on every replica, with their readiness check: the
+// policy webhook, which judges policy changes with the source's ConfigMaps, and, when it is
+// enabled, the propagation webhook, which asks the engine about pods being created and reads the
+// caches.
+func addWebhooks(cfg *config.Config, k *kube, mgr manager.Manager, pol *policyStage, c *caches) error {
+	opts := webhook.Options{
 		Addr:     cfg.Webhook.BindAddress,
 		CertFile: cfg.Webhook.CertFile,
 		KeyFile:  cfg.Webhook.KeyFile,
-		Checker:  source,
-		Metrics:  webhookMetrics,
-	})
+		Checker:  pol.source,
+		Metrics:  webhook.NewMetrics(k.reg),
+	}
+	if cfg.PropagationWebhook.Enabled {
+		h, err := propagation.NewHandler(propagation.Options{
+			Policy: pol.engine,
+			Objects: &propagation.Caches{
+				Namespaces: c.namespaces.GetStore(), Claims: c.planner.PVCs, Volumes: c.planner.PVs,
+				StorageClasses: c.planner.StorageClasses, CSIDrivers: c.planner.CSIDrivers,
+				ClaimFrom: planner.ClaimFrom, VolumeFrom: planner.PersistentVolumeFrom,
+				// A claim created a moment before its pod may not be in the cache yet.
+				Client: k.clientset,
+			},
+			Recorder: k.recorder,
+			Metrics:  propagation.NewMetrics(k.reg),
+		})
+		if err != nil {
+			return err
+		}
+		opts.Handlers = map[string]http.Handler{propagation.Path: h}
+	}
+	server, err := webhook.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("webhook.certFile and webhook.keyFile: %w", err)
 	}
@@ -293,17 +314,20 @@ func addWebhook(cfg *config.Config, reg prometheus.Registerer, mgr manager.Manag
 }
 
 // caches is what the controller reads the API through: one shared informer factory, the planner's
-// indexed caches in it, and the CSIAddonsNode informer.
+// indexed caches in it, the CSIAddonsNode informer, and the Namespace informer of the propagation
+// webhook (nil when it is off).
 type caches struct {
-	factory informers.SharedInformerFactory
-	planner planner.Caches
-	nodes   toolscache.SharedIndexInformer
+	factory    informers.SharedInformerFactory
+	planner    planner.Caches
+	nodes      toolscache.SharedIndexInformer
+	namespaces toolscache.SharedIndexInformer
 }
 
 // newCaches builds the one shared informer factory every object the controller reads comes from:
 // the storage objects with the planner's indexes, held as compact records of PVs, PVCs and
-// VolumeAttachments (see planner.CacheTransform); the CSIAddonsNodes; the policy ConfigMaps.
-func newCaches(k *kube, source *policy.ConfigMapSource) (*caches, error) {
+// VolumeAttachments (see planner.CacheTransform); the CSIAddonsNodes; the policy ConfigMaps; the
+// Namespaces, whose labels the propagation webhook's policy reads, when it is on.
+func newCaches(cfg *config.Config, k *kube, source *policy.ConfigMapSource) (*caches, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(k.clientset, 0, informers.WithTransform(planner.CacheTransform))
 	plannerCaches, err := planner.InformerCaches(factory)
 	if err != nil {
@@ -313,7 +337,11 @@ func newCaches(k *kube, source *policy.ConfigMapSource) (*caches, error) {
 	if err := source.Watch(factory); err != nil {
 		return nil, err
 	}
-	return &caches{factory: factory, planner: plannerCaches, nodes: nodes}, nil
+	c := &caches{factory: factory, planner: plannerCaches, nodes: nodes}
+	if cfg.Webhook.Enabled && cfg.PropagationWebhook.Enabled {
+		c.namespaces = factory.Core().V1().Namespaces().Informer()
+	}
+	return c, nil
 }
 
 // actStage is the dispatch and act stages: the dispatcher and its budgets, the client of the
@@ -352,7 +380,8 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		dispatchOpts.Lease = lease
 		guard = lease.Guard
 	}
-	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard)
+	plan := planner.New(plannerCaches)
+	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +395,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		return nil, err
 	}
 	a.sweeper, err = healer.New(healer.Options{
-		Planner:    planner.New(plannerCaches),
+		Planner:    plan,
 		Policy:     engine,
 		Sidecars:   sidecars,
 		Dispatcher: dispatcher,
@@ -558,7 +587,7 @@ func addRunnables(mgr manager.Manager, factory informers.SharedInformerFactory, 
 // leadership: the process returns only once the calls to sidecars in flight have.
 func start(ctx context.Context, cfg *config.Config, mgr manager.Manager, lease *leader.Lease) error {
 	logger := klog.FromContext(ctx)
-	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled,
+	logger.Info("Starting volume-healer", "leaderElection", cfg.LeaderElection.Enabled, "dryRun", cfg.DryRun, "webhook", cfg.Webhook.Enabled, "propagationWebhook", cfg.PropagationWebhook.Enabled,
 		"remediation", cfg.Remediation.Enabled, "remediationDryRun", cfg.Remediation.DryRun)
 	err := mgr.Start(ctx)
 	if lease != nil {

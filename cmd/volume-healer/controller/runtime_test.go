@@ -489,7 +489,7 @@ func TestSidecarClientTLSSettings(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cfg := &config.Config{}
 			cfg.Sidecar.TLS = tc.tls
-			c, _, err := sidecarClient(cfg, nil, nil)
+			c, _, err := sidecarClient(cfg, nil, nil, nil)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatalf("sidecarClient: %v", err)

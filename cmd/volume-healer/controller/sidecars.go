@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 
+	corev1 "k8s.io/api/core/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
@@ -25,7 +26,9 @@ func SidecarServerName(node, base string) string { return node + "." + base }
 // ServiceAccount (the one sidecar.auth.tokenFile belongs to) for the called node alone, requested
 // through accounts. With a client certificate it also returns the watcher that reads the
 // certificate again when its files change, which must run (Start) for as long as the client.
-func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error)) (*probe.Client, *certwatcher.CertWatcher, error) {
+// pvs, when not nil, gives the PersistentVolumes of the controller's caches, whose facts each
+// probe and heal carries (probe.Options.PersistentVolume).
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), pvs func(string) (*corev1.PersistentVolume, bool)) (*probe.Client, *certwatcher.CertWatcher, error) {
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
@@ -34,6 +37,9 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 		ListMaxBytes:   cfg.StagedList.MaxBytes,
 		ListTimeout:    cfg.StagedList.Timeout,
 		Guard:          guard,
+		// The calls carry the PV's facts from the caches: the sidecars read no PV nor
+		// VolumeAttachment per volume.
+		PersistentVolume: pvs,
 	}
 	if cfg.Sidecar.Auth.TokenFile != "" {
 		opts.Tokens = newNodeTokens(accounts, cfg.Sidecar.Auth.TokenFile, cfg.Sidecar.Auth.Audience, clock.RealClock{})

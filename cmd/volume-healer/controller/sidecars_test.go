@@ -76,7 +76,7 @@ func TestSidecarCertificatesNameTheirNode(t *testing.T) {
 	cfg.Sidecar.Auth.TokenFile = ""
 	cfg.Sidecar.TLS.CAFile = caFile
 	cfg.Sidecar.TLS.ServerName = "healer-sidecar"
-	client, _, err := sidecarClient(&cfg, nil, nil)
+	client, _, err := sidecarClient(&cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
