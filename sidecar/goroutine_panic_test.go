@@ -49,7 +49,7 @@ func TestRegistrationSurvivesPanics(t *testing.T) {
 		opts:            Options{RegisterBackoff: time.Millisecond, RegisterMaxBackoff: 5 * time.Millisecond, Clock: clock.RealClock{}},
 		metrics:         NewMetrics(prometheus.NewRegistry()),
 		reg:             r,
-		driver:          &driverClient{info: &driverInfo{name: "rbd.csi.ceph.com"}},
+		driver:          loadedDriver(&driverInfo{name: "rbd.csi.ceph.com"}),
 		registered:      make(chan struct{}),
 		driverRestarted: make(chan struct{}, 1),
 	}
@@ -99,4 +99,11 @@ func TestRegistrationSurvivesPanics(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the registration did not stop with its context")
 	}
+}
+
+// loadedDriver is a driver client whose driver has answered, as info says.
+func loadedDriver(info *driverInfo) *driverClient {
+	d := &driverClient{info: info, loaded: make(chan struct{})}
+	close(d.loaded)
+	return d
 }
