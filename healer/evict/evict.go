@@ -214,7 +214,9 @@ type Evictor struct {
 	// pending holds the latest request of each queued volume and node.
 	pending map[string]Request
 	// handled remembers the pods already evicted (or recorded by dry-run, or left alone by the
-	// policy), so that no pod is evicted or reported twice; entries expire after an hour.
+	// policy, or restarted in place), so that no pod is evicted or reported twice; entries expire
+	// after an hour. A pod restarted in place is handled again for a dead mount found after its
+	// restart: its new containers got a mount that a later failure killed.
 	handled map[types.UID]handledPod
 	// progress holds, per volume and node, how far its remedy has come, until Finish.
 	progress map[string]*Progress
@@ -466,6 +468,11 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 	for i := range pods {
 		pod := &pods[i]
 		h, ok := e.wasHandled(pod.UID)
+		if ok && h.restarted && req.HealedAt.After(h.at) {
+			// Its containers were restarted in place before this request's dead mount was
+			// found: the mount they got has died since, so the pod sees a dead mount again.
+			ok = false
+		}
 		if ok && h.left == "" {
 			if !h.evicted && !h.restarted {
 				staying++

@@ -353,3 +353,27 @@ func TestRestartContainersWhereNonePossibleLeavesThePod(t *testing.T) {
 		t.Errorf("events do not say why the pod stays:\n%s", events)
 	}
 }
+
+// A pod whose containers were restarted in place got a live mount then; a later failure of the
+// node plugin kills that mount too, and its heal must restart the pod's containers again. The
+// same heal reported again restarts nothing more.
+func TestLaterHealRestartsContainersAgain(t *testing.T) {
+	c := &fakeContainers{}
+	l := newLadder(t, true, c, pod("web-1", "node-a", "data", "ReplicaSet"))
+	first := healRequest(t0)
+	l.e.Add(first)
+	if _, _, cleared := l.e.process(context.Background(), first); !cleared || c.count() != 1 {
+		t.Fatalf("first heal: cleared %t, %d sidecar calls; want the pod restarted once", cleared, c.count())
+	}
+	if _, _, cleared := l.e.process(context.Background(), first); !cleared || c.count() != 1 {
+		t.Fatalf("first heal again: cleared %t, %d sidecar calls; want no second restart for the same heal", cleared, c.count())
+	}
+	clk := l.e.opts.Clock.(*clocktesting.FakeClock)
+	clk.Step(10 * time.Minute)
+	second := healRequest(clk.Now())
+	l.e.Add(second)
+	retry, _, cleared := l.e.process(context.Background(), second)
+	if retry || !cleared || c.count() != 2 || l.evictedPods() != "" {
+		t.Fatalf("second heal: retry %t cleared %t, %d sidecar calls, evicted %q; want the pod's containers restarted again, not evicted", retry, cleared, c.count(), l.evictedPods())
+	}
+}

@@ -101,9 +101,23 @@ func mounterPIDs() []int {
 	})
 }
 
+// The remedies of the outage table, by the way the workloads got their volume back.
+const (
+	RemedyHeal             = "in-place heal (HostToContainer)"
+	RemedyContainerRestart = "container restart (None, CRI on)"
+	// RemedyContainerRestartAgain is a container restart of a pod whose container kubelet
+	// restarted before.
+	RemedyContainerRestartAgain = "container restart of a restarted container (None, CRI on)"
+	RemedyEviction              = "eviction (None, CRI off)"
+	RemedyRecycle               = "recycle (stock driver, rclone)"
+)
+
 // Disrupt runs breakIt at a moment it notes, then checks what the workloads saw: the shared pod's
-// writes failed and came back in the same pod, the private pod was replaced by one that writes;
-// and the heal Events on their PVCs.
+// writes failed and came back in the same pod (the heal reached it in place); the private pod,
+// which keeps the dead mount (propagation None), was evicted and replaced by one that writes, or,
+// once EnableContainerRestart gave the sidecar the container runtime, kept its pod and got its
+// container restarted; and the Events of both on their PVCs and pods. Each workload's outage, from
+// its first failed try to its first good one, goes into the table under its remedy.
 func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, breakIt func()) {
 	ctx := t.Context()
 	sharedPod, err := shared.pod(ctx)
@@ -111,22 +125,35 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 		t.Fatalf("%v", err)
 	}
 	var privatePod *corev1.Pod
+	var privateRec *Recorder
+	at := time.Now()
 	if private != nil {
 		if privatePod, err = private.pod(ctx); err != nil {
 			t.Fatalf("%v", err)
 		}
+		// An evicted pod takes its output with it: record it while it goes.
+		privateRec = private.Record(at)
+		defer privateRec.Stop()
 	}
-	at := time.Now()
 	breakIt()
 
-	// The shared pod keeps its container: its own writes resume once the volume is healed.
+	// The shared pod keeps its container: its own writes resume once the volume is healed. A heal
+	// may also come between two of its tries (100ms apart), before any of them failed: then the
+	// heal's Event and a good try after it are what it saw.
 	var o outage
+	var healedFirst time.Time
 	harness.Eventually(t, 3*time.Minute, "the shared workload's writes to fail and resume in pod "+sharedPod.Name, func() (bool, string) {
 		o, err = shared.outageOf(ctx, sharedPod.Name, at)
 		switch {
 		case err != nil:
 			return false, err.Error()
 		case o.firstFailure == nil:
+			if healed := e.eventSince(ctx, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at); !healed.IsZero() {
+				if first, err := shared.FirstWrite(ctx, sharedPod.Name, healed.Add(time.Second)); err == nil && !first.IsZero() {
+					healedFirst = healed
+					return true, ""
+				}
+			}
 			return false, "no failed try yet"
 		case o.resumed == nil:
 			return false, fmt.Sprintf("failing since #%d: %s %s", o.firstFailure.Seq, o.firstFailure.Op, o.firstFailure.Err)
@@ -140,24 +167,104 @@ func (e *Env) Disrupt(t harness.TB, shared, private *Workload, what string, brea
 	if now.UID != sharedPod.UID {
 		t.Errorf("the shared workload's pod was replaced (%s -> %s); a HostToContainer pod must see the healed mount in place", sharedPod.Name, now.Name)
 	}
-	t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
-		what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
-		o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
+	if o.firstFailure == nil {
+		t.Logf("%s: the volume was healed (%s) before any of the shared workload's tries failed; it writes on", what, healedFirst.Format(time.TimeOnly))
+	} else {
+		t.Logf("%s: the shared workload's I/O failed %s after it (%s: %s) and resumed %s after it (%s of failed tries)",
+			what, o.firstFailure.Time.Sub(at).Round(time.Millisecond), o.firstFailure.Op, o.firstFailure.Err,
+			o.resumed.Time.Sub(at).Round(time.Millisecond), o.resumed.Time.Sub(o.firstFailure.Time).Round(time.Millisecond))
+		e.outages.Add(RemedyHeal, what, o.resumed.Time.Sub(o.firstFailure.Time))
+	}
 
 	e.expectEvent(t, "PersistentVolumeClaim", shared.claim(), healer.ReasonVolumeHealed, at)
 	if private == nil {
 		return
 	}
-	// The private pod cannot see the healed mount: the PVC says so, the policy evicts the pod,
-	// its replacement writes.
+	// The private pod cannot see the healed mount: the PVC says so, and the policy restarts its
+	// container in place where the sidecar can, or evicts it.
 	e.expectEvent(t, "PersistentVolumeClaim", private.claim(), healer.ReasonVolumePodsMustRestart, at)
-	replaced := private.WaitWriting(t, at, 3*time.Minute, privatePod)
-	t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
-	e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
+	remedy := RemedyEviction
+	if e.opts.ContainerRestart {
+		remedy = RemedyContainerRestart
+		before := writerRestarts(privatePod)
+		if before > 0 {
+			// kubelet starts a container that stopped again after a restart only after its
+			// crash back-off (10s, doubling).
+			remedy = RemedyContainerRestartAgain
+		}
+		harness.Eventually(t, 3*time.Minute, "the private pod "+privatePod.Name+" to write again from a restarted container", func() (bool, string) {
+			p, err := e.c.Clientset.CoreV1().Pods(appsNS).Get(ctx, privatePod.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if p.UID != privatePod.UID || p.DeletionTimestamp != nil {
+				return false, fmt.Sprintf("pod %s is going or was replaced", privatePod.Name)
+			}
+			if n := writerRestarts(p); n <= before {
+				state, _ := private.podState(ctx, p)
+				return false, fmt.Sprintf("writer restartCount %d (was %d); latest try: %s", n, before, state)
+			}
+			ok, failure, err := private.PodState(ctx, p.Name)
+			if err != nil || !ok {
+				return false, fmt.Sprintf("restarted, not writing yet: %s %v", failure, err)
+			}
+			return true, ""
+		})
+		e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonContainersRestarted, at)
+		if now, err := private.pod(ctx); err != nil || now.UID != privatePod.UID {
+			t.Errorf("the private workload's pod %s was replaced (%v); its container must restart in place", privatePod.Name, err)
+		}
+		t.Logf("%s: the private workload's pod %s writes again from a restarted container, %s after it", what, privatePod.Name, time.Since(at).Round(100*time.Millisecond))
+	} else {
+		replaced := private.WaitWriting(t, at, 3*time.Minute, privatePod)
+		t.Logf("%s: the private workload's pod %s was evicted and %s writes, %s after it", what, privatePod.Name, replaced.Name, time.Since(at).Round(100*time.Millisecond))
+		e.expectEvent(t, "Pod", privatePod.Name, evict.ReasonEvictedForStaleMount, at)
+	}
+	var po SlotOutage
+	harness.Eventually(t, time.Minute, "the private workload's recorded tries to show its outage", func() (bool, string) {
+		po = privateRec.Outages()[private.name]
+		return po.Over(), po.String()
+	})
+	t.Logf("%s: the private workload: %s", what, po)
+	e.outages.Add(remedy, what, po.Duration())
 }
+
+// writerRestarts is the restart count of the pod's writer container.
+func writerRestarts(p *corev1.Pod) int32 {
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == "writer" {
+			return s.RestartCount
+		}
+	}
+	return 0
+}
+
+// Outages is the table of the workloads' outages by remedy that Disrupt and DisruptStock fill.
+func (e *Env) Outages() *OutageTable { return &e.outages }
 
 // claim is the name of the workload's (first) PVC.
 func (w *Workload) claim() string { return w.claims[0] }
+
+// eventSince returns the time of the latest Event of reason on the object kind/name in the
+// workloads' namespace at or after since, zero when there is none (or it cannot be read).
+func (e *Env) eventSince(ctx context.Context, kind, name, reason string, since time.Time) time.Time {
+	sel := fields.Set{"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}.AsSelector().String()
+	list, err := e.c.Clientset.CoreV1().Events(appsNS).List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return time.Time{}
+	}
+	var latest time.Time
+	for _, ev := range list.Items {
+		last := ev.LastTimestamp.Time
+		if ev.EventTime.After(last) {
+			last = ev.EventTime.Time
+		}
+		if !last.Before(since.Truncate(time.Second)) && last.After(latest) {
+			latest = last
+		}
+	}
+	return latest
+}
 
 // expectEvent waits for an Event of reason on the object kind/name in the workloads' namespace,
 // at or after since.

@@ -35,6 +35,21 @@ const (
 	nodePluginPods = "app.kubernetes.io/component=node-plugin"
 )
 
+// The second release of the reference driver's chart, as a driver that operators run today: stock
+// mode (no Healer service; its NodeStage and NodePublish mount a broken volume again by
+// themselves) with rclone as its FUSE mounter, under its own driver name, StorageClass, node folder
+// and namespace.
+const (
+	stockNS       = "healer-stock"
+	stockRelease  = "healer-refdriver-stock"
+	stockDriver   = "stock.healer.example.com"
+	stockClass    = "healer-stock-rclone"
+	stockDS       = "healer-refdriver-stock-node"
+	stockStateDir = "/var/lib/healer-refdriver-stock"
+	// stockPods selects the stock node plugin's pods.
+	stockPods = "app.kubernetes.io/instance=" + stockRelease + ",app.kubernetes.io/component=node-plugin"
+)
+
 // Env is the suite's cluster with the two charts installed.
 type Env struct {
 	t      harness.TB
@@ -48,6 +63,10 @@ type Env struct {
 	// sidecarCA signed the node's sidecar certificate (PEM): the controller's CA, read from the
 	// Secret it created once the sidecar's certificate was signed.
 	sidecarCA []byte
+	// stock is true once InstallStock installed the stock driver.
+	stock bool
+	// outages gathers the workloads' outages by remedy.
+	outages OutageTable
 }
 
 // InstallOptions change what Install installs from the suite's defaults.
@@ -177,7 +196,10 @@ func (e *Env) teardown() {
 		}
 		time.Sleep(time.Second)
 	}
-	for _, release := range []struct{ name, ns string }{{"healer-refdriver", driverNS}, {"volume-healer", healerNS}} {
+	for _, release := range []struct{ name, ns string }{{stockRelease, stockNS}, {"healer-refdriver", driverNS}, {"volume-healer", healerNS}} {
+		if release.name == stockRelease && !e.stock {
+			continue
+		}
 		if out, err := e.run("helm", "uninstall", release.name, "--namespace", release.ns, "--wait", "--timeout", "60s"); err != nil {
 			e.t.Logf("helm uninstall %s: %v\n%s", release.name, err, out)
 		}
@@ -248,23 +270,38 @@ func (e *Env) installCharts() {
 	}
 	e.must(t, "helm", args...)
 	t.Logf("helm install healer-refdriver: %s", time.Since(begin).Round(100*time.Millisecond))
-	e.waitDriverRegistered()
+	e.waitRegistered(driverName)
 }
 
-// waitDriverRegistered waits until kubelet lists the driver on the node's CSINode, which it does
-// once the driver registered itself through kubelet's plugin registration.
-func (e *Env) waitDriverRegistered() {
+// waitRegistered waits until kubelet lists the driver named driver on the node's CSINode, which
+// it does once the driver registered itself through kubelet's plugin registration.
+func (e *Env) waitRegistered(driver string) {
 	e.t.Helper()
-	harness.Eventually(e.t, 2*time.Minute, "kubelet to register "+driverName, func() (bool, string) {
+	harness.Eventually(e.t, 2*time.Minute, "kubelet to register "+driver, func() (bool, string) {
 		n, err := e.c.Clientset.StorageV1().CSINodes().Get(e.t.Context(), e.c.NodeName(), metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		for _, d := range n.Spec.Drivers {
-			if d.Name == driverName {
+			if d.Name == driver {
 				return true, ""
 			}
 		}
 		return false, fmt.Sprintf("CSINode drivers: %v", n.Spec.Drivers)
 	})
+}
+
+// EnableContainerRestart gives the reference driver's healer sidecar the node's containerd socket
+// (healerSidecar.containerRuntime.enabled) by a helm upgrade of its release, as an operator who
+// opts in does; the node plugin's DaemonSet rolls its pod. From then on Disrupt expects a pod with
+// propagation None to be back by a restart of its containers in place instead of an eviction.
+func (e *Env) EnableContainerRestart(t harness.TB) {
+	t.Helper()
+	begin := time.Now()
+	e.must(t, "helm", "upgrade", "healer-refdriver", "deploy/helm/healer-refdriver", "--namespace", driverNS, "--reuse-values",
+		"--set", "healerSidecar.containerRuntime.enabled=true",
+		"--set", "healerSidecar.containerRuntime.socketPath="+e.c.ContainerdSocket(),
+		"--wait", "--timeout", "5m")
+	e.opts.ContainerRestart = true
+	t.Logf("helm upgrade healer-refdriver with the container runtime for the sidecar: %s", time.Since(begin).Round(100*time.Millisecond))
 }

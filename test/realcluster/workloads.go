@@ -35,6 +35,8 @@ type Workload struct {
 	selector labels.Selector
 	// claims are its PVCs, one per pod of a StatefulSet.
 	claims []string
+	// statefulSet is true for a StatefulSet, whose pods keep their names when replaced.
+	statefulSet bool
 }
 
 func (e *Env) container(w *Workload) corev1.Container {
@@ -46,19 +48,26 @@ func (e *Env) container(w *Workload) corev1.Container {
 	}
 }
 
-func pvcSpec() corev1.PersistentVolumeClaimSpec {
+func pvcSpec(class string) corev1.PersistentVolumeClaimSpec {
 	return corev1.PersistentVolumeClaimSpec{
 		AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-		StorageClassName: ptr.To(storageClass),
+		StorageClassName: ptr.To(class),
 		Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 	}
 }
 
-// StatefulSet creates a StatefulSet of replicas pods, each with its own volume from the claim
-// template (data-<name>-<ordinal>). Its pods start in parallel.
+// StatefulSet creates a StatefulSet of replicas pods, each with its own volume of the reference
+// driver's StorageClass from the claim template (data-<name>-<ordinal>). Its pods start in
+// parallel.
 func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode, replicas int) *Workload {
 	e.t.Helper()
-	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name})}
+	return e.StatefulSetOf(storageClass, name, propagation, replicas)
+}
+
+// StatefulSetOf creates a StatefulSet as StatefulSet does, with volumes of the StorageClass class.
+func (e *Env) StatefulSetOf(class, name string, propagation corev1.MountPropagationMode, replicas int) *Workload {
+	e.t.Helper()
+	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name}), statefulSet: true}
 	for i := range replicas {
 		w.claims = append(w.claims, fmt.Sprintf("data-%s-%d", name, i))
 	}
@@ -72,7 +81,7 @@ func (e *Env) StatefulSet(name string, propagation corev1.MountPropagationMode, 
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{e.container(w)}, TerminationGracePeriodSeconds: ptr.To[int64](1)},
 			},
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"}, Spec: pvcSpec()}},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"}, Spec: pvcSpec(class)}},
 		},
 	}
 	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
@@ -86,7 +95,7 @@ func (e *Env) Deployment(name string, propagation corev1.MountPropagationMode) *
 	e.t.Helper()
 	ctx := e.t.Context()
 	w := &Workload{e: e, name: name, propagation: propagation, selector: labels.SelectorFromSet(labels.Set{"app": name}), claims: []string{name}}
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS}, Spec: pvcSpec()}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS}, Spec: pvcSpec(storageClass)}
 	if _, err := e.c.Clientset.CoreV1().PersistentVolumeClaims(appsNS).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("%v", err)
 	}
@@ -162,6 +171,11 @@ func podTries(ctx context.Context, cs kubernetes.Interface, namespace, pod, cont
 	if err != nil {
 		return nil, err
 	}
+	return parseTries(raw), nil
+}
+
+// parseTries reads the tries in a workload container's output; other lines are skipped.
+func parseTries(raw []byte) []try {
 	var out []try
 	sc := bufio.NewScanner(strings.NewReader(string(raw)))
 	for sc.Scan() {
@@ -170,7 +184,7 @@ func podTries(ctx context.Context, cs kubernetes.Interface, namespace, pod, cont
 			out = append(out, r)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // WaitWriting waits until the workload's running pod, other than the pod replaced (when not
