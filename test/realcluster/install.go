@@ -242,6 +242,9 @@ func (e *Env) installCharts() {
 		"--set", "podDisruptionBudget.enabled=false",
 		"--set", "sidecar.enabled=true", "--set", "sidecar.namespace="+driverNS,
 		"--set", "sidecar.serviceAccountName=healer-refdriver-node",
+		// The stock driver's node plugins ask for their sidecars' certificates too (the chart adds
+		// the first driver's ServiceAccount itself).
+		"--set", "config.sidecar.tls.signer.requesters=system:serviceaccount:"+stockNS+":healer-refdriver-node",
 		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/name=healer-refdriver",
 		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/component=node-plugin",
 		"--set", "metrics.serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",

@@ -20,9 +20,18 @@ import (
 // PersistentVolume and no VolumeAttachment, at its start or for its volumes.
 func checkRestartCost(t *testing.T, a apiRequests) {
 	t.Helper()
-	if budget := restartBudget(a.Heals); a.APIServerWithWatches > budget {
-		t.Errorf("at %d volumes on the node (%d in the cluster) a node plugin restart cost the apiserver %.1f requests (all clients, watches included), want at most %.0f (10 + 3 per heal, %.1f heals): %v",
-			a.NodeVolumes, a.ClusterVolumes, a.APIServerWithWatches, budget, a.Heals, a.APIServer.ByVerbResource)
+	// The apiserver's own reconciler of the kubernetes Service's endpoints reads them every 10s,
+	// whatever restarts: no client of the restart makes those requests, and a window that catches
+	// one tick counted them (0.5 GET endpoints and 0.5 GET endpointslices a sweep).
+	own := 0.0
+	for key, n := range a.APIServer.ByVerbResource {
+		if strings.HasSuffix(key, " endpoints") || strings.HasSuffix(key, " endpointslices") {
+			own += n
+		}
+	}
+	if budget := restartBudget(a.Heals); a.APIServerWithWatches-own > budget {
+		t.Errorf("at %d volumes on the node (%d in the cluster) a node plugin restart cost the apiserver %.1f requests (all clients, watches included; %.1f of the apiserver's own endpoints reconciler left out), want at most %.0f (10 + 3 per heal, %.1f heals): %v",
+			a.NodeVolumes, a.ClusterVolumes, a.APIServerWithWatches-own, own, budget, a.Heals, a.APIServer.ByVerbResource)
 	}
 	for _, key := range []string{"GET persistentvolumes", "GET volumeattachments", "LIST persistentvolumes", "LIST volumeattachments"} {
 		if got := a.Sidecar.ByVerbResource[key]; got != 0 {
