@@ -56,18 +56,16 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/volume-healer/volume-healer/hack/buildsource"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/volume-healer/volume-healer/hack/filelock"
 )
-
-// module is the Go module path, for the -X flags of package version.
-const module = "github.com/volume-healer/volume-healer"
 
 // sourceURL is the value of the label org.opencontainers.image.source.
 const sourceURL = "https://github.com/volume-healer/volume-healer"
@@ -188,67 +186,9 @@ func ParsePlatforms(s string) ([]Platform, error) {
 	return out, nil
 }
 
-// Source is what the images are built from and stamped with.
-type Source struct {
-	// Version is "v" and the VERSION file's content, such as v0.1.0: the images' tag.
-	Version string
-	// Commit is the git commit, with "-dirty" when tracked files differ from it.
-	Commit string
-	// Time is SOURCE_DATE_EPOCH when set, else the commit's time: every time in the output.
-	Time time.Time
-}
-
-// ReadSource reads the version file and the git state of the repository at root; epoch is the
-// value of SOURCE_DATE_EPOCH ("" for the commit's time).
-func ReadSource(ctx context.Context, root, epoch string) (Source, error) {
-	raw, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		return Source{}, fmt.Errorf("version file: %w", err)
-	}
-	v := strings.TrimSpace(string(raw))
-	if v == "" || strings.HasPrefix(v, "v") || strings.ContainsAny(v, " \t\n/:@") {
-		return Source{}, fmt.Errorf("VERSION holds %q: want a version without the v, such as 0.1.0", v)
-	}
-	commit, err := git(ctx, root, "rev-parse", "HEAD")
-	if err != nil {
-		return Source{}, err
-	}
-	status, err := git(ctx, root, "status", "--porcelain", "--untracked-files=no")
-	if err != nil {
-		return Source{}, err
-	}
-	if status != "" {
-		commit += "-dirty"
-	}
-	if epoch == "" {
-		if epoch, err = git(ctx, root, "log", "-1", "--format=%ct", "HEAD"); err != nil {
-			return Source{}, err
-		}
-	}
-	secs, err := strconv.ParseInt(epoch, 10, 64)
-	if err != nil {
-		return Source{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: want seconds since 1970: %w", epoch, err)
-	}
-	return Source{Version: "v" + v, Commit: commit, Time: time.Unix(secs, 0).UTC()}, nil
-}
-
-func git(ctx context.Context, root string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = root
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("git %s in %s: %w: %s", strings.Join(args, " "), root, err, strings.TrimSpace(stderr.String()))
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-// LDFlags are the linker flags of every binary: no symbol table nor DWARF (smaller images; stack
-// traces keep their function names and lines), and the version and commit for --version.
-func (s Source) LDFlags() string {
-	return fmt.Sprintf("-s -w -X %s/version.version=%s -X %s/version.commit=%s", module, s.Version, module, s.Commit)
-}
+// Source is what the build is made from and stamped with (hack/buildsource, shared with
+// the other release tool).
+type Source = buildsource.Source
 
 // BuildBinaries builds the binaries of images for p into dir, one go build for all of them, with
 // flags added to go build's. The go command leaves a binary that is up to date as it is.
@@ -485,11 +425,11 @@ func run(ctx context.Context, out, platforms, nodeBin, csiAddons string) error {
 		}
 		images = append(slices.Clone(Images), extra...)
 	}
-	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
+	root, err := buildsource.Git(ctx, ".", "rev-parse", "--show-toplevel")
 	if err != nil {
 		return err
 	}
-	src, err := ReadSource(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
+	src, err := buildsource.Read(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/hack/buildsource"
+
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
@@ -48,11 +50,11 @@ func TestImages(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
 	defer cancel()
 	root := repoRoot(t)
-	src, err := ReadSource(ctx, root, "")
+	src, err := buildsource.Read(ctx, root, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	head, err := git(ctx, root, "rev-parse", "HEAD")
+	head, err := buildsource.Git(ctx, root, "rev-parse", "HEAD")
 	if err != nil {
 		t.Fatal(err)
 	}

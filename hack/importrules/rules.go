@@ -58,7 +58,7 @@ var rules = []Rule{
 		Forbid:   []string{"..."},
 		Allow:    []string{"hack/..."},
 		Reason: "build tooling builds the product and the test programs with the go command; it " +
-			"links none of them (hack/images, hack/release, hack/filelock)",
+			"links none of them (hack/images, hack/release, hack/buildsource, hack/filelock)",
 	},
 	{
 		Name:     "filelock-is-a-leaf",

@@ -65,11 +65,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/volume-healer/volume-healer/hack/buildsource"
+
 	"github.com/volume-healer/volume-healer/hack/filelock"
 )
 
-// module is the Go module path, for the -X flags of package version.
-const module = "github.com/volume-healer/volume-healer"
+// module is the Go module path, which the released binaries' build information names.
+const module = buildsource.Module
 
 // Homepage is the project's home, written into the krew manifest and the SBOMs.
 const Homepage = "https://github.com/volume-healer/volume-healer"
@@ -99,67 +101,9 @@ var Components = []string{"remediation", "without-prometheus-operator"}
 // ImageBinaries are the binaries that hack/images builds into <images>/bin/<os>_<arch>/, one SBOM each.
 var ImageBinaries = []string{"volume-healer", "healer-sidecar", "refdriver"}
 
-// Source is what the release is built from and stamped with. The rules are those of hack/images,
-// whose images the release holds.
-type Source struct {
-	// Version is "v" and the VERSION file's content, such as v0.1.0.
-	Version string
-	// Commit is the git commit, with "-dirty" when tracked files differ from it.
-	Commit string
-	// Time is SOURCE_DATE_EPOCH when set, else the commit's time: every time in the output.
-	Time time.Time
-}
-
-// ReadSource reads the version file and the git state of the repository at root; epoch is the
-// value of SOURCE_DATE_EPOCH ("" for the commit's time).
-func ReadSource(ctx context.Context, root, epoch string) (Source, error) {
-	raw, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		return Source{}, fmt.Errorf("version file: %w", err)
-	}
-	v := strings.TrimSpace(string(raw))
-	if v == "" || strings.HasPrefix(v, "v") || strings.ContainsAny(v, " \t\n/:@") {
-		return Source{}, fmt.Errorf("VERSION holds %q: want a version without the v, such as 0.1.0", v)
-	}
-	commit, err := git(ctx, root, "rev-parse", "HEAD")
-	if err != nil {
-		return Source{}, err
-	}
-	status, err := git(ctx, root, "status", "--porcelain", "--untracked-files=no")
-	if err != nil {
-		return Source{}, err
-	}
-	if status != "" {
-		commit += "-dirty"
-	}
-	if epoch == "" {
-		if epoch, err = git(ctx, root, "log", "-1", "--format=%ct", "HEAD"); err != nil {
-			return Source{}, err
-		}
-	}
-	secs, err := strconv.ParseInt(epoch, 10, 64)
-	if err != nil {
-		return Source{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: want seconds since 1970: %w", epoch, err)
-	}
-	return Source{Version: "v" + v, Commit: commit, Time: time.Unix(secs, 0).UTC()}, nil
-}
-
-func git(ctx context.Context, root string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = root
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("git %s in %s: %w: %s", strings.Join(args, " "), root, err, strings.TrimSpace(stderr.String()))
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-// LDFlags are the linker flags of healerctl, those hack/images gives the images' binaries.
-func (s Source) LDFlags() string {
-	return fmt.Sprintf("-s -w -X %s/version.version=%s -X %s/version.commit=%s", module, s.Version, module, s.Commit)
-}
+// Source is what the build is made from and stamped with (hack/buildsource, shared with
+// the other release tool).
+type Source = buildsource.Source
 
 // Options say what Run builds where.
 type Options struct {
@@ -227,7 +171,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	// hack/images read the source itself: a commit or an edit during the run would leave images
 	// and archives of two sources.
-	now, err := ReadSource(ctx, o.Root, strconv.FormatInt(o.Source.Time.Unix(), 10))
+	now, err := buildsource.Read(ctx, o.Root, strconv.FormatInt(o.Source.Time.Unix(), 10))
 	if err != nil {
 		return err
 	}
@@ -601,11 +545,11 @@ func main() {
 
 func run(ctx context.Context, out, imgs, work, baseURL string) error {
 	start := time.Now()
-	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
+	root, err := buildsource.Git(ctx, ".", "rev-parse", "--show-toplevel")
 	if err != nil {
 		return err
 	}
-	src, err := ReadSource(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
+	src, err := buildsource.Read(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-healer/volume-healer/hack/buildsource"
+
 	cdx "github.com/CycloneDX/cyclonedx-go"
 	"sigs.k8s.io/yaml"
 )
@@ -55,7 +57,7 @@ func TestReleaseIsReproducible(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
+	root, err := buildsource.Git(ctx, ".", "rev-parse", "--show-toplevel")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ func TestReleaseIsReproducible(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := ReadSource(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
+	src, err := buildsource.Read(ctx, root, os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
 		t.Fatal(err)
 	}
