@@ -20,6 +20,14 @@ import (
 // kubeVersion is the Kubernetes version helm renders for: the one hack/control-plane.sh builds.
 const kubeVersion = "1.37.2"
 
+// oldestKubeVersion is the oldest Kubernetes version the charts support (their kubeVersion): the
+// one `make test-oldest` runs against.
+const oldestKubeVersion = "1.30.14"
+
+// vapAPIVersion is the resource the chart's node binding needs (Helm's capability), which helm
+// template does not assume: the tests name it for the clusters that have it (kubeVersion).
+const vapAPIVersion = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
 // repoRoot returns the module's root folder.
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -124,7 +132,7 @@ const chart = "deploy/helm/volume-healer"
 // the module's root) and --set pairs.
 func helmTemplate(t *testing.T, release, namespace string, valuesFiles []string, set ...string) []*unstructured.Unstructured {
 	t.Helper()
-	args := []string{"template", release, chart, "--namespace", namespace, "--kube-version", kubeVersion}
+	args := []string{"template", release, chart, "--namespace", namespace, "--kube-version", kubeVersion, "--api-versions", vapAPIVersion}
 	for _, f := range valuesFiles {
 		args = append(args, "--values", f)
 	}

@@ -90,3 +90,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "volume-healer.sidecarCASecret" -}}
 {{- default (printf "%s/%s-sidecar-ca" .Release.Namespace (include "volume-healer.fullname" .)) .Values.config.sidecar.tls.signer.caSecret -}}
 {{- end -}}
+
+{{/*
+"true" when the cluster can hold the sidecar's node binding: ValidatingAdmissionPolicies
+(admissionregistration.k8s.io/v1, Kubernetes 1.30) and projected ServiceAccount tokens that always
+name their pod's node (the node-name claim, on for good from Kubernetes 1.32). Read from Helm's
+capabilities: the cluster's at install, --kube-version and --api-versions with helm template.
+*/}}
+{{- define "volume-healer.nodeBinding" -}}
+{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.32.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end }}

@@ -1,0 +1,114 @@
+package deploy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestChartNodeBindingFollowsTheCluster renders the chart, with the sidecar's cluster side, for
+// the clusters Helm would see: Kubernetes 1.37 with ValidatingAdmissionPolicies gets the node
+// binding (the policy and its binding) and no warning; the oldest supported version, whose tokens
+// need not name their node, and a 1.37 cluster without the policy API get neither object and the
+// warning in NOTES.txt; a version older than the oldest supported is refused.
+func TestChartNodeBindingFollowsTheCluster(t *testing.T) {
+	helm := tool(t, "helm")
+	const warning = "WARNING: this cluster (Kubernetes "
+	for name, tc := range map[string]struct {
+		kubeVersion string
+		apiVersions []string
+		binding     bool
+	}{
+		"1.37 with ValidatingAdmissionPolicies": {kubeVersion, []string{vapAPIVersion}, true},
+		"oldest supported, 1.30":                {oldestKubeVersion, []string{vapAPIVersion}, false},
+		"1.31, the last without the claim":      {"1.31.14", []string{vapAPIVersion}, false},
+		"1.37 without the policy API":           {kubeVersion, nil, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"--kube-version", tc.kubeVersion}
+			for _, v := range tc.apiVersions {
+				args = append(args, "--api-versions", v)
+			}
+			objs := decode(t, run(t, repoRoot(t), helm, append([]string{"template", "storage-healer", chart,
+				"--namespace", "healer-system", "--values", fullValues}, args...)...))
+			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+				got := len(ofKind(objs, kind))
+				if tc.binding && got != 1 {
+					t.Errorf("Kubernetes %s %v: %d %ss, want the node binding's one", tc.kubeVersion, tc.apiVersions, got, kind)
+				}
+				if !tc.binding && got != 0 {
+					t.Errorf("Kubernetes %s %v: %d %ss, want none: the cluster would refuse every node plugin's write", tc.kubeVersion, tc.apiVersions, got, kind)
+				}
+			}
+			// The sidecar's other cluster objects are there either way.
+			find(t, objs, "ClusterRole", "storage-healer-volume-healer-sidecar")
+
+			notes := renderNotes(t, helm, append([]string{"--values", fullValues}, args...)...)
+			switch {
+			case tc.binding && strings.Contains(notes, warning):
+				t.Errorf("Kubernetes %s %v: NOTES.txt warns of a missing node binding that is installed:\n%s", tc.kubeVersion, tc.apiVersions, notes)
+			case !tc.binding && !strings.Contains(notes, warning+"v"+tc.kubeVersion+") cannot hold the node binding"):
+				t.Errorf("Kubernetes %s %v: NOTES.txt does not warn that the node binding is missing:\n%s", tc.kubeVersion, tc.apiVersions, notes)
+			case !tc.binding && !strings.Contains(notes, "storage-healer-volume-healer-csiaddonsnode-node was not installed"):
+				t.Errorf("NOTES.txt does not name the policy left out:\n%s", notes)
+			}
+		})
+	}
+
+	t.Run("without the sidecar no warning", func(t *testing.T) {
+		if notes := renderNotes(t, helm, "--kube-version", oldestKubeVersion); strings.Contains(notes, warning) {
+			t.Errorf("NOTES.txt warns of the node binding without sidecar.enabled:\n%s", notes)
+		}
+	})
+
+	t.Run("older than supported", func(t *testing.T) {
+		for _, c := range []string{chart, refdriverChart} {
+			_, err := runErr(repoRoot(t), helm, "template", "rel", c, "--kube-version", "1.29.6")
+			if err == nil || !strings.Contains(err.Error(), "chart requires kubeVersion: >=1.30.0-0 which is incompatible with Kubernetes v1.29.6") {
+				t.Errorf("helm template %s for Kubernetes 1.29.6: %v, want the chart's kubeVersion refusal", c, err)
+			}
+		}
+	})
+}
+
+// renderNotes renders the chart's NOTES.txt with helm template's flags, which helm template alone
+// does not print: a copy of the chart carries the notes as a named template and prints them
+// through a ConfigMap.
+func renderNotes(t *testing.T, helm string, args ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "chart")
+	if err := os.CopyFS(dir, os.DirFS(path(t, chart))); err != nil {
+		t.Fatal(err)
+	}
+	notesFile := filepath.Join(dir, "templates", "NOTES.txt")
+	notes, err := os.ReadFile(notesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(notesFile); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"_test-notes.tpl": `{{- define "test.notes" -}}` + "\n" + string(notes) + "\n{{- end }}",
+		"test-notes.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: test-notes\ndata:\n  notes: {{ include \"test.notes\" . | toJson }}\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, "templates", name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := run(t, repoRoot(t), helm, append([]string{"template", "storage-healer", dir, "--namespace", "healer-system",
+		"--show-only", "templates/test-notes.yaml"}, args...)...)
+	objs := decode(t, out)
+	if len(objs) != 1 {
+		t.Fatalf("rendering NOTES.txt: %d objects, want one:\n%s", len(objs), out)
+	}
+	text, _, _ := unstructured.NestedString(objs[0].Object, "data", "notes")
+	if !strings.Contains(text, "is installed in namespace healer-system") {
+		t.Fatalf("rendered NOTES.txt lacks its first line:\n%s", text)
+	}
+	return text
+}
