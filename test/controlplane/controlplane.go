@@ -29,6 +29,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -387,4 +388,32 @@ func WriteServiceAccountToken(ctx context.Context, cs kubernetes.Interface, name
 		return fmt.Errorf("token of the ServiceAccount %s/%s: %w", namespace, name, err)
 	}
 	return os.WriteFile(path, []byte(tok.Status.Token), 0o600)
+}
+
+// Minor returns the minor version of the running kube-apiserver: 30 for v1.30.14. The suites run
+// against v1.37 (make test) and the oldest supported release (make test-oldest).
+func (e *Env) Minor() (int, error) {
+	info, err := e.Clientset.Discovery().ServerVersion()
+	if err != nil {
+		return 0, fmt.Errorf("kube-apiserver version: %w", err)
+	}
+	v, err := utilversion.ParseGeneric(info.GitVersion)
+	if err != nil || v.Major() != 1 {
+		return 0, fmt.Errorf("kube-apiserver reports version %q, not a Kubernetes 1.x release", info.GitVersion)
+	}
+	return int(v.Minor()), nil
+}
+
+// RequireMinor skips tb, saying so, when the kube-apiserver is older than Kubernetes 1.minor;
+// needs names what of that release the test needs. A test that cannot pass on the oldest
+// supported release skips there by this check, never silently.
+func (e *Env) RequireMinor(tb testing.TB, minor int, needs string) {
+	tb.Helper()
+	got, err := e.Minor()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if got < minor {
+		tb.Skipf("kube-apiserver is Kubernetes 1.%d: the test needs %s (Kubernetes 1.%d and later)", got, needs, minor)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -67,6 +68,13 @@ func Run(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	defer k.broadcaster.Shutdown()
+	if d, err := discovery.NewDiscoveryClientForConfig(k.restCfg); err != nil {
+		logger.Error(err, "WARNING: cannot ask the API server for its version and APIs")
+	} else {
+		for _, w := range clusterWarnings(d) {
+			logger.Error(nil, "WARNING: "+w)
+		}
+	}
 	mgr, lease, err := newManager(ctx, cfg, k)
 	if err != nil {
 		return err
