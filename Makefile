@@ -49,8 +49,22 @@ tools: ## Build promtool, helm, kustomize (deployment tests) and staticcheck (ca
 	@hack/tools.sh
 
 .PHONY: test
-test: node fuse ## Run the whole test suite: unit, integration (real kube-apiserver + etcd), end-to-end and the real node.
+test: node fuse ## Run the whole test suite: unit, integration (real kube-apiserver + etcd), end-to-end and the real node; then, for the whole suite, test-oldest.
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) test $(TEST_FLAGS) $(PKGS)
+	@if [ "$(PKGS)" = "./..." ]; then $(MAKE) --no-print-directory test-oldest; fi
+
+# The oldest Kubernetes release supported (the charts' kubeVersion, docs/operations.md "Kubernetes
+# versions"), and the part of the suites that runs against its kube-apiserver too: registration,
+# tokens and certificates, restart sweeps, eviction, the webhooks, the node binding's manifests.
+OLDEST_KUBE_VERSION ?= v1.30.14
+OLDEST_PKGS  ?= ./test/controlplane ./sidecar ./cmd/volume-healer/controller ./cmd/volume-healer/controller/sidecarsigner \
+                ./admission/propagation ./test/integration ./test/deploy
+OLDEST_TESTS ?= ^(TestStorageObjectsRoundTrip|TestRegister|TestCreatesCSIAddonsNode|TestRestartMarker|TestAuthentication|TestClusterWarningsOfTheRealAPIServer|TestNodeTokensAgainstRealAPIServer|TestRunAgainstRealAPIServer|TestSidecarServesItsRequestedCertificateAcrossRenewals|TestRequestForAnotherNodeIsDenied|TestWebhookAgainstAPIServer|TestRestartHealsExactlyTheBrokenHealableVolumes|TestRestartBeforeControllerStartIsSwept|TestEvictionOncePerHeal|TestEvictionBlockedByDisruptionBudget|TestBaseWebhookRefusesABrokenPolicy|TestNodePluginWritesOnlyItsNodesCSIAddonsNodes)$$
+
+.PHONY: test-oldest
+test-oldest: ## Run a part of the suite (OLDEST_TESTS) against the oldest supported kube-apiserver (OLDEST_KUBE_VERSION, built once into .cache/control-plane).
+	@KUBE_VERSION=$(OLDEST_KUBE_VERSION) hack/control-plane.sh >/dev/null
+	env -u KUBEBUILDER_ASSETS VOLUME_HEALER_KUBE_VERSION=$(OLDEST_KUBE_VERSION) $(GO) test $(TEST_FLAGS) -run '$(OLDEST_TESTS)' $(OLDEST_PKGS)
 
 .PHONY: node
 node: ## Build a real node's binaries (kubelet, containerd, CSI sidecars; cached in .cache/node) where one can run.

@@ -4,6 +4,8 @@
 // The binaries come from hack/control-plane.sh, which builds kube-apiserver from the Go module proxy
 // and installs etcd from Debian's package on first use and caches both under .cache/ (git ignored).
 // KUBEBUILDER_ASSETS, when set, names a folder that already holds them and skips the script.
+// VOLUME_HEALER_KUBE_VERSION (KubeVersionEnv) chooses another release than the script's default:
+// make test-oldest runs a part of the suites against the oldest supported one.
 //
 // The suites reach it through test/harness, which adds the controller's identity and everything
 // else a suite needs on top of it.
@@ -300,11 +302,19 @@ var (
 	assetsErr  error
 )
 
-// Assets returns the folder holding kube-apiserver and etcd: KUBEBUILDER_ASSETS when set, otherwise
-// what hack/control-plane.sh prints (it builds or installs what is missing, once per machine).
+// KubeVersionEnv names the environment variable that chooses the Kubernetes release whose
+// kube-apiserver the tests run against, as hack/control-plane.sh's KUBE_VERSION (v1.30.14): make
+// test-oldest sets it to the oldest supported release. It wins over KUBEBUILDER_ASSETS.
+const KubeVersionEnv = "VOLUME_HEALER_KUBE_VERSION"
+
+// Assets returns the folder holding kube-apiserver and etcd: what hack/control-plane.sh prints for
+// the release of KubeVersionEnv when it is set, else KUBEBUILDER_ASSETS when set, otherwise what
+// hack/control-plane.sh prints for its default release (it builds or installs what is missing,
+// once per machine).
 func Assets() (string, error) {
 	assetsOnce.Do(func() {
-		if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		kubeVersion := os.Getenv(KubeVersionEnv)
+		if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" && kubeVersion == "" {
 			assetsDir = dir
 			return
 		}
@@ -315,6 +325,9 @@ func Assets() (string, error) {
 		}
 		var out, errOut bytes.Buffer
 		cmd := exec.Command("bash", filepath.Join(root, "hack", "control-plane.sh"))
+		if kubeVersion != "" {
+			cmd.Env = append(os.Environ(), "KUBE_VERSION="+kubeVersion)
+		}
 		cmd.Stdout, cmd.Stderr = &out, &errOut
 		if err := cmd.Run(); err != nil {
 			assetsErr = fmt.Errorf("hack/control-plane.sh: %w\n%s", err, errOut.String())

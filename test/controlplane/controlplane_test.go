@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,9 @@ func TestStorageObjectsRoundTrip(t *testing.T) {
 	}
 	if version.GitVersion == "v0.0.0-master" || version.Major != "1" {
 		t.Errorf("apiserver reports version %q (major %q); hack/control-plane.sh must stamp a release version", version.GitVersion, version.Major)
+	}
+	if want := os.Getenv(controlplane.KubeVersionEnv); want != "" && version.GitVersion != want {
+		t.Errorf("apiserver reports version %q, but %s chose %s", version.GitVersion, controlplane.KubeVersionEnv, want)
 	}
 
 	set, err := fixtures.Drivers()

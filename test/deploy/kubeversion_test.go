@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,4 +112,31 @@ func renderNotes(t *testing.T, helm string, args ...string) string {
 		t.Fatalf("rendered NOTES.txt lacks its first line:\n%s", text)
 	}
 	return text
+}
+
+// TestKustomizeWithoutNodeBinding: the component for clusters older than 1.32 takes the node
+// binding, and nothing else, out of a node plugin kustomization that uses deploy/sidecar.
+func TestKustomizeWithoutNodeBinding(t *testing.T) {
+	with := kustomizeWith(t, func(dir string) string {
+		rel := func(elem ...string) string {
+			r, err := filepath.Rel(dir, path(t, elem...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		return fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n  - %s\n",
+			rel("deploy", "examples", "ceph-csi-rbd"), rel("deploy", "components", "without-node-binding"))
+	})
+	without := kustomize(t, "deploy/examples/ceph-csi-rbd")
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		find(t, without, kind, "volume-healer-csiaddonsnode-node")
+		if got := ofKind(with, kind); len(got) != 0 {
+			t.Errorf("with the component: %d %ss, want none", len(got), kind)
+		}
+	}
+	if len(with) != len(without)-2 {
+		t.Errorf("the component left %d objects of %d, want all but the policy and its binding", len(with), len(without))
+	}
+	find(t, with, "DaemonSet", "csi-rbdplugin")
 }
