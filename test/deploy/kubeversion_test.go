@@ -18,18 +18,22 @@ import (
 func TestChartNodeBindingFollowsTheCluster(t *testing.T) {
 	helm := tool(t, "helm")
 	const warning = "WARNING: this cluster (Kubernetes "
+	const anyWarning = "csiaddonsnode-node was not installed"
 	for name, tc := range map[string]struct {
 		kubeVersion string
 		apiVersions []string
+		mode        string
 		binding     bool
 	}{
-		"1.37 with ValidatingAdmissionPolicies": {kubeVersion, []string{vapAPIVersion}, true},
-		"oldest supported, 1.30":                {oldestKubeVersion, []string{vapAPIVersion}, false},
-		"1.31, the last without the claim":      {"1.31.14", []string{vapAPIVersion}, false},
-		"1.37 without the policy API":           {kubeVersion, nil, false},
+		"1.37 with ValidatingAdmissionPolicies": {kubeVersion, []string{vapAPIVersion}, "auto", true},
+		"oldest supported, 1.30":                {oldestKubeVersion, []string{vapAPIVersion}, "auto", false},
+		"1.31, the last without the claim":      {"1.31.14", []string{vapAPIVersion}, "auto", false},
+		"1.37 without the policy API":           {kubeVersion, nil, "auto", false},
+		"1.30 with nodeBinding always":          {oldestKubeVersion, []string{vapAPIVersion}, "always", true},
+		"1.37 with nodeBinding never":           {kubeVersion, []string{vapAPIVersion}, "never", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			args := []string{"--kube-version", tc.kubeVersion}
+			args := []string{"--kube-version", tc.kubeVersion, "--set", "sidecar.nodeBinding=" + tc.mode}
 			for _, v := range tc.apiVersions {
 				args = append(args, "--api-versions", v)
 			}
@@ -49,9 +53,11 @@ func TestChartNodeBindingFollowsTheCluster(t *testing.T) {
 
 			notes := renderNotes(t, helm, append([]string{"--values", fullValues}, args...)...)
 			switch {
-			case tc.binding && strings.Contains(notes, warning):
+			case tc.binding && strings.Contains(notes, anyWarning):
 				t.Errorf("Kubernetes %s %v: NOTES.txt warns of a missing node binding that is installed:\n%s", tc.kubeVersion, tc.apiVersions, notes)
-			case !tc.binding && !strings.Contains(notes, warning+"v"+tc.kubeVersion+") cannot hold the node binding"):
+			case !tc.binding && tc.mode == "never" && !strings.Contains(notes, "WARNING: sidecar.nodeBinding is never"):
+				t.Errorf("nodeBinding never: NOTES.txt does not warn that the node binding is left out:\n%s", notes)
+			case !tc.binding && tc.mode == "auto" && !strings.Contains(notes, warning+"v"+tc.kubeVersion+") cannot hold the node binding"):
 				t.Errorf("Kubernetes %s %v: NOTES.txt does not warn that the node binding is missing:\n%s", tc.kubeVersion, tc.apiVersions, notes)
 			case !tc.binding && !strings.Contains(notes, "storage-healer-volume-healer-csiaddonsnode-node was not installed"):
 				t.Errorf("NOTES.txt does not name the policy left out:\n%s", notes)
@@ -60,7 +66,7 @@ func TestChartNodeBindingFollowsTheCluster(t *testing.T) {
 	}
 
 	t.Run("without the sidecar no warning", func(t *testing.T) {
-		if notes := renderNotes(t, helm, "--kube-version", oldestKubeVersion); strings.Contains(notes, warning) {
+		if notes := renderNotes(t, helm, "--kube-version", oldestKubeVersion); strings.Contains(notes, anyWarning) {
 			t.Errorf("NOTES.txt warns of the node binding without sidecar.enabled:\n%s", notes)
 		}
 	})

@@ -96,9 +96,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 (admissionregistration.k8s.io/v1, Kubernetes 1.30) and projected ServiceAccount tokens that always
 name their pod's node (the node-name claim, on for good from Kubernetes 1.32). Read from Helm's
 capabilities: the cluster's at install, --kube-version and --api-versions with helm template.
+sidecar.nodeBinding always or never overrides what they say.
 */}}
 {{- define "volume-healer.nodeBinding" -}}
-{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.32.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- $mode := .Values.sidecar.nodeBinding -}}
+{{- if eq $mode "always" -}}
+true
+{{- else if and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.32.0-0" .Capabilities.KubeVersion.Version) -}}
 true
 {{- end -}}
 {{- end }}
