@@ -146,3 +146,25 @@ func TestKustomizeWithoutNodeBinding(t *testing.T) {
 	}
 	find(t, with, "DaemonSet", "csi-rbdplugin")
 }
+
+// TestOldestKubeVersionIsOneEverywhere: the release make test-oldest builds and tests against is
+// the one the charts require at least, and the one these tests render for.
+func TestOldestKubeVersionIsOneEverywhere(t *testing.T) {
+	makefile, err := os.ReadFile(path(t, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "OLDEST_KUBE_VERSION ?= v" + oldestKubeVersion + "\n"; !strings.Contains(string(makefile), want) {
+		t.Errorf("the Makefile does not say %q", strings.TrimSpace(want))
+	}
+	minor := oldestKubeVersion[:strings.LastIndex(oldestKubeVersion, ".")]
+	for _, c := range []string{chart, refdriverChart} {
+		data, err := os.ReadFile(path(t, c, "Chart.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `kubeVersion: ">=` + minor + `.0-0"`; !strings.Contains(string(data), want+"\n") {
+			t.Errorf("%s/Chart.yaml does not say %s, the oldest release tested", c, want)
+		}
+	}
+}
