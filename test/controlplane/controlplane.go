@@ -147,8 +147,11 @@ func New(opts Options) (*Env, error) {
 	for name, value := range opts.APIServerArgs {
 		args.Set(name, value)
 	}
+	// The binaries by path: envtest would take KUBEBUILDER_ASSETS over BinaryAssetsDirectory, and
+	// with KubeVersionEnv the assets are another release's.
+	apiServer.Path = filepath.Join(assets, "kube-apiserver")
+	te.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(assets, "etcd")}
 	if len(opts.EtcdArgs) > 0 {
-		te.ControlPlane.Etcd = &envtest.Etcd{}
 		etcdArgs := te.ControlPlane.Etcd.Configure()
 		for name, value := range opts.EtcdArgs {
 			etcdArgs.Set(name, value)

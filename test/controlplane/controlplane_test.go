@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,23 @@ func TestStorageObjectsRoundTrip(t *testing.T) {
 	if want := os.Getenv(controlplane.KubeVersionEnv); want != "" && version.GitVersion != want {
 		t.Errorf("apiserver reports version %q, but %s chose %s", version.GitVersion, controlplane.KubeVersionEnv, want)
 	}
+	minor, err := env.Minor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version.Minor != strconv.Itoa(minor) {
+		t.Errorf("Minor() = %d, the apiserver reports minor %q", minor, version.Minor)
+	}
+	t.Run("RequireMinor of a newer release skips", func(t *testing.T) {
+		env.RequireMinor(t, minor+1, "a newer release")
+		t.Errorf("RequireMinor(%d) did not skip on Kubernetes 1.%d", minor+1, minor)
+	})
+	t.Run("RequireMinor of this release runs", func(t *testing.T) {
+		env.RequireMinor(t, minor, "this release")
+		if t.Skipped() {
+			t.Errorf("RequireMinor(%d) skipped on Kubernetes 1.%d", minor, minor)
+		}
+	})
 
 	set, err := fixtures.Drivers()
 	if err != nil {
