@@ -54,7 +54,7 @@ func clusterWarnings(d discovery.DiscoveryInterface) []string {
 		lacks = fmt.Sprintf("issues ServiceAccount tokens that name their pod's node only while a beta feature gate is on (for good from %d.%d)", nodeBindingSince.Major(), nodeBindingSince.Minor())
 	}
 	if lacks != "" {
-		warnings = append(warnings, fmt.Sprintf("the API server (Kubernetes %s) %s: the node binding, the ValidatingAdmissionPolicy that lets a node plugin write only its own node's CSIAddonsNodes, is not installed by the chart here, and a node plugin can write another node's CSIAddonsNode. "+
+		warnings = append(warnings, fmt.Sprintf("the API server (Kubernetes %s) %s: the node binding, the ValidatingAdmissionPolicy that lets a node plugin write only its own node's CSIAddonsNodes, is left out by the chart here (unless sidecar.nodeBinding is always), and without it a node plugin can write another node's CSIAddonsNode. "+
 			"This controller still sends a node's calls and token only to a sidecar whose certificate names that node (sidecar.tls, which the signer issues only to a pod on that node), so such a write stops that node's heals but cannot receive them; upgrade to Kubernetes %d.%d (docs/operations.md, \"Kubernetes versions\")",
 			info.GitVersion, lacks, nodeBindingSince.Major(), nodeBindingSince.Minor()))
 	}

@@ -17,7 +17,7 @@ import (
 // The warnings' distinctive words.
 const (
 	warnTooOld     = "older than 1.30, the oldest release"
-	warnNoBinding  = "the node binding, the ValidatingAdmissionPolicy that lets a node plugin write only its own node's CSIAddonsNodes, is not installed"
+	warnNoBinding  = "the node binding, the ValidatingAdmissionPolicy that lets a node plugin write only its own node's CSIAddonsNodes, is left out by the chart here"
 	warnNoPolicies = "serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicies"
 	warnNoClaim    = "name their pod's node only while a beta feature gate is on"
 )

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/api/annotations"
@@ -23,6 +27,24 @@ import (
 	"github.com/volume-healer/volume-healer/test/controlplane"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
+
+// syncBuffer is a bytes.Buffer that a logger may write to from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -66,7 +88,10 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	// The controller's log, kept to read its warnings at start, and written to stderr as before.
+	logs := &syncBuffer{}
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(io.MultiWriter(os.Stderr, logs))))
+	runCtx, stop := context.WithCancel(klog.NewContext(ctx, logger))
 	done := make(chan error, 1)
 	go func() { done <- Run(runCtx, cfg) }()
 	defer func() {
@@ -111,6 +136,14 @@ func TestRunAgainstRealAPIServer(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "volume-healer", Name: "volume-healer"}, &lease)
 		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", nil
 	})
+	// An operator of a cluster without the node binding reads why in the log at start.
+	minor, err := env.Minor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Contains(logs.String(), "WARNING: the API server (Kubernetes v1."); got != (minor < 32) {
+		t.Errorf("Kubernetes 1.%d: the controller's log warns of the missing node binding: %v, want %v", minor, got, minor < 32)
+	}
 	poll("/readyz answers ok", func(context.Context) (bool, error) {
 		code, _ := get("http://" + healthAddr + "/readyz")
 		return code == http.StatusOK, nil
