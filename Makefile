@@ -67,7 +67,7 @@ test-oldest: ## Run a part of the suite (OLDEST_TESTS) against the oldest suppor
 	env -u KUBEBUILDER_ASSETS VOLUME_HEALER_KUBE_VERSION=$(OLDEST_KUBE_VERSION) $(GO) test $(TEST_FLAGS) -run '$(OLDEST_TESTS)' $(OLDEST_PKGS)
 
 .PHONY: node
-node: ## Build a real node's binaries (kubelet, containerd, CSI sidecars; cached in .cache/node) where one can run.
+node: ## Get a real node where one can run: as root, install runc, iptables and the CNI plugins from Debian; build kubelet, containerd and the CSI sidecars (cached in .cache/node; up to 15 min cold).
 	@if why="$$(hack/node.sh --check)"; then hack/node.sh >/dev/null; else echo "node: no real node on this machine ($$why): test/realcluster will skip"; fi
 
 .PHONY: fuse
@@ -113,7 +113,7 @@ generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alp
 DEMO_FLAGS ?=
 
 .PHONY: demo
-demo: build ## Run the demo: local control plane, nodes with real FUSE mounts (simulated without root or /dev/fuse), controller, a node plugin killed and healed.
+demo: build ## Run the demo (docs/demo.md): a node plugin restarted and its FUSE volumes healed, on a real node where one can run (make node), else on kubelet stand-ins (simulated without root or /dev/fuse).
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver --healerctl $(BIN)/healerctl $(DEMO_FLAGS)
 
 .PHONY: demo-hold

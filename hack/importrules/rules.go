@@ -282,6 +282,14 @@ var rules = []Rule{
 		Reason:   "these suites check the controller as it ships: built from cmd/ and run as its own process",
 	},
 	{
+		Name:     "docs-checks-read-what-an-operator-reads",
+		Packages: []string{"test/docs"},
+		Tests:    true,
+		Forbid:   []string{"cmd/..."},
+		Reason: "the documentation describes the programs; its checks read the source and the names the " +
+			"stages register (metrics, annotation keys), not the programs' wiring",
+	},
+	{
 		Name:     "real-node-reads-what-a-user-reads",
 		Packages: []string{"test/realcluster"},
 		Direct:   true,

@@ -142,24 +142,60 @@ func newDirs(root string) nodeDirs {
 
 // Unavailable says why this machine cannot run the node, or "" when it can.
 func Unavailable() string {
-	var why []string
+	m := Check()
+	why := m.Lacks
+	for _, prog := range m.Installable {
+		why = append(why, "no "+prog)
+	}
+	return strings.Join(why, ", ")
+}
+
+// Machine is what this machine lacks to run the node.
+type Machine struct {
+	// Lacks are what no script of the project can give it: root, a cgroup memory controller.
+	Lacks []string
+	// Installable are the programs missing that hack/node.sh (make node) installs from Debian's
+	// packages when it runs as root: "runc", "ip", "iptables", "CNI bridge plugin".
+	Installable []string
+}
+
+// Packages returns the Debian packages that hack/node.sh installs for m's Installable programs.
+func (m Machine) Packages() []string {
+	pkgs := make([]string, 0, len(m.Installable))
+	for _, prog := range m.Installable {
+		if pkg, ok := debianPackages[prog]; ok {
+			pkgs = append(pkgs, pkg)
+		}
+	}
+	return pkgs
+}
+
+// debianPackages names the Debian package of each program Check looks for, as hack/node.sh's
+// install_packages installs them.
+var debianPackages = map[string]string{
+	"runc": "runc", "ip": "iproute2", "iptables": "iptables", "CNI bridge plugin": "containernetworking-plugins",
+}
+
+// Check says what this machine lacks to run the node.
+func Check() Machine {
+	var m Machine
 	if os.Geteuid() != 0 {
-		why = append(why, "not root")
+		m.Lacks = append(m.Lacks, "not root")
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
 		if _, err2 := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err2 != nil {
-			why = append(why, "no cgroup memory controller")
+			m.Lacks = append(m.Lacks, "no cgroup memory controller")
 		}
 	}
 	for _, bin := range []string{"runc", "ip", "iptables"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			why = append(why, "no "+bin)
+			m.Installable = append(m.Installable, bin)
 		}
 	}
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
-		why = append(why, "no CNI bridge plugin")
+		m.Installable = append(m.Installable, "CNI bridge plugin")
 	}
-	return strings.Join(why, ", ")
+	return m
 }
 
 // occupied says what of a node is already on the machine, which Start (holding the node lock)

@@ -78,3 +78,23 @@ func TestUnmountUnder(t *testing.T) {
 		t.Errorf("the mount beside the root was touched: %v", got)
 	}
 }
+
+// TestPackagesMatchNodeScript checks that every program Check may find missing has the Debian
+// package that hack/node.sh installs for it, so that the demo's advice (make node) installs what
+// Check asks for.
+func TestPackagesMatchNodeScript(t *testing.T) {
+	script, err := os.ReadFile("../../hack/node.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := Machine{Installable: []string{"runc", "ip", "iptables", "CNI bridge plugin"}}
+	pkgs := all.Packages()
+	if len(pkgs) != len(all.Installable) {
+		t.Fatalf("Packages() = %v for %v: a program without its package", pkgs, all.Installable)
+	}
+	for _, pkg := range pkgs {
+		if !strings.Contains(string(script), "need+=("+pkg+")") {
+			t.Errorf("hack/node.sh does not install %s (no need+=(%s))", pkg, pkg)
+		}
+	}
+}

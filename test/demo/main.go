@@ -17,7 +17,8 @@
 //     and one whose volume's data is removed), and a rollout restart of the node plugin's
 //     DaemonSet. The first run builds the node (hack/node.sh, cached under .cache/node). --nodes
 //     and --volumes do not apply.
-//   - real (auto's choice where a node cannot run but real mounts can): every node is a kubelet
+//   - real (auto's choice where a node cannot run but real mounts can; where all a node lacks is
+//     what `make node` installs, it says so): every node is a kubelet
 //     stand-in, the reference driver as a real CSI node plugin whose volumes are FUSE mounts
 //     served by mounter processes in its process group, and the sidecar. Volumes are provisioned
 //     through CSI, staged and published for one pod each, and used by a workload stand-in in a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,20 +105,73 @@ func mountsUnder(dir string) []string {
 	return out
 }
 
-// resolveMode turns --mode into modeReal or modeSimulated, and says why when auto cannot have
-// real mounts.
+// resolveMode turns --mode into modeCluster, modeReal or modeSimulated for this machine, and
+// says on stdout why auto falls back, and what gets the real node.
 func resolveMode(mode string) (string, error) {
-	why := harness.RealMountsUnavailable()
-	noNode := strings.Trim(why+", "+cluster.Unavailable(), ", ")
+	return chooseMode(mode, machine{noMounts: harness.RealMountsUnavailable(), node: cluster.Check()}, os.Stdout)
+}
+
+// machine is what the modes need that this machine lacks.
+type machine struct {
+	// noMounts says why real mounts are not possible ("" when they are).
+	noMounts string
+	// node is what a real node lacks.
+	node cluster.Machine
+}
+
+// noNode says why a real node cannot run, or "".
+func (m machine) noNode() string {
+	why := m.node.Lacks
+	if m.noMounts != "" {
+		why = append([]string{m.noMounts}, why...)
+	}
+	for _, prog := range m.node.Installable {
+		why = append(why, "no "+prog)
+	}
+	return strings.Join(why, ", ")
+}
+
+// nodeHint is the one command that gets this machine a real node, with what it does and costs,
+// or "" when no command of the project can (not root, no /dev/fuse, no cgroups) or none is needed.
+func (m machine) nodeHint() string {
+	if m.noMounts != "" || len(m.node.Lacks) > 0 || len(m.node.Installable) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("To get the real node, run `make node` as root: it installs %s with apt-get and builds kubelet, "+
+		"containerd and the CSI sidecars into .cache/node (%s, once); then `make demo` tells this story on a real node (%s).",
+		joinAnd(m.node.Packages()), nodeBuildTime, clusterStoryTime)
+}
+
+// What the hint says a real node costs: hack/node.sh's cold build on 2 cores, and a later run
+// of the cluster story (docs/demo.md, "How long it takes", has the measurements).
+const (
+	nodeBuildTime    = "up to 15 minutes on 2 cores"
+	clusterStoryTime = "about 2.5 minutes; the first run packs the node's images, a minute more"
+)
+
+// joinAnd joins words as a sentence does: "a", "a and b", "a, b and c".
+func joinAnd(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
+}
+
+// chooseMode is resolveMode for machine m, writing what it says to w.
+func chooseMode(mode string, m machine, w io.Writer) (string, error) {
+	noNode := m.noNode()
 	switch mode {
 	case modeCluster:
 		if noNode != "" {
+			if hint := m.nodeHint(); hint != "" {
+				return "", fmt.Errorf("--mode cluster: %s. %s", noNode, hint)
+			}
 			return "", fmt.Errorf("--mode cluster: %s; use --mode real or --mode simulated", noNode)
 		}
 		return modeCluster, nil
 	case modeReal:
-		if why != "" {
-			return "", fmt.Errorf("--mode real: %s; run the demo as root on a machine with /dev/fuse, or use --mode simulated", why)
+		if m.noMounts != "" {
+			return "", fmt.Errorf("--mode real: %s; run the demo as root on a machine with /dev/fuse, or use --mode simulated", m.noMounts)
 		}
 		return modeReal, nil
 	case modeSimulated:
@@ -126,14 +180,15 @@ func resolveMode(mode string) (string, error) {
 		if noNode == "" {
 			return modeCluster, nil
 		}
-		if why == "" {
-			fmt.Printf("A real node cannot run on this machine: %s.\n", noNode)
-			fmt.Println("Running the story on kubelet stand-ins with real mounts instead.")
-		}
-		if why != "" {
-			fmt.Printf("Real mounts are not possible on this machine: %s.\n", why)
-			fmt.Println("Running the simulated story instead: the reference driver keeps its volumes as records and nothing is mounted.")
+		if m.noMounts != "" {
+			fmt.Fprintf(w, "Real mounts are not possible on this machine: %s.\n", m.noMounts)
+			fmt.Fprintln(w, "Running the simulated story instead: the reference driver keeps its volumes as records and nothing is mounted.")
 			return modeSimulated, nil
+		}
+		fmt.Fprintf(w, "A real node cannot run on this machine: %s.\n", noNode)
+		fmt.Fprintln(w, "Running the story on kubelet stand-ins with real mounts instead.")
+		if hint := m.nodeHint(); hint != "" {
+			fmt.Fprintln(w, hint)
 		}
 		return modeReal, nil
 	}
