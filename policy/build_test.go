@@ -245,6 +245,10 @@ func TestAssumedDriverAndProbe(t *testing.T) {
 	if err != nil || !d.Healer.Probe || d.Healer.Heal || !d.Healer.ListVolumes || d.Healer.Attributes["k"] != "v" {
 		t.Errorf("driver %+v, %v", d, err)
 	}
+	d, err = AssumedDriver([]string{"probe", "heal", "pluginRestart"}, nil, nil)
+	if err != nil || d.Healer.VolumeKeeping != (VolumeKeeping{PluginRestart: true}) {
+		t.Errorf("driver with volume keeping %+v, %v; want pluginRestart alone", d.Healer.VolumeKeeping, err)
+	}
 	if _, err := AssumedDriver([]string{"repair"}, nil, nil); err == nil {
 		t.Error("an unknown capability was accepted")
 	}
