@@ -226,7 +226,7 @@ func TestInputFromClusterAndExplain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{`decision: {"action":"heal","reason":"HealAfterRestart","priority":100}`, "rules that fired:",
-		"second_pass := skip(\"Healthy\") if {", "rules tried that did not fire:", "node node-1"} {
+		"second_pass := skip(\"Kept\") if {", "else := skip(\"Healthy\") if {", "rules tried that did not fire:", "node node-1"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("explanation lacks %q:\n%s", s, out.String())
 		}
