@@ -32,6 +32,13 @@ type Volume struct {
 	VolumeContext map[string]string
 	// Expect is what its healthy staging mount looks like.
 	Expect Expect
+	// Kept says that the volume is kept alive across the restarts ServerOptions.VolumeKeeping
+	// names: its mounter runs outside the node plugin (for example in driverkit's mount
+	// supervisor, its own DaemonSet), so that a restart of the plugin killed no mounter of it.
+	// ProbeVolume reports it as kept; it is ignored (reported false) while VolumeKeeping is
+	// empty, as the protocol allows kept only from a driver that advertises keeping. It changes
+	// nothing else: a kept volume whose mount is broken is reported, and healed, like any other.
+	Kept bool
 }
 
 // Driver is what a CSI driver implements to be healed through the kit.
@@ -70,6 +77,11 @@ type ServerOptions struct {
 	Capabilities []healerv1alpha1.HealerCapability_RPC_Type
 	// Attributes are returned by GetHealerCapabilities. Default: none.
 	Attributes map[string]string
+	// VolumeKeeping lists the restarts that the driver's kept volumes (Volume.Kept) live
+	// through, advertised as VolumeKeeping capabilities: PLUGIN_RESTART when their mounters run
+	// outside the node plugin, MOUNTER_RESTART when a new mounter also takes over the live
+	// connection of a dead one. Default: none (no volume is reported kept).
+	VolumeKeeping []healerv1alpha1.HealerCapability_VolumeKeeping_Type
 	// Logger receives one line per heal with what was done. Default: discard.
 	Logger logr.Logger
 }
@@ -109,6 +121,16 @@ func (o ServerOptions) withDefaults(needName bool) (ServerOptions, error) {
 	if !seen[healerv1alpha1.HealerCapability_RPC_PROBE] {
 		return o, fmt.Errorf("%w: Capabilities must include PROBE: every driver serves ProbeVolume", ErrInvalidOptions)
 	}
+	keeps := map[healerv1alpha1.HealerCapability_VolumeKeeping_Type]bool{}
+	for _, t := range o.VolumeKeeping {
+		switch {
+		case t == healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN || healerv1alpha1.HealerCapability_VolumeKeeping_Type_name[int32(t)] == "":
+			return o, fmt.Errorf("%w: VolumeKeeping lists type %d, which the protocol does not define", ErrInvalidOptions, t)
+		case keeps[t]:
+			return o, fmt.Errorf("%w: VolumeKeeping lists %s twice", ErrInvalidOptions, t)
+		}
+		keeps[t] = true
+	}
 	for k := range o.Attributes {
 		if k == "" {
 			return o, fmt.Errorf("%w: Attributes has an empty key", ErrInvalidOptions)
@@ -127,7 +149,8 @@ func (o ServerOptions) withDefaults(needName bool) (ServerOptions, error) {
 // ProbeVolume takes the volume's lock (ABORTED when busy), answers FAILED_PRECONDITION for a
 // volume that is not staged or whose staging path differs from the driver's record, checks the
 // staging path and every publish target (the request's and the driver's record), adds
-// Driver.Inspect's findings, and reports healable from Inspect. HealVolume does the same checks,
+// Driver.Inspect's findings, reports healable from Inspect, and kept from Volume.Kept when
+// ServerOptions.VolumeKeeping advertises keeping. HealVolume does the same checks,
 // answers FAILED_PRECONDITION for a volume Inspect says is not healable, and otherwise runs
 // Checker.Repair with Driver.Remount; its health is what is still wrong afterwards.
 // ListStagedVolumes pages through Driver.StagedVolumes in volume ID order.
@@ -223,6 +246,9 @@ func (s *healerServer) GetHealerCapabilities(context.Context, *healerv1alpha1.Ge
 	for _, t := range s.opts.Capabilities {
 		resp.Capabilities = append(resp.Capabilities, healerv1alpha1.NewRPCCapability(t))
 	}
+	for _, t := range s.opts.VolumeKeeping {
+		resp.Capabilities = append(resp.Capabilities, healerv1alpha1.NewVolumeKeepingCapability(t))
+	}
 	return resp, nil
 }
 
@@ -250,6 +276,7 @@ func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.Prob
 	return &healerv1alpha1.ProbeVolumeResponse{
 		HealthStatuses: Health(findings),
 		Healable:       healable,
+		Kept:           v.Kept && len(s.opts.VolumeKeeping) > 0,
 	}, nil
 }
 

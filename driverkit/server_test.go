@@ -452,6 +452,55 @@ func TestServerServesOnlyAdvertisedRPCs(t *testing.T) {
 	}
 }
 
+// TestServerReportsKeptVolumes serves a driver that keeps some volumes alive across node plugin
+// restarts: it advertises the keeping, a probe says which volumes are kept, and a kept volume
+// whose mount is gone is reported broken and healable like any other. A driver that advertises
+// no keeping reports no volume kept, whatever its records say.
+func TestServerReportsKeptVolumes(t *testing.T) {
+	d := newFakeDriver()
+	d.add(&fakeVolume{staged: true, rec: driverkit.Volume{ID: "kept", StagingPath: "/nonexistent/kept/globalmount", Kept: true}})
+	d.add(&fakeVolume{staged: true, rec: driverkit.Volume{ID: "plain", StagingPath: "/nonexistent/plain/globalmount"}})
+	ctx := context.Background()
+
+	keeping, _ := serve(t, d, driverkit.ServerOptions{
+		DriverName:    "kit.example.com",
+		VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART},
+	})
+	hc := healerv1alpha1.NewHealerClient(keeping)
+	caps, err := hc.GetHealerCapabilities(ctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := healerv1alpha1.VolumeKeepingOf(caps.GetCapabilities()); !slices.Equal(got, []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}) {
+		t.Errorf("advertised keeping = %v, want PLUGIN_RESTART", got)
+	}
+	if !healerv1alpha1.HasRPC(caps.GetCapabilities(), healerv1alpha1.HealerCapability_RPC_HEAL) {
+		t.Errorf("capabilities %v lost the default RPCs", caps.GetCapabilities())
+	}
+	for id, want := range map[string]bool{"kept": true, "plain": false} {
+		resp, err := hc.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: id})
+		if err != nil {
+			t.Fatalf("ProbeVolume(%s): %v", id, err)
+		}
+		if resp.GetKept() != want {
+			t.Errorf("ProbeVolume(%s).kept = %t, want %t", id, resp.GetKept(), want)
+		}
+		if !resp.GetHealable() || !slices.Equal(healthOf(resp.GetHealthStatuses()), []string{"INACCESSIBLE/MountGone"}) {
+			t.Errorf("ProbeVolume(%s) of a gone mount = %v; want INACCESSIBLE/MountGone and healable, kept or not", id, resp)
+		}
+	}
+
+	plain, _ := serve(t, d, driverkit.ServerOptions{DriverName: "kit.example.com"})
+	hc = healerv1alpha1.NewHealerClient(plain)
+	caps, err = hc.GetHealerCapabilities(ctx, &healerv1alpha1.GetHealerCapabilitiesRequest{})
+	if err != nil || len(healerv1alpha1.VolumeKeepingOf(caps.GetCapabilities())) != 0 {
+		t.Errorf("GetHealerCapabilities without VolumeKeeping = %v, %v; want no keeping advertised", caps, err)
+	}
+	if resp, err := hc.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "kept"}); err != nil || resp.GetKept() {
+		t.Errorf("ProbeVolume of a Kept record from a driver that advertises no keeping = %v, %v; want kept=false", resp, err)
+	}
+}
+
 func TestRegisterRejectsInvalidOptions(t *testing.T) {
 	d := newFakeDriver()
 	tests := map[string]struct {
@@ -466,6 +515,12 @@ func TestRegisterRejectsInvalidOptions(t *testing.T) {
 			Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE, healerv1alpha1.HealerCapability_RPC_UNKNOWN}}},
 		"capability twice": {d: d, opts: driverkit.ServerOptions{DriverName: "x",
 			Capabilities: []healerv1alpha1.HealerCapability_RPC_Type{healerv1alpha1.HealerCapability_RPC_PROBE, healerv1alpha1.HealerCapability_RPC_PROBE}}},
+		"UNKNOWN keeping": {d: d, opts: driverkit.ServerOptions{DriverName: "x",
+			VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN}}},
+		"undefined keeping": {d: d, opts: driverkit.ServerOptions{DriverName: "x",
+			VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{7}}},
+		"keeping twice": {d: d, opts: driverkit.ServerOptions{DriverName: "x",
+			VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART, healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -60,6 +60,9 @@ func (s *Summary) count(o outcome) {
 		s.Skipped++
 	case outcomeHealthy:
 		s.Probed++
+	case outcomeKept:
+		s.Probed++
+		s.Kept++
 	case outcomeUnhealthy:
 		s.Probed++
 		s.Unhealthy++

@@ -14,6 +14,10 @@ func driverInfo(caps *probe.Capabilities, n *csiaddonsv1alpha1.CSIAddonsNode) po
 		Name: caps.Driver,
 		Healer: policy.HealerCapabilities{
 			Probe: caps.Probe, Heal: caps.Heal, ListVolumes: caps.ListVolumes, Attributes: caps.Attributes,
+			VolumeKeeping: policy.VolumeKeeping{
+				PluginRestart:  caps.VolumeKeeping.PluginRestart,
+				MounterRestart: caps.VolumeKeeping.MounterRestart,
+			},
 		},
 		IdentityCapabilities: []string{},
 		Tier:                 policy.TierOf(caps.Probe, caps.Heal, caps.ProbeSource),

@@ -20,8 +20,11 @@ type Metrics struct {
 	decisions      *prometheus.CounterVec
 	probes         *prometheus.CounterVec
 	heals          *prometheus.CounterVec
-	callDuration   *prometheus.HistogramVec
-	healFailing    *prometheus.GaugeVec
+	// volumesKept counts the volumes restart sweeps found healthy and kept alive by their
+	// driver across the restart, beside the heals.
+	volumesKept  *prometheus.CounterVec
+	callDuration *prometheus.HistogramVec
+	healFailing  *prometheus.GaugeVec
 	// deadMountSince holds, per claim whose running pods still see its dead mount, when that was
 	// first found; deadMountSeen says which claims have the series, so that a later report keeps
 	// the first time.
@@ -76,6 +79,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "volume_healer_heals_total",
 			Help: "Heal calls, by driver and result (healed, failed, error, busy: the driver was busy with the volume, pods_must_restart: repaired on the node, but running pods still see the dead mount).",
 		}, []string{"driver", "result"}),
+		volumesKept: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "volume_healer_volumes_kept_total",
+			Help: "Volumes that restart sweeps found healthy and kept alive by their driver across the node plugin's restart (their mounters run outside the node plugin), so confirmed and not healed, by driver. Beside volume_healer_heals_total{result=\"healed\"}: the restarts a driver's keeping spared a heal.",
+		}, []string{"driver"}),
 		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "volume_healer_call_duration_seconds",
 			Help:    "Duration of probe and heal calls to the sidecars, by operation.",
@@ -127,7 +134,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "volume_healer_leader",
 		Help: "1 on the replica that holds the leader Lease and runs sweeps, 0 on standbys.",
 	})
-	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.callDuration, m.healFailing, m.deadMountSince, m.recyclingSince, m.restartsPending, m.restartRetries, m.sweepPanics, m.goroutinePanics)
+	reg.MustRegister(m.leader, m.lastFinished, m.classFinished, m.callErrors, m.sweepsStarted, m.sweepsFinished, m.sweepDuration, m.decisions, m.probes, m.heals, m.volumesKept, m.callDuration, m.healFailing, m.deadMountSince, m.recyclingSince, m.restartsPending, m.restartRetries, m.sweepPanics, m.goroutinePanics)
 	return m
 }
 
@@ -179,11 +186,20 @@ func (m *Metrics) startDriver(driver string) {
 	for _, r := range []string{"healed", "failed", "error", "busy", "pods_must_restart"} {
 		m.heals.WithLabelValues(driver, r)
 	}
+	m.volumesKept.WithLabelValues(driver)
 	for _, r := range []string{"unreachable", "timeout", "rejected", "busy", "not_staged", "unsupported", "not_found", "malformed", "other"} {
 		m.callErrors.WithLabelValues(driver, r)
 	}
 	m.restartsPending.WithLabelValues(driver)
 	m.restartRetries.WithLabelValues(driver)
+}
+
+// volumeKept counts a volume of driver that a restart sweep found kept alive and healthy.
+func (m *Metrics) volumeKept(driver string) {
+	if m == nil {
+		return
+	}
+	m.volumesKept.WithLabelValues(driver).Inc()
 }
 
 // restartPending adds delta to the incomplete restart sweeps of driver.

@@ -43,6 +43,7 @@ var controllerFamilies = map[string]family{
 	"volume_healer_sweep_decisions_total":                           {dto.MetricType_COUNTER, []string{"action", "trigger"}},
 	"volume_healer_probes_total":                                    {dto.MetricType_COUNTER, []string{"driver", "result"}},
 	"volume_healer_heals_total":                                     {dto.MetricType_COUNTER, []string{"driver", "result"}},
+	"volume_healer_volumes_kept_total":                              {dto.MetricType_COUNTER, []string{"driver"}},
 	"volume_healer_call_duration_seconds":                           {dto.MetricType_HISTOGRAM, []string{"operation"}},
 	"volume_healer_volume_heal_failing":                             {dto.MetricType_GAUGE, []string{"driver", "namespace", "persistentvolumeclaim"}},
 	"volume_healer_volumes_unhealthy":                               {dto.MetricType_GAUGE, []string{"driver", "status"}},

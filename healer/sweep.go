@@ -2,6 +2,7 @@ package healer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/scheduler"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 	"github.com/volume-healer/volume-healer/scheduler/trigger"
@@ -27,6 +29,9 @@ type Summary struct {
 	Volumes int
 	// Probed, Healed, Skipped, Failed count outcomes. A healed volume was probed too.
 	Probed, Healed, Skipped, Failed int
+	// Kept counts the volumes a restart sweep found healthy and kept alive by their driver across
+	// the restart (their mounters run outside the node plugin): probed and confirmed, not healed.
+	Kept int
 	// Unhealthy counts volumes found unhealthy and left so (not healable, DATA_LOSS, policy).
 	Unhealthy int
 	// Undecided counts volumes the policy could not decide (a runtime error, or no accepted
@@ -49,8 +54,11 @@ type Summary struct {
 
 // String says in one line what the sweep did.
 func (s Summary) String() string {
-	out := fmt.Sprintf("%d volumes: %d probed, %d healed, %d unhealthy left alone, %d skipped, %d failed",
-		s.Volumes, s.Probed, s.Healed, s.Unhealthy, s.Skipped, s.Failed)
+	out := fmt.Sprintf("%d volumes: %d probed, %d healed, ", s.Volumes, s.Probed, s.Healed)
+	if s.Kept > 0 {
+		out += fmt.Sprintf("%d kept, ", s.Kept)
+	}
+	out += fmt.Sprintf("%d unhealthy left alone, %d skipped, %d failed", s.Unhealthy, s.Skipped, s.Failed)
 	if s.Undecided > 0 {
 		out += fmt.Sprintf(", %d not decided by the policy", s.Undecided)
 	}
@@ -313,20 +321,47 @@ func (s *Sweeper) finish(ctx context.Context, sw scheduler.Sweep, source *csiadd
 		if source != nil {
 			s.event(source, corev1.EventTypeNormal, ReasonRestartSweepFinished, "Restart sweep of %s on node %s finished: %s", sw.Driver, sw.Node, summary)
 		}
-		return s.recordHandled(ctx, sw)
+		return s.recordHandled(ctx, sw, summary)
 	}
 	return false
 }
 
-// recordHandled records the marker of a finished restart sweep, trying again after the waits of
+// RestartSweepResult is the value of annotations.RestartSweep on a CSIAddonsNode: what the last
+// finished restart sweep of its node plugin did with the volumes.
+type RestartSweepResult struct {
+	// Marker is the restart marker the sweep handled.
+	Marker string `json:"marker"`
+	// Time is when the sweep finished.
+	Time time.Time `json:"time"`
+	// Volumes is the number of volumes the sweep selected.
+	Volumes int `json:"volumes"`
+	// Healed counts the volumes it healed.
+	Healed int `json:"healed"`
+	// Kept counts the volumes it found healthy and kept alive by the driver across the restart
+	// (their mounters run outside the node plugin): confirmed, not healed.
+	Kept int `json:"kept"`
+	// Unhealthy counts the volumes it found unhealthy and left so.
+	Unhealthy int `json:"unhealthy"`
+	// Skipped counts the volumes it did not call (policy, detaching, not staged).
+	Skipped int `json:"skipped"`
+}
+
+// recordHandled records the marker of a finished restart sweep, with what the sweep did
+// (RestartSweepResult) in the same patch, trying again after the waits of
 // retryBackoff while the patch fails: the object may not change again, and nothing else would
 // arm the restart anew. It gives up when ctx ends or the restart is superseded; the restart is
 // then swept again (by the next leader, or for its new marker).
-func (s *Sweeper) recordHandled(ctx context.Context, sw scheduler.Sweep) bool {
+func (s *Sweeper) recordHandled(ctx context.Context, sw scheduler.Sweep, summary Summary) bool {
 	logger := klog.FromContext(ctx)
 	backoff := s.retryBackoff()
+	var with map[string]string
+	result, err := json.Marshal(RestartSweepResult{Marker: sw.Marker, Time: s.opts.Clock.Now().UTC(), Volumes: summary.Volumes,
+		Healed: summary.Healed, Kept: summary.Kept, Unhealthy: summary.Unhealthy, Skipped: summary.Skipped})
+	if err == nil {
+		with = map[string]string{annotations.RestartSweep: string(result)}
+	}
 	for {
-		err := trigger.RecordHandled(ctx, s.opts.Client, sw)
+		err := trigger.RecordHandled(ctx, s.opts.Client, sw, with)
 		if err == nil {
 			return true
 		}

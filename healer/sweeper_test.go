@@ -38,9 +38,11 @@ type fakeSidecars struct {
 	caps     probe.Capabilities
 	health   map[string][]probe.Health // by PV; absent = healthy
 	healable map[string]bool
-	probes   map[string]int
-	heals    map[string]int
-	refresh  int
+	// kept are the volumes the driver says it keeps alive across restarts.
+	kept    map[string]bool
+	probes  map[string]int
+	heals   map[string]int
+	refresh int
 	// dead are sidecar endpoints that refuse every call; onDead runs after each refusal.
 	dead   map[string]bool
 	onDead func()
@@ -111,7 +113,7 @@ func (f *fakeSidecars) Probe(_ context.Context, t probe.Target, pv string) (*pro
 		return nil, fmt.Errorf("%w: rpc error: code = FailedPrecondition", probe.ErrNotStaged)
 	}
 	f.probes[pv]++
-	return &probe.Result{Health: f.health[pv], Healable: f.healable[pv]}, nil
+	return &probe.Result{Health: f.health[pv], Healable: f.healable[pv], Kept: f.kept[pv]}, nil
 }
 
 func (f *fakeSidecars) Heal(_ context.Context, t probe.Target, pv string) (*probe.Result, error) {

@@ -38,6 +38,9 @@ const (
 	// outcomeRecycling is a volume recycled on its node and not yet found healthy there: a
 	// restart sweep with one stays pending.
 	outcomeRecycling
+	// outcomeKept is a volume that a restart sweep found healthy and kept alive by its driver
+	// across the restart (its mounter runs outside the node plugin): confirmed, not healed.
+	outcomeKept
 )
 
 // volumeWork is one volume's task as the dispatcher runs it: prepare's decision and what act
@@ -233,13 +236,20 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		if res.Healthy() {
 			s.clearStatus(ctx, v)
 			s.remedyDone(v, "found healthy on node "+v.NodeName)
+			if res.Kept && in.Trigger == policy.TriggerRestart {
+				// The driver kept the volume alive across its node plugin's restart, and the
+				// probe confirms that it works: the restart broke nothing here.
+				logger.V(2).Info("Volume kept alive across the node plugin restart; confirmed healthy")
+				s.opts.Metrics.volumeKept(v.Driver)
+				return outcomeKept, nil
+			}
 			return outcomeHealthy, nil
 		}
 		if res.Has(string(policy.HealthDataLoss)) {
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeDataLoss, "Driver %s reports data loss on node %s: %s; not healed automatically, restore from a snapshot or replica", v.Driver, v.NodeName, describe(res.Health))
 		}
 		probedAt := s.opts.Clock.Now()
-		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
+		in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second), Kept: res.Kept}
 		in.History = s.mem.get(pv, v.NodeName).history
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
@@ -330,7 +340,7 @@ func (s *Sweeper) podsMustRestart(v planner.Volume, res *probe.Result, healedAt 
 	if s.opts.Restarter == nil || !restart || claim.Name == "" {
 		return
 	}
-	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second)}
+	in.Probe = &policy.ProbeResult{Healthy: false, Health: policyHealth(res.Health), Healable: res.Healable, RecheckAfterSeconds: int64(res.RecheckAfter / time.Second), Kept: res.Kept}
 	req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: healedAt, Input: in,
 		Remedy: policy.RemedyHeal, Finding: healerv1alpha1.ReasonStaleMountInPods}
 	if pvc := v.Claim(); pvc != nil {

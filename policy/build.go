@@ -155,8 +155,8 @@ func getOptional[T any](obj *T, err error) (*T, error) {
 }
 
 // AssumedDriver builds the driver part of an input from what an operator says the driver
-// advertises: healer capabilities by name (probe, heal, listVolumes), identity capabilities and
-// attributes.
+// advertises: healer capabilities by name (probe, heal, listVolumes, and the volume keeping
+// pluginRestart and mounterRestart), identity capabilities and attributes.
 func AssumedDriver(healer, identity []string, attributes map[string]string) (DriverInfo, error) {
 	d := DriverInfo{IdentityCapabilities: identity, Healer: HealerCapabilities{Attributes: attributes}}
 	for _, c := range healer {
@@ -167,9 +167,13 @@ func AssumedDriver(healer, identity []string, attributes map[string]string) (Dri
 			d.Healer.Heal = true
 		case "listvolumes":
 			d.Healer.ListVolumes = true
+		case "pluginrestart":
+			d.Healer.VolumeKeeping.PluginRestart = true
+		case "mounterrestart":
+			d.Healer.VolumeKeeping.MounterRestart = true
 		case "", "none":
 		default:
-			return DriverInfo{}, fmt.Errorf("%w: healer capability %q is not one of probe, heal, listVolumes", ErrInvalidInput, c)
+			return DriverInfo{}, fmt.Errorf("%w: healer capability %q is not one of probe, heal, listVolumes, pluginRestart, mounterRestart", ErrInvalidInput, c)
 		}
 	}
 	// A driver that does not probe has its volumes probed by the sidecar.

@@ -226,7 +226,7 @@ func TestInputFromClusterAndExplain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{`decision: {"action":"heal","reason":"HealAfterRestart","priority":100}`, "rules that fired:",
-		"second_pass := skip(\"Healthy\") if {", "rules tried that did not fire:", "node node-1"} {
+		"second_pass := skip(\"Kept\") if {", "else := skip(\"Healthy\") if {", "rules tried that did not fire:", "node node-1"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("explanation lacks %q:\n%s", s, out.String())
 		}
@@ -244,6 +244,10 @@ func TestAssumedDriverAndProbe(t *testing.T) {
 	d, err := AssumedDriver([]string{"probe", "listVolumes"}, []string{"SERVICE:NODE_SERVICE"}, map[string]string{"k": "v"})
 	if err != nil || !d.Healer.Probe || d.Healer.Heal || !d.Healer.ListVolumes || d.Healer.Attributes["k"] != "v" {
 		t.Errorf("driver %+v, %v", d, err)
+	}
+	d, err = AssumedDriver([]string{"probe", "heal", "pluginRestart"}, nil, nil)
+	if err != nil || d.Healer.VolumeKeeping != (VolumeKeeping{PluginRestart: true}) {
+		t.Errorf("driver with volume keeping %+v, %v; want pluginRestart alone", d.Healer.VolumeKeeping, err)
 	}
 	if _, err := AssumedDriver([]string{"repair"}, nil, nil); err == nil {
 		t.Error("an unknown capability was accepted")

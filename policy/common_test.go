@@ -90,8 +90,9 @@ func randomInput(r *rand.Rand) Input {
 			AccessModes: []string{pick("ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany")},
 		},
 		Driver: DriverInfo{
-			Name:        pick("rbd.csi.ceph.com", "cephfs.csi.ceph.com"),
-			Healer:      HealerCapabilities{Probe: maybe(), Heal: maybe(), ListVolumes: maybe(), Attributes: strs("healMounters")},
+			Name: pick("rbd.csi.ceph.com", "cephfs.csi.ceph.com"),
+			Healer: HealerCapabilities{Probe: maybe(), Heal: maybe(), ListVolumes: maybe(), Attributes: strs("healMounters"),
+				VolumeKeeping: VolumeKeeping{PluginRestart: maybe(), MounterRestart: maybe()}},
 			Tier:        pick(TierHealer, TierProbeOnly, TierNone),
 			ProbeSource: pick("driver", "sidecar"),
 		},
@@ -136,7 +137,7 @@ func randomInput(r *rand.Rand) Input {
 	}
 	if maybe() {
 		hs := health()
-		in.Probe = &ProbeResult{Healthy: len(hs) == 0, Health: hs, Healable: maybe(), RecheckAfterSeconds: int64(r.IntN(2) * 30)}
+		in.Probe = &ProbeResult{Healthy: len(hs) == 0, Health: hs, Healable: maybe(), RecheckAfterSeconds: int64(r.IntN(2) * 30), Kept: maybe()}
 	}
 	return in
 }

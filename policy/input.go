@@ -197,6 +197,20 @@ type HealerCapabilities struct {
 	// Attributes are free-form attributes the driver publishes, such as
 	// "healMounters": "rbd-nbd,fuse".
 	Attributes map[string]string `json:"attributes"`
+	// VolumeKeeping says which restarts the driver's kept volumes live through (its
+	// VolumeKeeping capabilities); a probe says which volumes are kept (ProbeResult.Kept).
+	VolumeKeeping VolumeKeeping `json:"volumeKeeping"`
+}
+
+// VolumeKeeping is the restarts a driver's kept volumes live through: their mounters run
+// outside the node plugin (driverkit's mount supervisor), and a new mounter may take over the
+// live connection of a dead one.
+type VolumeKeeping struct {
+	// PluginRestart is true when a restart of the node plugin kills no mounter of a kept volume.
+	PluginRestart bool `json:"pluginRestart"`
+	// MounterRestart is true when a new mounter takes over the live connection of a kept volume
+	// whose mounter died or was upgraded.
+	MounterRestart bool `json:"mounterRestart"`
 }
 
 // History is what the controller remembers about a volume.
@@ -229,6 +243,10 @@ type ProbeResult struct {
 	Healable bool `json:"healable"`
 	// RecheckAfterSeconds is the driver's hint to probe again after that many seconds; 0 means none.
 	RecheckAfterSeconds int64 `json:"recheckAfterSeconds"`
+	// Kept is true when the driver keeps the volume alive across the restarts
+	// driver.healer.volumeKeeping names: its mounter runs outside the node plugin. It says how
+	// the volume is served, not that it is healthy.
+	Kept bool `json:"kept"`
 }
 
 // Health is one problem a probe found.
@@ -303,6 +321,7 @@ func (in *Input) astValue() ast.Value {
 			ast.Item(keyHealth, healthTerm(in.Probe.Health)),
 			ast.Item(keyHealable, ast.InternedTerm(in.Probe.Healable)),
 			ast.Item(keyRecheckAfterSeconds, ast.InternedTerm(in.Probe.RecheckAfterSeconds)),
+			ast.Item(keyKept, ast.InternedTerm(in.Probe.Kept)),
 		)))
 	}
 	return ast.NewObject(items...)
@@ -389,6 +408,10 @@ func (d *DriverInfo) term() *ast.Term {
 			ast.Item(keyHeal, ast.InternedTerm(d.Healer.Heal)),
 			ast.Item(keyListVolumes, ast.InternedTerm(d.Healer.ListVolumes)),
 			ast.Item(keyAttributes, stringMapTerm(d.Healer.Attributes)),
+			ast.Item(keyVolumeKeeping, ast.ObjectTerm(
+				ast.Item(keyPluginRestart, ast.InternedTerm(d.Healer.VolumeKeeping.PluginRestart)),
+				ast.Item(keyMounterRestart, ast.InternedTerm(d.Healer.VolumeKeeping.MounterRestart)),
+			)),
 		)),
 		ast.Item(keyTier, ast.StringTerm(d.Tier)),
 		ast.Item(keyProbeSource, ast.StringTerm(d.ProbeSource)),

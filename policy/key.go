@@ -221,7 +221,7 @@ func appendDriver(b []byte, d *DriverInfo, p inputPath) []byte {
 	})
 }
 
-var healerFields = []string{"probe", "heal", "listVolumes", "attributes"}
+var healerFields = []string{"probe", "heal", "listVolumes", "attributes", "volumeKeeping"}
 
 func appendHealer(b []byte, h *HealerCapabilities, p inputPath) []byte {
 	return appendStruct(b, p, healerFields, func(b []byte, name string, rest inputPath) ([]byte, bool) {
@@ -234,6 +234,22 @@ func appendHealer(b []byte, h *HealerCapabilities, p inputPath) []byte {
 			return appendBool(b, h.ListVolumes, rest), true
 		case "attributes":
 			return appendStringMap(b, h.Attributes, rest), true
+		case "volumeKeeping":
+			return appendVolumeKeeping(b, &h.VolumeKeeping, rest), true
+		}
+		return b, false
+	})
+}
+
+var volumeKeepingFields = []string{"pluginRestart", "mounterRestart"}
+
+func appendVolumeKeeping(b []byte, k *VolumeKeeping, p inputPath) []byte {
+	return appendStruct(b, p, volumeKeepingFields, func(b []byte, name string, rest inputPath) ([]byte, bool) {
+		switch name {
+		case "pluginRestart":
+			return appendBool(b, k.PluginRestart, rest), true
+		case "mounterRestart":
+			return appendBool(b, k.MounterRestart, rest), true
 		}
 		return b, false
 	})
@@ -293,7 +309,7 @@ func appendProbeRecord(b []byte, r *ProbeRecord, p inputPath) []byte {
 	})
 }
 
-var probeFields = []string{"healthy", "health", "healable", "recheckAfterSeconds"}
+var probeFields = []string{"healthy", "health", "healable", "recheckAfterSeconds", "kept"}
 
 func appendProbe(b []byte, r *ProbeResult, p inputPath) []byte {
 	return appendStruct(b, p, probeFields, func(b []byte, name string, rest inputPath) ([]byte, bool) {
@@ -306,6 +322,8 @@ func appendProbe(b []byte, r *ProbeResult, p inputPath) []byte {
 			return appendBool(b, r.Healable, rest), true
 		case "recheckAfterSeconds":
 			return appendInt(b, r.RecheckAfterSeconds, rest), true
+		case "kept":
+			return appendBool(b, r.Kept, rest), true
 		}
 		return b, false
 	})

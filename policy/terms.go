@@ -145,6 +145,10 @@ var (
 	keyRemedies             = ast.StringTerm("remedies")
 	keyRestartContainers    = ast.StringTerm("restartContainers")
 	keyEvict                = ast.StringTerm("evict")
+	keyVolumeKeeping        = ast.StringTerm("volumeKeeping")
+	keyPluginRestart        = ast.StringTerm("pluginRestart")
+	keyMounterRestart       = ast.StringTerm("mounterRestart")
+	keyKept                 = ast.StringTerm("kept")
 )
 
 // triggerTerms are the Rego forms of the documented triggers.

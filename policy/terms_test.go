@@ -57,7 +57,9 @@ func documentedForm(in *Input) map[string]any {
 		"driver": map[string]any{
 			"name": in.Driver.Name, "identityCapabilities": strs(in.Driver.IdentityCapabilities),
 			"healer": map[string]any{"probe": in.Driver.Healer.Probe, "heal": in.Driver.Healer.Heal,
-				"listVolumes": in.Driver.Healer.ListVolumes, "attributes": strMap(in.Driver.Healer.Attributes)},
+				"listVolumes": in.Driver.Healer.ListVolumes, "attributes": strMap(in.Driver.Healer.Attributes),
+				"volumeKeeping": map[string]any{"pluginRestart": in.Driver.Healer.VolumeKeeping.PluginRestart,
+					"mounterRestart": in.Driver.Healer.VolumeKeeping.MounterRestart}},
 			"tier": in.Driver.Tier, "probeSource": in.Driver.ProbeSource,
 		},
 		"history":  hist,
@@ -71,7 +73,7 @@ func documentedForm(in *Input) map[string]any {
 	}
 	if p := in.Probe; p != nil {
 		doc["probe"] = map[string]any{"healthy": p.Healthy, "health": health(p.Health), "healable": p.Healable,
-			"recheckAfterSeconds": p.RecheckAfterSeconds}
+			"recheckAfterSeconds": p.RecheckAfterSeconds, "kept": p.Kept}
 	}
 	return doc
 }

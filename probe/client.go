@@ -88,6 +88,9 @@ type Result struct {
 	RecheckAfter time.Duration
 	// ProbeSource says who probed (probes only): ProbeSourceDriver or ProbeSourceSidecar.
 	ProbeSource string
+	// Kept says that the driver keeps the volume alive across the restarts its
+	// Capabilities.VolumeKeeping names: its mounter runs outside the node plugin (probes only).
+	Kept bool
 }
 
 // Healthy reports whether the result lists no adverse condition.
@@ -137,6 +140,35 @@ type Capabilities struct {
 	// ContainerRestart is true when the sidecar can restart a pod's containers in place on its
 	// node (RestartContainers): it was given the container runtime's socket and reached it.
 	ContainerRestart bool
+	// VolumeKeeping says which restarts the driver's kept volumes live through.
+	VolumeKeeping VolumeKeeping
+}
+
+// VolumeKeeping is a driver's VolumeKeeping capabilities: the restarts its kept volumes live
+// through.
+type VolumeKeeping struct {
+	// PluginRestart: a restart of the node plugin kills no mounter of a kept volume.
+	PluginRestart bool
+	// MounterRestart: a new mounter takes over the live connection of a kept volume whose
+	// mounter died.
+	MounterRestart bool
+}
+
+// Any reports whether the driver keeps volumes alive across any restart.
+func (k VolumeKeeping) Any() bool { return k.PluginRestart || k.MounterRestart }
+
+// volumeKeepingOf reads the VolumeKeeping capabilities out of a capabilities list.
+func volumeKeepingOf(caps []*healerv1alpha1.HealerCapability) VolumeKeeping {
+	var k VolumeKeeping
+	for _, t := range healerv1alpha1.VolumeKeepingOf(caps) {
+		switch t {
+		case healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART:
+			k.PluginRestart = true
+		case healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART:
+			k.MounterRestart = true
+		}
+	}
+	return k
 }
 
 // Who probes a volume: the driver, or the sidecar itself (healerv1alpha1.ProbeSource).
@@ -467,6 +499,7 @@ func capabilitiesOf(resp *healerv1alpha1.NodeGetHealerCapabilitiesResponse, t Ta
 		Attributes:       resp.GetAttributes(),
 		ProbeSource:      probeSource(resp.GetProbeSource()),
 		ContainerRestart: resp.GetContainerRestart(),
+		VolumeKeeping:    volumeKeepingOf(resp.GetCapabilities()),
 	}, nil
 }
 
@@ -497,6 +530,7 @@ func probeResult(resp *healerv1alpha1.NodeProbeVolumeResponse) (*Result, error) 
 	r, err := convertResult(resp.GetVolumeId(), resp.GetHealthStatuses(), resp.GetRecheckAfter(), resp.GetHealable())
 	if r != nil {
 		r.ProbeSource = probeSource(resp.GetProbeSource())
+		r.Kept = resp.GetKept()
 	}
 	return r, err
 }

@@ -783,3 +783,49 @@ func (f *capsRestartSidecar) GetHealerCapabilities(ctx context.Context, req *hea
 	}
 	return resp, err
 }
+
+// TestVolumeKeeping reads a sidecar's relayed volume keeping into the capabilities and a probe's
+// kept into its result.
+func TestVolumeKeeping(t *testing.T) {
+	f := &keepingSidecar{fakeSidecar: fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{VolumeId: "vol-1", Healable: true, Kept: true}}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healerv1alpha1.RegisterNodeHealerServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	c := New(Options{})
+	defer c.Close()
+	target := Target{Driver: "rbd.csi.ceph.com", Node: "node-a", Endpoint: ln.Addr().String()}
+	caps, err := c.Capabilities(context.Background(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (VolumeKeeping{PluginRestart: true}); caps.VolumeKeeping != want || !caps.VolumeKeeping.Any() {
+		t.Errorf("VolumeKeeping = %+v, want %+v", caps.VolumeKeeping, want)
+	}
+	if !caps.Probe || !caps.Heal {
+		t.Errorf("capabilities %+v lost the RPCs beside the volume keeping", caps)
+	}
+	res, err := c.Probe(context.Background(), target, "pv-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Kept || !res.Healthy() {
+		t.Errorf("probe result %+v; want healthy and kept", res)
+	}
+}
+
+type keepingSidecar struct{ fakeSidecar }
+
+func (f *keepingSidecar) GetHealerCapabilities(ctx context.Context, req *healerv1alpha1.NodeGetHealerCapabilitiesRequest) (*healerv1alpha1.NodeGetHealerCapabilitiesResponse, error) {
+	resp, err := f.fakeSidecar.GetHealerCapabilities(ctx, req)
+	if resp != nil {
+		resp.Capabilities = append(resp.Capabilities,
+			healerv1alpha1.NewVolumeKeepingCapability(healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART),
+			healerv1alpha1.NewVolumeKeepingCapability(healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN))
+	}
+	return resp, err
+}

@@ -38,6 +38,12 @@ func (i *driverInfo) serves(t healerv1alpha1.HealerCapability_RPC_Type) bool {
 	return !i.healerUnimplemented && healerv1alpha1.HasRPC(i.capabilities, t)
 }
 
+// keeps reports whether the driver advertises a VolumeKeeping capability: only then may its
+// probes say that a volume is kept.
+func (i *driverInfo) keeps() bool {
+	return !i.healerUnimplemented && len(healerv1alpha1.VolumeKeepingOf(i.capabilities)) > 0
+}
+
 // driverClient is the sidecar's connection to the driver's CSI-Addons socket. It caches the
 // driver's identity and healer capabilities and loads them again whenever the connection is
 // made anew (the driver restarted).
@@ -181,6 +187,10 @@ func capabilityNames(info *driverInfo) []string {
 	}
 	var names []string
 	for _, c := range info.capabilities {
+		if k := c.GetVolumeKeeping(); k != nil {
+			names = append(names, "VolumeKeeping "+k.GetType().String())
+			continue
+		}
 		names = append(names, c.GetRpc().GetType().String())
 	}
 	slices.Sort(names)

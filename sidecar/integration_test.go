@@ -150,6 +150,68 @@ func TestCapabilities(t *testing.T) {
 	}
 }
 
+// TestKeptVolumes relays the volume keeping a driver advertises and the kept of its probes; a
+// driver that says kept without advertising keeping has it relayed as not kept.
+func TestKeptVolumes(t *testing.T) {
+	f := newFixture(t)
+	d := f.startDriver(simulated.Options{
+		VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART},
+		KeepMounters:  []string{"rbd-nbd"},
+	}, nil)
+	if _, err := d.AddVolume(simulated.VolumeSpec{ID: "vol-krbd", Mounter: "krbd"}); err != nil {
+		t.Fatal(err)
+	}
+	f.create(f.pv("pv-1", "vol-1"))
+	f.create(f.pv("pv-2", "vol-krbd"))
+	sc := f.startSidecar(nil)
+	f.waitReady(sc)
+	ctx := f.as(f.token(controllerSA))
+
+	caps, err := sc.client.GetHealerCapabilities(ctx, &healerv1alpha1.NodeGetHealerCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := healerv1alpha1.VolumeKeepingOf(caps.GetCapabilities()); !slices.Equal(got, []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}) {
+		t.Errorf("relayed volume keeping = %v, want PLUGIN_RESTART", got)
+	}
+	for pv, want := range map[string]bool{"pv-1": true, "pv-2": false} {
+		resp, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName(pv)})
+		if err != nil || resp.GetKept() != want || len(resp.GetHealthStatuses()) != 0 {
+			t.Errorf("probe of %s = %v, %v; want healthy, kept=%t", pv, resp, err, want)
+		}
+	}
+	if _, err := d.SetCondition("vol-1", control.Gone, 0); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+	if err != nil || !resp.GetKept() || len(resp.GetHealthStatuses()) != 1 || !resp.GetHealable() {
+		t.Errorf("probe of a kept volume whose mount is gone = %v, %v; want its health, healable and kept", resp, err)
+	}
+}
+
+func TestKeptWithoutKeepingIsNotRelayed(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(simulated.Options{}, func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return saysKept{h} })
+	f.create(f.pv("pv-1", "vol-1"))
+	sc := f.startSidecar(nil)
+	f.waitReady(sc)
+	resp, err := sc.client.ProbeVolume(f.as(f.token(controllerSA)), &healerv1alpha1.NodeProbeVolumeRequest{PvName: f.pvName("pv-1")})
+	if err != nil || resp.GetKept() {
+		t.Fatalf("probe of a driver that says kept without advertising keeping = %v, %v; want kept=false", resp, err)
+	}
+}
+
+// saysKept answers every probe with kept=true, whatever it advertises.
+type saysKept struct{ healerv1alpha1.HealerServer }
+
+func (s saysKept) ProbeVolume(ctx context.Context, req *healerv1alpha1.ProbeVolumeRequest) (*healerv1alpha1.ProbeVolumeResponse, error) {
+	resp, err := s.HealerServer.ProbeVolume(ctx, req)
+	if resp != nil {
+		resp.Kept = true
+	}
+	return resp, err
+}
+
 // TestListStagedVolumes relays the driver's staged volumes page by page, with the PV names of the
 // volumes the sidecar was called for, and none for the others (the controller maps such volumes
 // from its own cache: the sidecar keeps no view of the cluster's PVs, and reads none ahead).

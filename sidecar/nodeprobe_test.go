@@ -142,8 +142,8 @@ func TestProbeOfADriverWithoutHealer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("probe: %v", err)
 	}
-	if resp.GetProbeSource() != healerv1alpha1.ProbeSource_PROBE_SOURCE_SIDECAR || resp.GetHealable() || resp.GetVolumeId() != "vol-1" {
-		t.Fatalf("probe answer %v: want probed by the sidecar, not healable, volume vol-1", resp)
+	if resp.GetProbeSource() != healerv1alpha1.ProbeSource_PROBE_SOURCE_SIDECAR || resp.GetHealable() || resp.GetKept() || resp.GetVolumeId() != "vol-1" {
+		t.Fatalf("probe answer %v: want probed by the sidecar, not healable, not kept, volume vol-1", resp)
 	}
 	h := resp.GetHealthStatuses()
 	if len(h) != 1 || h[0].GetReason() != healerv1alpha1.ReasonPublishTargetNotMounted || !strings.Contains(h[0].GetMessage(), targets[1]) {

@@ -54,9 +54,11 @@ func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha
 }
 
 // ProbeVolume probes the volume of a PV: the driver does, or the sidecar itself when the driver
-// does not advertise PROBE.
+// does not advertise PROBE. The driver's kept is relayed only from a driver that advertises
+// volume keeping, as the protocol allows it from no other; the sidecar's own probe keeps nothing.
 func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
-	if info, err := h.driver.current(ctx); err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
+	info, err := h.driver.current(ctx)
+	if err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
 		return h.probeLocally(ctx, info, req)
 	}
 	vol, ctx, err := h.prepare(ctx, req.GetPvName(), req.GetVolume(), healerv1alpha1.HealerCapability_RPC_PROBE)
@@ -78,13 +80,19 @@ func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodePr
 	if err := checkProbe(resp); err != nil {
 		return nil, toStatus(err)
 	}
-	klog.FromContext(ctx).V(4).Info("Probed", "health", len(resp.GetHealthStatuses()), "healable", resp.GetHealable())
+	kept := resp.GetKept()
+	if kept && (info == nil || !info.keeps()) {
+		klog.FromContext(ctx).V(2).Info("The driver says the volume is kept but advertises no volume keeping; relayed as not kept", "volume", vol.volumeID)
+		kept = false
+	}
+	klog.FromContext(ctx).V(4).Info("Probed", "health", len(resp.GetHealthStatuses()), "healable", resp.GetHealable(), "kept", kept)
 	return &healerv1alpha1.NodeProbeVolumeResponse{
 		HealthStatuses: resp.GetHealthStatuses(),
 		Healable:       resp.GetHealable(),
 		RecheckAfter:   resp.GetRecheckAfter(),
 		VolumeId:       vol.volumeID,
 		ProbeSource:    healerv1alpha1.ProbeSource_PROBE_SOURCE_DRIVER,
+		Kept:           kept,
 	}, nil
 }
 

@@ -65,6 +65,11 @@ const (
 	// capabilities the sidecar last answered. Written by the controller when it changes;
 	// `healerctl status` shows it.
 	DriverTier = "volume-healer.io/driver-tier"
+	// RestartSweep holds, as JSON, what the last finished restart sweep of the node plugin did
+	// with its volumes: the marker it swept, and how many volumes it healed, found kept alive
+	// across the restart by the driver, left unhealthy or skipped. Written by the controller in
+	// the same patch as HandledMarker; `healerctl status` shows it.
+	RestartSweep = "volume-healer.io/restart-sweep"
 	// Registration labels every CSIAddonsNode on which the healer sidecar of a driver and node
 	// wrote its endpoint, with RegistrationValue of both, so that the sidecar finds those objects
 	// again with a label selector instead of listing every node's objects. Written by the sidecar.

@@ -36,7 +36,13 @@ first_pass := skip("DriverCannotProbe") if {
 # driver says it can; otherwise recycle it on its node (evict the pods that use it there, so that
 # kubelet unstages it and the driver's own NodeStage mounts it again) when the probe found it dead,
 # hung, read-only or not mounted and the controller may evict; never when data may be lost.
-second_pass := skip("Healthy") if {
+second_pass := skip("Kept") if {
+	# The driver kept the volume alive across the restart (its mounter runs outside the node
+	# plugin) and the probe confirms it works: confirmed, nothing to heal. A kept volume that is
+	# broken anyway falls through to the rules below and is healed like any other.
+	input.probe.healthy
+	input.probe.kept
+} else := skip("Healthy") if {
 	input.probe.healthy
 } else := skip("DataLoss") if {
 	# A volume that may have lost data needs a human: healing could make it worse.

@@ -84,6 +84,24 @@ test_healthy_volume_is_skipped if {
 	volumehealer.decision == {"action": "skip", "reason": "Healthy"} with input as second("restart", healthy)
 }
 
+kept_driver := object.union(driver, {"healer": {"volumeKeeping": {"pluginRestart": true, "mounterRestart": false}}})
+
+test_kept_volume_is_probed_after_restart if {
+	doc := object.union(first("restart"), {"driver": kept_driver})
+	volumehealer.decision == {"action": "probe", "reason": "ProbeAfterRestart", "priority": 100} with input as doc
+}
+
+test_kept_healthy_volume_is_confirmed if {
+	kept := {"healthy": true, "health": [], "healable": true, "recheckAfterSeconds": 0, "kept": true}
+	doc := object.union(second("restart", kept), {"driver": kept_driver})
+	volumehealer.decision == {"action": "skip", "reason": "Kept"} with input as doc
+}
+
+test_kept_broken_volume_is_healed if {
+	doc := object.union(second("restart", object.union(broken, {"kept": true})), {"driver": kept_driver})
+	volumehealer.decision == {"action": "heal", "reason": "HealAfterRestart", "priority": 100} with input as doc
+}
+
 test_data_loss_is_never_healed if {
 	lost := object.union(broken, {"health": [
 		{"status": "INACCESSIBLE", "reason": "MountGone", "message": ""},

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,10 +59,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		registrationDir:    fs.String("kubelet-registration-dir", "", "real and stock modes: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
 		kubeletCSIEndpoint: fs.String("kubelet-csi-endpoint", "", "real and stock modes: path of the CSI socket as kubelet sees it, reported to kubelet at registration, such as /var/lib/kubelet/plugins/healer.example.com/csi.sock (default: the --csi-endpoint path)"),
 
-		stagingRoot:  fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with"),
-		volumes:      fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)"),
-		healMounters: fs.String("heal-mounters", "rbd-nbd,fuse", "simulated mode: mounters whose volumes this driver can heal; advertised as the attribute healMounters"),
-		defaultHang:  fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given"),
+		stagingRoot:   fs.String("staging-root", healerv1alpha1.DefaultKubeletCSIPluginDir, "simulated mode: kubelet CSI plugin folder that staging paths start with"),
+		volumes:       fs.String("volumes", "", "simulated mode: volumes to create on the first start: a count N (vol-1..vol-N) or a comma-separated list of IDs (default vol-1..vol-5)"),
+		healMounters:  fs.String("heal-mounters", "rbd-nbd,fuse", "simulated mode: mounters whose volumes this driver can heal; advertised as the attribute healMounters"),
+		defaultHang:   fs.Duration("default-hang", 30*time.Second, "simulated mode: how long calls on a hung volume block when no duration was given"),
+		volumeKeeping: fs.String("volume-keeping", "", "simulated mode: restarts this driver's kept volumes live through, advertised as VolumeKeeping capabilities: any of plugin-restart, mounter-restart (default: none)"),
+		keepMounters:  fs.String("keep-mounters", "", "simulated mode: mounters whose volumes this driver keeps alive, so that their probes answer kept=true; needs --volume-keeping (default: none)"),
 	}
 	showVersion := fs.Bool("version", false, "print the version, the git commit and the Go version of this binary, and exit")
 	logOpts := logging.NewOptions()
@@ -115,7 +118,7 @@ type driverFlags struct {
 	statTimeout                                                                       *time.Duration
 	unmountDeadTargets                                                                *bool
 	registrationDir, kubeletCSIEndpoint                                               *string
-	stagingRoot, volumes, healMounters                                                *string
+	stagingRoot, volumes, healMounters, volumeKeeping, keepMounters                   *string
 	defaultHang                                                                       *time.Duration
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
@@ -136,7 +139,7 @@ func (f *driverFlags) sockets(log klog.Logger) control.ServerOptions {
 // --kubelet-registration-dir is given.
 func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, stock bool, log klog.Logger) error {
 	mode := "real"
-	rejected := []string{"staging-root", "volumes", "heal-mounters", "default-hang"}
+	rejected := []string{"staging-root", "volumes", "heal-mounters", "default-hang", "volume-keeping", "keep-mounters"}
 	if stock {
 		mode = "stock"
 		// A stock driver serves no Healer service.
@@ -201,15 +204,25 @@ func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1al
 	if err != nil {
 		return err
 	}
+	keeping, err := parseVolumeKeeping(*f.volumeKeeping)
+	if err != nil {
+		return err
+	}
+	keepMounters := splitList(*f.keepMounters)
+	if len(keepMounters) > 0 && len(keeping) == 0 {
+		return errors.New("--keep-mounters needs --volume-keeping: a driver that advertises no keeping must not report a volume kept")
+	}
 	d, err := simulated.New(simulated.Options{
-		StateDir:     *f.stateDir,
-		Identity:     f.identity(),
-		StagingRoot:  *f.stagingRoot,
-		HealMounters: splitList(*f.healMounters),
-		Capabilities: capabilities,
-		SeedVolumes:  seeds,
-		DefaultHang:  *f.defaultHang,
-		Logger:       log,
+		StateDir:      *f.stateDir,
+		Identity:      f.identity(),
+		StagingRoot:   *f.stagingRoot,
+		HealMounters:  splitList(*f.healMounters),
+		Capabilities:  capabilities,
+		VolumeKeeping: keeping,
+		KeepMounters:  keepMounters,
+		SeedVolumes:   seeds,
+		DefaultHang:   *f.defaultHang,
+		Logger:        log,
 	})
 	if err != nil {
 		return err
@@ -326,6 +339,26 @@ func parseCapabilities(s string) ([]healerv1alpha1.HealerCapability_RPC_Type, er
 		caps = append(caps, t)
 	}
 	return caps, nil
+}
+
+// parseVolumeKeeping reads --volume-keeping: a comma list of plugin-restart and mounter-restart.
+func parseVolumeKeeping(s string) ([]healerv1alpha1.HealerCapability_VolumeKeeping_Type, error) {
+	names := map[string]healerv1alpha1.HealerCapability_VolumeKeeping_Type{
+		"plugin-restart":  healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART,
+		"mounter-restart": healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART,
+	}
+	var out []healerv1alpha1.HealerCapability_VolumeKeeping_Type
+	for _, name := range splitList(s) {
+		t, ok := names[name]
+		if !ok {
+			return nil, fmt.Errorf("--volume-keeping: unknown %q (want plugin-restart or mounter-restart)", name)
+		}
+		if slices.Contains(out, t) {
+			return nil, fmt.Errorf("--volume-keeping: %q is listed twice", name)
+		}
+		out = append(out, t)
+	}
+	return out, nil
 }
 
 func splitList(s string) []string {

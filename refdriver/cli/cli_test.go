@@ -72,6 +72,30 @@ func TestParseCapabilities(t *testing.T) {
 	}
 }
 
+func TestParseVolumeKeeping(t *testing.T) {
+	tests := map[string]struct {
+		in      string
+		want    []healerv1alpha1.HealerCapability_VolumeKeeping_Type
+		wantErr bool
+	}{
+		"none":  {in: ""},
+		"both":  {in: "plugin-restart, mounter-restart", want: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART, healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART}},
+		"twice": {in: "plugin-restart,plugin-restart", wantErr: true},
+		"typo":  {in: "plugin-restarts", wantErr: true},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := parseVolumeKeeping(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("parseVolumeKeeping(%q) error = %v, want error %t", tt.in, err, tt.wantErr)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("parseVolumeKeeping(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
 func TestRunRejectsFlags(t *testing.T) {
 	base := []string{"--endpoint", "unix:///nonexistent/refdriver.sock", "--state-dir", "/nonexistent/refdriver-state"}
 	tests := map[string]struct {
@@ -85,6 +109,14 @@ func TestRunRejectsFlags(t *testing.T) {
 		"real mode names every meaningless flag": {
 			args: append([]string{"--mode", "real", "--heal-mounters", "fuse", "--default-hang", "1s", "--staging-root", "/x"}, base...),
 			want: []string{"--staging-root", "--heal-mounters", "--default-hang", "real mode"},
+		},
+		"real mode has no simulated keeping": {
+			args: append([]string{"--mode", "real", "--volume-keeping", "plugin-restart", "--keep-mounters", "fuse"}, base...),
+			want: []string{"--volume-keeping", "--keep-mounters", "real mode"},
+		},
+		"simulated mode keeps no volume without the capability": {
+			args: append([]string{"--mode", "simulated", "--keep-mounters", "fuse"}, base...),
+			want: []string{"--keep-mounters needs --volume-keeping"},
 		},
 		"simulated mode has no CSI socket": {
 			args: append([]string{"--mode", "simulated", "--csi-endpoint", "unix:///nonexistent/csi.sock"}, base...),

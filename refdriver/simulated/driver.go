@@ -40,6 +40,7 @@ type Driver struct {
 	opts         Options
 	store        store
 	healMounters map[string]bool
+	keepMounters map[string]bool
 	counters     *control.Recorder
 
 	mu      sync.Mutex
@@ -60,11 +61,15 @@ func New(opts Options) (*Driver, error) {
 		opts:         opts,
 		store:        store{dir: filepath.Join(opts.StateDir, "volumes")},
 		healMounters: map[string]bool{},
+		keepMounters: map[string]bool{},
 		counters:     control.NewRecorder(),
 		busy:         map[string]bool{},
 	}
 	for _, m := range opts.HealMounters {
 		d.healMounters[m] = true
+	}
+	for _, m := range opts.KeepMounters {
+		d.keepMounters[m] = true
 	}
 	vols, fresh, err := d.store.load()
 	if err != nil {
@@ -130,6 +135,12 @@ func (d *Driver) Volume(id string) (Volume, error) {
 // Options.HealMounters.
 func (d *Driver) Healable(v Volume) bool {
 	return d.healMounters[v.VolumeContext[MounterKey]]
+}
+
+// Kept reports whether the driver keeps the volume alive across the restarts it advertises
+// (Options.VolumeKeeping): its mounter is one of Options.KeepMounters.
+func (d *Driver) Kept(v Volume) bool {
+	return d.keepMounters[v.VolumeContext[MounterKey]]
 }
 
 // AddVolume adds a healthy volume, staged unless spec says otherwise.

@@ -728,6 +728,58 @@ func abandonSocket(t *testing.T, path string) {
 	}
 }
 
+// TestKeptVolumes runs a driver that keeps its fuse volumes alive across node plugin restarts:
+// it advertises the keeping, probes say kept for those volumes only, and a kept volume broken on
+// purpose reports its condition and heals like any other.
+func TestKeptVolumes(t *testing.T) {
+	n := startNode(t, simulated.Options{
+		SeedVolumes:   []string{},
+		VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART},
+		KeepMounters:  []string{"fuse"},
+	})
+	ctx := ctxT(t)
+	must[simulated.Volume](t)(n.d.AddVolume(simulated.VolumeSpec{ID: "kept", Mounter: "fuse"}))
+	must[simulated.Volume](t)(n.d.AddVolume(simulated.VolumeSpec{ID: "plain", Mounter: "rbd-nbd"}))
+
+	hc := must[*healerv1alpha1.GetHealerCapabilitiesResponse](t)(n.healer.GetHealerCapabilities(ctx, &healerv1alpha1.GetHealerCapabilitiesRequest{}))
+	if got := healerv1alpha1.VolumeKeepingOf(hc.GetCapabilities()); len(got) != 1 || got[0] != healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART {
+		t.Errorf("advertised keeping = %v, want PLUGIN_RESTART", got)
+	}
+	for id, want := range map[string]bool{"kept": true, "plain": false} {
+		resp := must[*healerv1alpha1.ProbeVolumeResponse](t)(n.healer.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: id}))
+		if resp.GetKept() != want || len(resp.GetHealthStatuses()) != 0 {
+			t.Errorf("ProbeVolume(%s) = %v; want healthy, kept=%t", id, resp, want)
+		}
+	}
+
+	must[simulated.Volume](t)(n.d.SetCondition("kept", control.Gone, 0))
+	resp := must[*healerv1alpha1.ProbeVolumeResponse](t)(n.healer.ProbeVolume(ctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: "kept"}))
+	if !resp.GetKept() || !resp.GetHealable() || len(resp.GetHealthStatuses()) != 1 || resp.GetHealthStatuses()[0].GetReason() != "MountGone" {
+		t.Errorf("ProbeVolume of a kept volume whose mount is gone = %v; want MountGone, healable, kept", resp)
+	}
+	healed := must[*healerv1alpha1.HealVolumeResponse](t)(n.healer.HealVolume(ctx, &healerv1alpha1.HealVolumeRequest{VolumeId: "kept"}))
+	if len(healed.GetHealthStatuses()) != 0 {
+		t.Errorf("HealVolume of a broken kept volume = %v; want it healed", healed)
+	}
+}
+
+func TestNewRejectsInvalidKeeping(t *testing.T) {
+	tests := map[string]simulated.Options{
+		"UNKNOWN keeping": {VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN}},
+		"keeping twice": {VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{
+			healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART, healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART}},
+		"kept mounters without keeping": {KeepMounters: []string{"fuse"}},
+	}
+	for name, opts := range tests {
+		t.Run(name, func(t *testing.T) {
+			opts.StateDir = t.TempDir()
+			if _, err := simulated.New(opts); !errors.Is(err, control.ErrInvalidOptions) {
+				t.Errorf("New = %v, want ErrInvalidOptions", err)
+			}
+		})
+	}
+}
+
 func TestNewRejectsMissingStateDir(t *testing.T) {
 	if _, err := simulated.New(simulated.Options{}); !errors.Is(err, control.ErrInvalidOptions) {
 		t.Errorf("New without StateDir = %v, want ErrInvalidOptions", err)

@@ -35,8 +35,9 @@ type healerServer struct {
 	d *Driver
 }
 
-// GetHealerCapabilities advertises the RPCs this driver serves and the attribute
-// "healMounters", which a policy can read to decide which volumes are worth a heal.
+// GetHealerCapabilities advertises the RPCs this driver serves, the restarts its kept volumes
+// live through, and the attribute "healMounters", which a policy can read to decide which
+// volumes are worth a heal.
 func (s *healerServer) GetHealerCapabilities(context.Context, *healerv1alpha1.GetHealerCapabilitiesRequest) (*healerv1alpha1.GetHealerCapabilitiesResponse, error) {
 	s.d.counters.Count("GetHealerCapabilities")
 	resp := &healerv1alpha1.GetHealerCapabilitiesResponse{
@@ -45,10 +46,15 @@ func (s *healerServer) GetHealerCapabilities(context.Context, *healerv1alpha1.Ge
 	for _, t := range s.d.opts.Capabilities {
 		resp.Capabilities = append(resp.Capabilities, healerv1alpha1.NewRPCCapability(t))
 	}
+	for _, t := range s.d.opts.VolumeKeeping {
+		resp.Capabilities = append(resp.Capabilities, healerv1alpha1.NewVolumeKeepingCapability(t))
+	}
 	return resp, nil
 }
 
-// ProbeVolume reports the health of a volume without changing it.
+// ProbeVolume reports the health of a volume without changing it, and whether the driver keeps
+// it alive across restarts (its mounter is one the driver keeps). A kept volume can still be
+// broken on purpose: it then reports its condition and is healed like any other.
 func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.ProbeVolumeRequest) (*healerv1alpha1.ProbeVolumeResponse, error) {
 	v, release, err := s.begin(ctx, "ProbeVolume", healerv1alpha1.HealerCapability_RPC_PROBE, req.GetVolumeId(), req.GetStagingTargetPath())
 	if err != nil {
@@ -64,6 +70,7 @@ func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.Prob
 		HealthStatuses: health(v),
 		Healable:       s.d.Healable(v),
 		RecheckAfter:   recheckAfter(v),
+		Kept:           s.d.Kept(v),
 	}, nil
 }
 

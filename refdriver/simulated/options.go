@@ -35,6 +35,19 @@ type Options struct {
 	// UNIMPLEMENTED. Default: PROBE, HEAL and LIST_VOLUMES.
 	Capabilities []healerv1alpha1.HealerCapability_RPC_Type
 
+	// VolumeKeeping lists the restarts that the driver's kept volumes live through, advertised
+	// as VolumeKeeping capabilities, as a driver whose mounters run outside its node plugin (in
+	// driverkit's mount supervisor) does. Nothing is mounted here, so nothing lives or dies:
+	// the option lets a test see what the controller does with a driver that keeps its volumes
+	// alive. Default: none.
+	VolumeKeeping []healerv1alpha1.HealerCapability_VolumeKeeping_Type
+
+	// KeepMounters lists the mounters (volume context key "mounter") whose volumes the driver
+	// keeps alive across the restarts VolumeKeeping names: their probes answer kept=true. It
+	// needs VolumeKeeping, since a driver that advertises no keeping keeps nothing. Default:
+	// none.
+	KeepMounters []string
+
 	// SeedVolumes are created (healthy, staged, mounter "rbd-nbd") on the first start, when
 	// StateDir holds no volume folder yet. Later starts load the volumes from disk and ignore
 	// SeedVolumes. Default: vol-1 to vol-5.
@@ -68,6 +81,19 @@ func (o *Options) setDefaults() error {
 			healerv1alpha1.HealerCapability_RPC_HEAL,
 			healerv1alpha1.HealerCapability_RPC_LIST_VOLUMES,
 		}
+	}
+	seen := map[healerv1alpha1.HealerCapability_VolumeKeeping_Type]bool{}
+	for _, t := range o.VolumeKeeping {
+		switch {
+		case t == healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN || healerv1alpha1.HealerCapability_VolumeKeeping_Type_name[int32(t)] == "":
+			return fmt.Errorf("%w: VolumeKeeping lists type %d, which the protocol does not define", control.ErrInvalidOptions, t)
+		case seen[t]:
+			return fmt.Errorf("%w: VolumeKeeping lists %s twice", control.ErrInvalidOptions, t)
+		}
+		seen[t] = true
+	}
+	if len(o.KeepMounters) > 0 && len(o.VolumeKeeping) == 0 {
+		return fmt.Errorf("%w: KeepMounters %v needs VolumeKeeping: a driver that advertises no keeping must not report a volume kept", control.ErrInvalidOptions, o.KeepMounters)
 	}
 	if o.SeedVolumes == nil {
 		o.SeedVolumes = []string{"vol-1", "vol-2", "vol-3", "vol-4", "vol-5"}

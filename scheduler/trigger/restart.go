@@ -279,10 +279,17 @@ func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
 }
 
 // RecordHandled writes the marker of a finished restart sweep onto its CSIAddonsNode with a merge
-// patch that touches only that annotation (and removes the key release 0.1.0 wrote it under), so
-// a csi-addons sidecar owning the object keeps its own.
-func RecordHandled(ctx context.Context, c client.Client, s scheduler.Sweep) error {
-	patch := annotations.MergePatch(map[string]string{annotations.HandledMarker: s.Marker})
+// patch that touches only that annotation and those of with, such as the sweep's result (and
+// removes the key release 0.1.0 wrote the marker under), so a csi-addons sidecar owning the
+// object keeps its own. with may be nil.
+func RecordHandled(ctx context.Context, c client.Client, s scheduler.Sweep, with map[string]string) error {
+	set := map[string]string{annotations.HandledMarker: s.Marker}
+	for k, v := range with {
+		if k != annotations.HandledMarker {
+			set[k] = v
+		}
+	}
+	patch := annotations.MergePatch(set)
 	n := &csiaddonsv1alpha1.CSIAddonsNode{}
 	n.Namespace, n.Name = s.Source.Namespace, s.Source.Name
 	if err := c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {

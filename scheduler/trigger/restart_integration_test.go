@@ -68,14 +68,14 @@ func TestHandledMarkerSurvivesControllerRestart(t *testing.T) {
 	if len(sweeps) != 1 {
 		t.Fatalf("a new CSIAddonsNode gave %d sweeps, want 1", len(sweeps))
 	}
-	if err := trigger.RecordHandled(ctx, env.Client, sweeps[0]); err != nil {
+	if err := trigger.RecordHandled(ctx, env.Client, sweeps[0], map[string]string{annotations.RestartSweep: `{"marker":"m"}`}); err != nil {
 		t.Fatal(err)
 	}
 
 	after := get()
 	if after.Annotations[annotations.HandledMarker] != sweeps[0].Marker ||
-		after.Annotations[annotations.CSIAddonsPod] != "pod-uid-1" {
-		t.Fatalf("annotations after recording = %v, want the handled marker beside the sidecar's own", after.Annotations)
+		after.Annotations[annotations.CSIAddonsPod] != "pod-uid-1" || after.Annotations[annotations.RestartSweep] != `{"marker":"m"}` {
+		t.Fatalf("annotations after recording = %v, want the handled marker and the sweep's result beside the sidecar's own", after.Annotations)
 	}
 	if again := observe(after); len(again) != 0 {
 		t.Fatalf("a restarted controller repeated a finished restart sweep: %v", again)

@@ -155,6 +155,12 @@ type PluginOptions struct {
 	RegisterTimeout time.Duration
 	// Logger, when set, is the logger of the sidecar and the driver; else klog's global one.
 	Logger *klog.Logger
+	// VolumeKeeping and KeepMounters make the driver one that keeps the volumes of those
+	// mounters alive across the restarts VolumeKeeping names (simulated.Options): it advertises
+	// the keeping, and its probes say kept. Default: none, as a driver whose mounters die with
+	// its node plugin.
+	VolumeKeeping []healerv1alpha1.HealerCapability_VolumeKeeping_Type
+	KeepMounters  []string
 }
 
 // Plugin is one simulated node plugin pod in this process: the reference driver serving its
@@ -239,7 +245,8 @@ func (p *Plugin) start(ctx context.Context) (*Sidecar, error) {
 	if p.sc != nil {
 		return nil, fmt.Errorf("the node plugin on %s started twice", p.opts.Node)
 	}
-	d, err := simulated.New(simulated.Options{StateDir: p.stateDir, Identity: control.Identity{DriverName: p.opts.Driver, NodeID: p.opts.Node}, SeedVolumes: []string{}})
+	d, err := simulated.New(simulated.Options{StateDir: p.stateDir, Identity: control.Identity{DriverName: p.opts.Driver, NodeID: p.opts.Node}, SeedVolumes: []string{},
+		VolumeKeeping: p.opts.VolumeKeeping, KeepMounters: p.opts.KeepMounters})
 	if err != nil {
 		return nil, err
 	}

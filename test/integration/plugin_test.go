@@ -29,12 +29,18 @@ type plugin struct {
 // plugin's calls along with its own tracker.
 func (f *fixture) newPlugin(node string, shared ...*callTracker) *plugin {
 	f.t.Helper()
+	return f.newPluginWith(node, nil, shared...)
+}
+
+// newPluginWith is newPlugin with the plugin's options changed by opts first, when it is set.
+func (f *fixture) newPluginWith(node string, opts func(*harness.PluginOptions), shared ...*callTracker) *plugin {
+	f.t.Helper()
 	f.CreateNode(node)
 	calls := newCallTracker()
 	kube := rest.CopyConfig(f.s.Config)
 	kube.UserAgent = "healer-sidecar/" + node
 	kube.QPS, kube.Burst = -1, 0
-	hp, err := harness.NewPlugin(harness.PluginOptions{
+	o := harness.PluginOptions{
 		Node: node, Driver: f.Driver, Namespace: f.PluginNS, Kube: kube,
 		Dir: filepath.Join(f.t.TempDir(), node),
 		// The driver is served with the trackers in front, so that the tests see every call at
@@ -42,7 +48,11 @@ func (f *fixture) newPlugin(node string, shared ...*callTracker) *plugin {
 		Interceptors:    []grpc.UnaryServerInterceptor{trackCalls(append([]*callTracker{calls}, shared...)...)},
 		ShutdownTimeout: 2 * time.Second,
 		RegisterTimeout: 30 * time.Second,
-	})
+	}
+	if opts != nil {
+		opts(&o)
+	}
+	hp, err := harness.NewPlugin(o)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -19,6 +19,11 @@ func (r *runner) probe(ctx context.Context, volumeID, stagingPath string) (*heal
 	resp, err := r.healer.ProbeVolume(cctx, &healerv1alpha1.ProbeVolumeRequest{VolumeId: volumeID, StagingTargetPath: stagingPath})
 	if err == nil {
 		r.observe(resp.GetHealthStatuses())
+		if resp.GetKept() {
+			r.mu.Lock()
+			r.keptAnswers++
+			r.mu.Unlock()
+		}
 	}
 	return resp, err
 }

@@ -22,7 +22,7 @@ const (
 	// protocol version.
 	CheckIdentityAdvertises = "identity-advertises-healer"
 	// CheckCapabilities: GetHealerCapabilities answers, advertises PROBE, and lists only
-	// defined RPCs, each once.
+	// defined RPCs and VolumeKeeping types, each once.
 	CheckCapabilities = "healer-capabilities"
 	// CheckProbeEmptyVolumeID: ProbeVolume without volume_id is INVALID_ARGUMENT.
 	CheckProbeEmptyVolumeID = "probe-empty-volume-id"
@@ -63,6 +63,9 @@ const (
 	// CheckListStagedVolumes: ListStagedVolumes pages consistently and rejects a negative
 	// max_entries with INVALID_ARGUMENT.
 	CheckListStagedVolumes = "list-staged-volumes"
+	// CheckVolumeKeeping: a driver that advertises no VolumeKeeping capability never probes a
+	// volume as kept; one that does probes its healthy kept volume under test healthy and kept.
+	CheckVolumeKeeping = "volume-keeping"
 	// CheckHealthVocabulary: every health entry of the run has a defined status and a CamelCase
 	// reason, and no (status, reason) repeats within an answer.
 	CheckHealthVocabulary = "health-vocabulary"
@@ -98,6 +101,10 @@ type runner struct {
 	// healable is what the probe of the healthy volume said; healableKnown is false when that
 	// probe failed.
 	healable, healableKnown bool
+	// healthyKept is what the probe of the healthy volume said of kept; known with
+	// healableKnown. keptAnswers counts the probe answers of the run that said kept.
+	healthyKept bool
+	keptAnswers int
 
 	// Every health list the driver returned is checked against the vocabulary here.
 	mu             sync.Mutex
@@ -145,6 +152,7 @@ func (r *runner) run(ctx context.Context) {
 	r.checkNotStagedVolume(ctx)
 	r.checkConcurrentCallsAborted(ctx)
 	r.checkListStagedVolumes(ctx)
+	r.checkVolumeKeeping()
 	r.checkHealthVocabulary()
 }
 
@@ -252,11 +260,24 @@ func (r *runner) checkCapabilities(ctx context.Context) bool {
 	r.report.Tier = tierOf(resp.GetCapabilities())
 	var problems, names []string
 	seen := map[healerv1alpha1.HealerCapability_RPC_Type]bool{}
+	keeps := map[healerv1alpha1.HealerCapability_VolumeKeeping_Type]bool{}
 	for i, c := range resp.GetCapabilities() {
+		if k := c.GetVolumeKeeping(); k != nil {
+			switch t := k.GetType(); {
+			case t == healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN || healerv1alpha1.HealerCapability_VolumeKeeping_Type_name[int32(t)] == "":
+				problems = append(problems, fmt.Sprintf("capability %d has volume keeping type %d, which v1alpha1 does not define", i, t))
+			case keeps[t]:
+				problems = append(problems, fmt.Sprintf("volume keeping %s is advertised twice", t))
+			default:
+				keeps[t] = true
+				names = append(names, "VolumeKeeping "+t.String())
+			}
+			continue
+		}
 		t := c.GetRpc().GetType()
 		switch {
 		case c.GetRpc() == nil:
-			problems = append(problems, fmt.Sprintf("capability %d sets no rpc", i))
+			problems = append(problems, fmt.Sprintf("capability %d sets neither rpc nor volume_keeping", i))
 		case t == healerv1alpha1.HealerCapability_RPC_UNKNOWN || healerv1alpha1.HealerCapability_RPC_Type_name[int32(t)] == "":
 			problems = append(problems, fmt.Sprintf("capability %d has type %d, which v1alpha1 does not define", i, t))
 		case seen[t]:
@@ -291,6 +312,37 @@ func (r *runner) checkCapabilities(ctx context.Context) bool {
 
 func (r *runner) advertises(t healerv1alpha1.HealerCapability_RPC_Type) bool {
 	return healerv1alpha1.HasRPC(r.caps, t)
+}
+
+// checkVolumeKeeping checks what the run's probes said of kept against the driver's VolumeKeeping
+// capabilities: kept only from a driver that advertises keeping, and a kept volume that the run
+// found healthy probed healthy.
+func (r *runner) checkVolumeKeeping() {
+	keeping := healerv1alpha1.VolumeKeepingOf(r.caps)
+	r.mu.Lock()
+	kept := r.keptAnswers
+	r.mu.Unlock()
+	if len(keeping) == 0 {
+		if kept > 0 {
+			r.record(CheckVolumeKeeping, Fail, "%d probe answer(s) said kept=true, but the driver advertises no VolumeKeeping capability; a driver that keeps no volume alive across restarts must answer kept=false", kept)
+			return
+		}
+		r.record(CheckVolumeKeeping, Pass, "advertises no volume keeping, and no probe said kept")
+		return
+	}
+	names := make([]string, 0, len(keeping))
+	for _, t := range keeping {
+		names = append(names, t.String())
+	}
+	switch {
+	case !r.healableKnown:
+		r.record(CheckVolumeKeeping, Skip, "advertises %s, but the probe of the healthy volume %q failed", strings.Join(names, ", "), r.volume)
+	case !r.healthyKept:
+		r.record(CheckVolumeKeeping, Skip, "advertises %s, but volume %q probes as not kept; pass a volume the driver keeps alive to check a kept volume's probe", strings.Join(names, ", "), r.volume)
+	default:
+		// A kept volume that was not healthy failed CheckProbeHealthyVolume already.
+		r.record(CheckVolumeKeeping, Pass, "advertises %s; volume %q probes healthy and kept", strings.Join(names, ", "), r.volume)
+	}
 }
 
 // --- argument checks that need no volume ---

@@ -31,7 +31,7 @@ var allChecks = []string{
 	sanity.CheckProbeHealthyVolume, sanity.CheckWrongStagingPath, sanity.CheckRPCsMatchCapabilities,
 	sanity.CheckHealHealthyVolume, sanity.CheckProbeBrokenVolume, sanity.CheckHealBrokenVolume,
 	sanity.CheckHealDataLoss, sanity.CheckNotStagedVolume, sanity.CheckConcurrentCallsAborted,
-	sanity.CheckListStagedVolumes, sanity.CheckHealthVocabulary,
+	sanity.CheckListStagedVolumes, sanity.CheckVolumeKeeping, sanity.CheckHealthVocabulary,
 }
 
 func socketDir(t *testing.T) string {
@@ -175,6 +175,38 @@ func TestReferenceDriverPassesEveryCheck(t *testing.T) {
 	}
 }
 
+// TestKeepingDriver: a driver that keeps its volumes alive across node plugin restarts passes
+// every check, and the keeping check says that its healthy volume probed healthy and kept; given
+// a volume it does not keep, the keeping check is skipped with words that say why.
+func TestKeepingDriver(t *testing.T) {
+	d := newDriver(t, simulated.Options{
+		VolumeKeeping: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART},
+		KeepMounters:  []string{"rbd-nbd"},
+	})
+	if _, err := d.AddVolume(simulated.VolumeSpec{ID: "krbd-1", Mounter: "krbd"}); err != nil {
+		t.Fatal(err)
+	}
+	endpoint, ctl := startReference(t, d)
+
+	report, out := run(t, sanity.Options{Endpoint: endpoint, Control: ctl, VolumeID: "vol-1"})
+	if !report.Passed() || report.Count(sanity.Skip) != 0 {
+		t.Fatalf("failed %v, skipped %v; want every check to pass:\n%s", names(report, sanity.Fail), names(report, sanity.Skip), out)
+	}
+	res, _ := report.Result(sanity.CheckVolumeKeeping)
+	if !strings.Contains(res.Detail, "PLUGIN_RESTART") || !strings.Contains(res.Detail, "probes healthy and kept") {
+		t.Errorf("keeping check says %q; want it to name PLUGIN_RESTART and the healthy kept probe", res.Detail)
+	}
+	if res, _ := report.Result(sanity.CheckCapabilities); !strings.Contains(res.Detail, "VolumeKeeping PLUGIN_RESTART") {
+		t.Errorf("capabilities check says %q; want it to list the volume keeping", res.Detail)
+	}
+
+	report, out = run(t, sanity.Options{Endpoint: endpoint, VolumeID: "krbd-1"})
+	res, _ = report.Result(sanity.CheckVolumeKeeping)
+	if !report.Passed() || res.Outcome != sanity.Skip || !strings.Contains(res.Detail, "not kept") {
+		t.Errorf("a volume the driver does not keep: keeping check %+v; want a pass with it skipped as not kept:\n%s", res, out)
+	}
+}
+
 func TestWithoutControlBrokenVolumeChecksAreSkippedLoudly(t *testing.T) {
 	d := newDriver(t, simulated.Options{})
 	endpoint, _ := startReference(t, d)
@@ -279,6 +311,10 @@ func TestFaultyDriversFailTheBrokenCheck(t *testing.T) {
 		"heal is served but not advertised": {
 			healer:     func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return hidesHeal{h} },
 			wantFailed: []string{sanity.CheckRPCsMatchCapabilities},
+		},
+		"kept without advertising volume keeping": {
+			healer:     func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return keptWithoutKeeping{h} },
+			wantFailed: []string{sanity.CheckVolumeKeeping},
 		},
 		"listing ignores max_entries": {
 			healer:     func(h healerv1alpha1.HealerServer) healerv1alpha1.HealerServer { return ignoresMaxEntries{h} },
@@ -522,6 +558,17 @@ func (f hidesHeal) GetHealerCapabilities(ctx context.Context, req *healerv1alpha
 		return c.GetRpc().GetType() == healerv1alpha1.HealerCapability_RPC_HEAL
 	})
 	return resp, nil
+}
+
+// keptWithoutKeeping says kept=true in every probe but advertises no volume keeping.
+type keptWithoutKeeping struct{ healerv1alpha1.HealerServer }
+
+func (f keptWithoutKeeping) ProbeVolume(ctx context.Context, req *healerv1alpha1.ProbeVolumeRequest) (*healerv1alpha1.ProbeVolumeResponse, error) {
+	resp, err := f.HealerServer.ProbeVolume(ctx, req)
+	if resp != nil {
+		resp.Kept = true
+	}
+	return resp, err
 }
 
 type ignoresMaxEntries struct{ healerv1alpha1.HealerServer }

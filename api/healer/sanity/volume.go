@@ -87,6 +87,7 @@ func (r *runner) checkProbeHealthyVolume(ctx context.Context) {
 		return
 	}
 	r.healable, r.healableKnown = resp.GetHealable(), true
+	r.healthyKept = resp.GetKept()
 	if p := answerProblems(resp.GetHealthStatuses(), resp.GetRecheckAfter()); p != "" {
 		r.record(CheckProbeHealthyVolume, Fail, "ProbeVolume(%q): %s", r.volume, p)
 		return
@@ -100,7 +101,7 @@ func (r *runner) checkProbeHealthyVolume(ctx context.Context) {
 			r.volume, describeHealth(resp.GetHealthStatuses()), hint)
 		return
 	}
-	r.record(CheckProbeHealthyVolume, Pass, "empty health, healable=%t", resp.GetHealable())
+	r.record(CheckProbeHealthyVolume, Pass, "empty health, healable=%t, kept=%t", resp.GetHealable(), resp.GetKept())
 }
 
 func (r *runner) checkWrongStagingPath(ctx context.Context) {

@@ -160,6 +160,71 @@ func (HealerCapability_RPC_Type) EnumDescriptor() ([]byte, []int) {
 	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{2, 0, 0}
 }
 
+// Type is the kind of restart.
+type HealerCapability_VolumeKeeping_Type int32
+
+const (
+	// UNKNOWN MUST NOT be sent. A caller ignores it.
+	HealerCapability_VolumeKeeping_UNKNOWN HealerCapability_VolumeKeeping_Type = 0
+	// PLUGIN_RESTART: a restart of the node plugin (a rollout, a crash,
+	// a kill of its container) kills no mounter of a kept volume. After
+	// such a restart the caller SHOULD probe a kept volume instead of
+	// healing it, and SHOULD heal it as any other volume when the probe
+	// finds it broken anyway.
+	HealerCapability_VolumeKeeping_PLUGIN_RESTART HealerCapability_VolumeKeeping_Type = 1
+	// MOUNTER_RESTART: when the mounter of a kept volume itself dies or
+	// is upgraded, a new mounter takes over the volume's live connection
+	// (for FUSE: the /dev/fuse file descriptor is kept open by another
+	// process, and the new mounter serves it without a new mount), so
+	// that the mount never answers ENOTCONN and open files stay valid. A
+	// driver MUST NOT advertise it where the node cannot do this (for
+	// example a kernel that cannot resend the requests the dead mounter
+	// had read: FUSE_NOTIFY_RESEND, Linux 6.9), unless its mounters
+	// answer for those requests some other way.
+	HealerCapability_VolumeKeeping_MOUNTER_RESTART HealerCapability_VolumeKeeping_Type = 2
+)
+
+// Enum value maps for HealerCapability_VolumeKeeping_Type.
+var (
+	HealerCapability_VolumeKeeping_Type_name = map[int32]string{
+		0: "UNKNOWN",
+		1: "PLUGIN_RESTART",
+		2: "MOUNTER_RESTART",
+	}
+	HealerCapability_VolumeKeeping_Type_value = map[string]int32{
+		"UNKNOWN":         0,
+		"PLUGIN_RESTART":  1,
+		"MOUNTER_RESTART": 2,
+	}
+)
+
+func (x HealerCapability_VolumeKeeping_Type) Enum() *HealerCapability_VolumeKeeping_Type {
+	p := new(HealerCapability_VolumeKeeping_Type)
+	*p = x
+	return p
+}
+
+func (x HealerCapability_VolumeKeeping_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HealerCapability_VolumeKeeping_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_healer_v1alpha1_healer_proto_enumTypes[2].Descriptor()
+}
+
+func (HealerCapability_VolumeKeeping_Type) Type() protoreflect.EnumType {
+	return &file_healer_v1alpha1_healer_proto_enumTypes[2]
+}
+
+func (x HealerCapability_VolumeKeeping_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HealerCapability_VolumeKeeping_Type.Descriptor instead.
+func (HealerCapability_VolumeKeeping_Type) EnumDescriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{2, 1, 0}
+}
+
 // GetHealerCapabilitiesRequest asks the driver what it can do.
 //
 // Errors:
@@ -272,11 +337,12 @@ func (x *GetHealerCapabilitiesResponse) GetAttributes() map[string]string {
 type HealerCapability struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Exactly one of the fields below is set. New kinds of capabilities are
-	// added here.
+	// added here. A caller ignores a capability it does not know.
 	//
 	// Types that are valid to be assigned to Type:
 	//
 	//	*HealerCapability_Rpc
+	//	*HealerCapability_VolumeKeeping_
 	Type          isHealerCapability_Type `protobuf_oneof:"type"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -328,6 +394,15 @@ func (x *HealerCapability) GetRpc() *HealerCapability_RPC {
 	return nil
 }
 
+func (x *HealerCapability) GetVolumeKeeping() *HealerCapability_VolumeKeeping {
+	if x != nil {
+		if x, ok := x.Type.(*HealerCapability_VolumeKeeping_); ok {
+			return x.VolumeKeeping
+		}
+	}
+	return nil
+}
+
 type isHealerCapability_Type interface {
 	isHealerCapability_Type()
 }
@@ -337,7 +412,17 @@ type HealerCapability_Rpc struct {
 	Rpc *HealerCapability_RPC `protobuf:"bytes,1,opt,name=rpc,proto3,oneof"`
 }
 
+type HealerCapability_VolumeKeeping_ struct {
+	// A restart the driver's kept volumes live through. A driver that
+	// advertises one MUST report kept=true in ProbeVolumeResponse for each
+	// volume that it keeps alive that way, and kept=false for the others.
+	// A driver that advertises none MUST NOT report kept=true.
+	VolumeKeeping *HealerCapability_VolumeKeeping `protobuf:"bytes,2,opt,name=volume_keeping,json=volumeKeeping,proto3,oneof"`
+}
+
 func (*HealerCapability_Rpc) isHealerCapability_Type() {}
+
+func (*HealerCapability_VolumeKeeping_) isHealerCapability_Type() {}
 
 // ProbeVolumeRequest names a volume staged on this node and carries what the
 // driver may need to inspect it.
@@ -479,7 +564,19 @@ type ProbeVolumeResponse struct {
 	// volume earlier except on a restart or manual trigger, and SHOULD probe it
 	// again when the time has passed, independently of its periodic schedule.
 	// MUST be positive when set. This field is OPTIONAL.
-	RecheckAfter  *durationpb.Duration `protobuf:"bytes,3,opt,name=recheck_after,json=recheckAfter,proto3" json:"recheck_after,omitempty"`
+	RecheckAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=recheck_after,json=recheckAfter,proto3" json:"recheck_after,omitempty"`
+	// Whether the driver keeps this volume alive across the restarts it
+	// advertises in its VolumeKeeping capabilities: the volume's mounter runs
+	// outside the node plugin (for example in a node-level mount supervisor),
+	// so that a restart of the plugin killed no mounter of it. It says how the
+	// volume is served, not whether it is healthy: a kept volume whose probe
+	// finds it broken is reported with its health entries and healable like
+	// any other, and the caller heals it as any other. A driver that
+	// advertises no VolumeKeeping capability MUST set false. A caller that
+	// finds a kept volume healthy after a node plugin restart SHOULD record it
+	// as kept (it lived through the restart) rather than as merely healthy.
+	// This field is OPTIONAL (false: not kept).
+	Kept          bool `protobuf:"varint,4,opt,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -533,6 +630,13 @@ func (x *ProbeVolumeResponse) GetRecheckAfter() *durationpb.Duration {
 		return x.RecheckAfter
 	}
 	return nil
+}
+
+func (x *ProbeVolumeResponse) GetKept() bool {
+	if x != nil {
+		return x.Kept
+	}
+	return false
 }
 
 // HealVolumeRequest names a volume staged on this node and carries what the
@@ -897,6 +1001,8 @@ type NodeGetHealerCapabilitiesResponse struct {
 	// GetHealerCapabilitiesResponse.capabilities, plus PROBE and LIST_VOLUMES
 	// where the sidecar serves them itself, node-locally, because the driver
 	// does not (probe_source says which). HEAL comes from the driver alone.
+	// The driver's VolumeKeeping capabilities are relayed unchanged; the
+	// sidecar adds none of its own (a volume it probes itself is never kept).
 	// This field is REQUIRED.
 	Capabilities []*HealerCapability `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// The driver's GetHealerCapabilitiesResponse.attributes, unchanged; empty
@@ -1294,7 +1400,10 @@ type NodeProbeVolumeResponse struct {
 	// Who probed the volume: the driver, or the sidecar itself (see
 	// ProbeSource). A sidecar's probe is never healable. This field is
 	// REQUIRED.
-	ProbeSource   ProbeSource `protobuf:"varint,5,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
+	ProbeSource ProbeSource `protobuf:"varint,5,opt,name=probe_source,json=probeSource,proto3,enum=healer.v1alpha1.ProbeSource" json:"probe_source,omitempty"`
+	// See ProbeVolumeResponse.kept: the driver's answer, relayed unchanged.
+	// A sidecar's own probe is never kept. This field is OPTIONAL.
+	Kept          bool `protobuf:"varint,6,opt,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1362,6 +1471,13 @@ func (x *NodeProbeVolumeResponse) GetProbeSource() ProbeSource {
 		return x.ProbeSource
 	}
 	return ProbeSource_PROBE_SOURCE_UNSPECIFIED
+}
+
+func (x *NodeProbeVolumeResponse) GetKept() bool {
+	if x != nil {
+		return x.Kept
+	}
+	return false
 }
 
 // NodeHealVolumeRequest names the PersistentVolume to heal.
@@ -1790,6 +1906,57 @@ func (x *HealerCapability_RPC) GetType() HealerCapability_RPC_Type {
 	return HealerCapability_RPC_UNKNOWN
 }
 
+// VolumeKeeping names a restart that the driver's kept volumes live
+// through: their userspace mounters run outside the process that
+// restarts (for example in a node-level mount supervisor), or a new
+// mounter takes over the live FUSE connection, so that the volume's mount
+// and the files pods hold open on it keep working across the restart.
+type HealerCapability_VolumeKeeping struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The restart the driver's kept volumes live through. This field is
+	// REQUIRED.
+	Type          HealerCapability_VolumeKeeping_Type `protobuf:"varint,1,opt,name=type,proto3,enum=healer.v1alpha1.HealerCapability_VolumeKeeping_Type" json:"type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealerCapability_VolumeKeeping) Reset() {
+	*x = HealerCapability_VolumeKeeping{}
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealerCapability_VolumeKeeping) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealerCapability_VolumeKeeping) ProtoMessage() {}
+
+func (x *HealerCapability_VolumeKeeping) ProtoReflect() protoreflect.Message {
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealerCapability_VolumeKeeping.ProtoReflect.Descriptor instead.
+func (*HealerCapability_VolumeKeeping) Descriptor() ([]byte, []int) {
+	return file_healer_v1alpha1_healer_proto_rawDescGZIP(), []int{2, 1}
+}
+
+func (x *HealerCapability_VolumeKeeping) GetType() HealerCapability_VolumeKeeping_Type {
+	if x != nil {
+		return x.Type
+	}
+	return HealerCapability_VolumeKeeping_UNKNOWN
+}
+
 // Entry describes one staged volume.
 type ListStagedVolumesResponse_Entry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1810,7 +1977,7 @@ type ListStagedVolumesResponse_Entry struct {
 
 func (x *ListStagedVolumesResponse_Entry) Reset() {
 	*x = ListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[27]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1989,7 @@ func (x *ListStagedVolumesResponse_Entry) String() string {
 func (*ListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *ListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[27]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2051,7 @@ type NodeListStagedVolumesResponse_Entry struct {
 
 func (x *NodeListStagedVolumesResponse_Entry) Reset() {
 	*x = NodeListStagedVolumesResponse_Entry{}
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[31]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2063,7 @@ func (x *NodeListStagedVolumesResponse_Entry) String() string {
 func (*NodeListStagedVolumesResponse_Entry) ProtoMessage() {}
 
 func (x *NodeListStagedVolumesResponse_Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_healer_v1alpha1_healer_proto_msgTypes[31]
+	mi := &file_healer_v1alpha1_healer_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,16 +2113,23 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"attributes\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x03\n" +
 	"\x10HealerCapability\x129\n" +
-	"\x03rpc\x18\x01 \x01(\v2%.healer.v1alpha1.HealerCapability.RPCH\x00R\x03rpc\x1a\x81\x01\n" +
+	"\x03rpc\x18\x01 \x01(\v2%.healer.v1alpha1.HealerCapability.RPCH\x00R\x03rpc\x12X\n" +
+	"\x0evolume_keeping\x18\x02 \x01(\v2/.healer.v1alpha1.HealerCapability.VolumeKeepingH\x00R\rvolumeKeeping\x1a\x81\x01\n" +
 	"\x03RPC\x12>\n" +
 	"\x04type\x18\x01 \x01(\x0e2*.healer.v1alpha1.HealerCapability.RPC.TypeR\x04type\":\n" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\t\n" +
 	"\x05PROBE\x10\x01\x12\b\n" +
 	"\x04HEAL\x10\x02\x12\x10\n" +
-	"\fLIST_VOLUMES\x10\x03B\x06\n" +
+	"\fLIST_VOLUMES\x10\x03\x1a\x97\x01\n" +
+	"\rVolumeKeeping\x12H\n" +
+	"\x04type\x18\x01 \x01(\x0e24.healer.v1alpha1.HealerCapability.VolumeKeeping.TypeR\x04type\"<\n" +
+	"\x04Type\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\x12\n" +
+	"\x0ePLUGIN_RESTART\x10\x01\x12\x13\n" +
+	"\x0fMOUNTER_RESTART\x10\x02B\x06\n" +
 	"\x04type\"\x88\x04\n" +
 	"\x12ProbeVolumeRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12.\n" +
@@ -1969,11 +2143,12 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x01\n" +
 	"\x13ProbeVolumeResponse\x12O\n" +
 	"\x0fhealth_statuses\x18\x01 \x03(\v2&.csi.v1.VolumeHealth.VolumeHealthEntryR\x0ehealthStatuses\x12\x1a\n" +
 	"\bhealable\x18\x02 \x01(\bR\bhealable\x12>\n" +
-	"\rrecheck_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\"\x85\x04\n" +
+	"\rrecheck_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\x12\x12\n" +
+	"\x04kept\x18\x04 \x01(\bR\x04kept\"\x85\x04\n" +
 	"\x11HealVolumeRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12.\n" +
 	"\x13staging_target_path\x18\x02 \x01(\tR\x11stagingTargetPath\x120\n" +
@@ -2041,13 +2216,14 @@ const file_healer_v1alpha1_healer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"C\n" +
 	"\x0fSecretReference\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xa4\x02\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xb8\x02\n" +
 	"\x17NodeProbeVolumeResponse\x12O\n" +
 	"\x0fhealth_statuses\x18\x01 \x03(\v2&.csi.v1.VolumeHealth.VolumeHealthEntryR\x0ehealthStatuses\x12\x1a\n" +
 	"\bhealable\x18\x02 \x01(\bR\bhealable\x12>\n" +
 	"\rrecheck_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\frecheckAfter\x12\x1b\n" +
 	"\tvolume_id\x18\x04 \x01(\tR\bvolumeId\x12?\n" +
-	"\fprobe_source\x18\x05 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\"f\n" +
+	"\fprobe_source\x18\x05 \x01(\x0e2\x1c.healer.v1alpha1.ProbeSourceR\vprobeSource\x12\x12\n" +
+	"\x04kept\x18\x06 \x01(\bR\x04kept\"f\n" +
 	"\x15NodeHealVolumeRequest\x12\x17\n" +
 	"\apv_name\x18\x01 \x01(\tR\x06pvName\x124\n" +
 	"\x06volume\x18\x02 \x01(\v2\x1c.healer.v1alpha1.VolumeFactsR\x06volume\"\xc6\x01\n" +
@@ -2105,100 +2281,104 @@ func file_healer_v1alpha1_healer_proto_rawDescGZIP() []byte {
 	return file_healer_v1alpha1_healer_proto_rawDescData
 }
 
-var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_healer_v1alpha1_healer_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_healer_v1alpha1_healer_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_healer_v1alpha1_healer_proto_goTypes = []any{
-	(ProbeSource)(0),                          // 0: healer.v1alpha1.ProbeSource
-	(HealerCapability_RPC_Type)(0),            // 1: healer.v1alpha1.HealerCapability.RPC.Type
-	(*GetHealerCapabilitiesRequest)(nil),      // 2: healer.v1alpha1.GetHealerCapabilitiesRequest
-	(*GetHealerCapabilitiesResponse)(nil),     // 3: healer.v1alpha1.GetHealerCapabilitiesResponse
-	(*HealerCapability)(nil),                  // 4: healer.v1alpha1.HealerCapability
-	(*ProbeVolumeRequest)(nil),                // 5: healer.v1alpha1.ProbeVolumeRequest
-	(*ProbeVolumeResponse)(nil),               // 6: healer.v1alpha1.ProbeVolumeResponse
-	(*HealVolumeRequest)(nil),                 // 7: healer.v1alpha1.HealVolumeRequest
-	(*HealVolumeResponse)(nil),                // 8: healer.v1alpha1.HealVolumeResponse
-	(*ListStagedVolumesRequest)(nil),          // 9: healer.v1alpha1.ListStagedVolumesRequest
-	(*ListStagedVolumesResponse)(nil),         // 10: healer.v1alpha1.ListStagedVolumesResponse
-	(*NodeGetHealerCapabilitiesRequest)(nil),  // 11: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	(*NodeGetHealerCapabilitiesResponse)(nil), // 12: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	(*NodeProbeVolumeRequest)(nil),            // 13: healer.v1alpha1.NodeProbeVolumeRequest
-	(*VolumeFacts)(nil),                       // 14: healer.v1alpha1.VolumeFacts
-	(*SecretReference)(nil),                   // 15: healer.v1alpha1.SecretReference
-	(*NodeProbeVolumeResponse)(nil),           // 16: healer.v1alpha1.NodeProbeVolumeResponse
-	(*NodeHealVolumeRequest)(nil),             // 17: healer.v1alpha1.NodeHealVolumeRequest
-	(*NodeHealVolumeResponse)(nil),            // 18: healer.v1alpha1.NodeHealVolumeResponse
-	(*NodeListStagedVolumesRequest)(nil),      // 19: healer.v1alpha1.NodeListStagedVolumesRequest
-	(*NodeListStagedVolumesResponse)(nil),     // 20: healer.v1alpha1.NodeListStagedVolumesResponse
-	(*NodeRestartContainersRequest)(nil),      // 21: healer.v1alpha1.NodeRestartContainersRequest
-	(*NodeRestartContainersResponse)(nil),     // 22: healer.v1alpha1.NodeRestartContainersResponse
-	nil,                                       // 23: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	(*HealerCapability_RPC)(nil),              // 24: healer.v1alpha1.HealerCapability.RPC
-	nil,                                       // 25: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	nil,                                       // 26: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	nil,                                       // 27: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	nil,                                       // 28: healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	(*ListStagedVolumesResponse_Entry)(nil),   // 29: healer.v1alpha1.ListStagedVolumesResponse.Entry
-	nil,                                       // 30: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	nil,                                       // 31: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	nil,                                       // 32: healer.v1alpha1.VolumeFacts.VolumeContextEntry
-	(*NodeListStagedVolumesResponse_Entry)(nil), // 33: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	(*csi.VolumeCapability)(nil),                // 34: csi.v1.VolumeCapability
-	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 35: csi.v1.VolumeHealth.VolumeHealthEntry
-	(*durationpb.Duration)(nil),                 // 36: google.protobuf.Duration
+	(ProbeSource)(0),                            // 0: healer.v1alpha1.ProbeSource
+	(HealerCapability_RPC_Type)(0),              // 1: healer.v1alpha1.HealerCapability.RPC.Type
+	(HealerCapability_VolumeKeeping_Type)(0),    // 2: healer.v1alpha1.HealerCapability.VolumeKeeping.Type
+	(*GetHealerCapabilitiesRequest)(nil),        // 3: healer.v1alpha1.GetHealerCapabilitiesRequest
+	(*GetHealerCapabilitiesResponse)(nil),       // 4: healer.v1alpha1.GetHealerCapabilitiesResponse
+	(*HealerCapability)(nil),                    // 5: healer.v1alpha1.HealerCapability
+	(*ProbeVolumeRequest)(nil),                  // 6: healer.v1alpha1.ProbeVolumeRequest
+	(*ProbeVolumeResponse)(nil),                 // 7: healer.v1alpha1.ProbeVolumeResponse
+	(*HealVolumeRequest)(nil),                   // 8: healer.v1alpha1.HealVolumeRequest
+	(*HealVolumeResponse)(nil),                  // 9: healer.v1alpha1.HealVolumeResponse
+	(*ListStagedVolumesRequest)(nil),            // 10: healer.v1alpha1.ListStagedVolumesRequest
+	(*ListStagedVolumesResponse)(nil),           // 11: healer.v1alpha1.ListStagedVolumesResponse
+	(*NodeGetHealerCapabilitiesRequest)(nil),    // 12: healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	(*NodeGetHealerCapabilitiesResponse)(nil),   // 13: healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	(*NodeProbeVolumeRequest)(nil),              // 14: healer.v1alpha1.NodeProbeVolumeRequest
+	(*VolumeFacts)(nil),                         // 15: healer.v1alpha1.VolumeFacts
+	(*SecretReference)(nil),                     // 16: healer.v1alpha1.SecretReference
+	(*NodeProbeVolumeResponse)(nil),             // 17: healer.v1alpha1.NodeProbeVolumeResponse
+	(*NodeHealVolumeRequest)(nil),               // 18: healer.v1alpha1.NodeHealVolumeRequest
+	(*NodeHealVolumeResponse)(nil),              // 19: healer.v1alpha1.NodeHealVolumeResponse
+	(*NodeListStagedVolumesRequest)(nil),        // 20: healer.v1alpha1.NodeListStagedVolumesRequest
+	(*NodeListStagedVolumesResponse)(nil),       // 21: healer.v1alpha1.NodeListStagedVolumesResponse
+	(*NodeRestartContainersRequest)(nil),        // 22: healer.v1alpha1.NodeRestartContainersRequest
+	(*NodeRestartContainersResponse)(nil),       // 23: healer.v1alpha1.NodeRestartContainersResponse
+	nil,                                         // 24: healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	(*HealerCapability_RPC)(nil),                // 25: healer.v1alpha1.HealerCapability.RPC
+	(*HealerCapability_VolumeKeeping)(nil),      // 26: healer.v1alpha1.HealerCapability.VolumeKeeping
+	nil,                                         // 27: healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	nil,                                         // 28: healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	nil,                                         // 29: healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	nil,                                         // 30: healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	(*ListStagedVolumesResponse_Entry)(nil),     // 31: healer.v1alpha1.ListStagedVolumesResponse.Entry
+	nil,                                         // 32: healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	nil,                                         // 33: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	nil,                                         // 34: healer.v1alpha1.VolumeFacts.VolumeContextEntry
+	(*NodeListStagedVolumesResponse_Entry)(nil), // 35: healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	(*csi.VolumeCapability)(nil),                // 36: csi.v1.VolumeCapability
+	(*csi.VolumeHealth_VolumeHealthEntry)(nil),  // 37: csi.v1.VolumeHealth.VolumeHealthEntry
+	(*durationpb.Duration)(nil),                 // 38: google.protobuf.Duration
 }
 var file_healer_v1alpha1_healer_proto_depIdxs = []int32{
-	4,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	23, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
-	24, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
-	25, // 3: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
-	34, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	26, // 5: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
-	35, // 6: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	36, // 7: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	27, // 8: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
-	34, // 9: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
-	28, // 10: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
-	35, // 11: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	36, // 12: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	29, // 13: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
-	4,  // 14: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
-	31, // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
-	0,  // 16: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	14, // 17: healer.v1alpha1.NodeProbeVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
-	32, // 18: healer.v1alpha1.VolumeFacts.volume_context:type_name -> healer.v1alpha1.VolumeFacts.VolumeContextEntry
-	15, // 19: healer.v1alpha1.VolumeFacts.node_stage_secret_ref:type_name -> healer.v1alpha1.SecretReference
-	35, // 20: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	36, // 21: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	0,  // 22: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
-	14, // 23: healer.v1alpha1.NodeHealVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
-	35, // 24: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
-	36, // 25: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
-	33, // 26: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
-	1,  // 27: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
-	30, // 28: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
-	2,  // 29: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
-	5,  // 30: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
-	7,  // 31: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
-	9,  // 32: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
-	11, // 33: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
-	13, // 34: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
-	17, // 35: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
-	19, // 36: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
-	21, // 37: healer.v1alpha1.NodeHealer.RestartContainers:input_type -> healer.v1alpha1.NodeRestartContainersRequest
-	3,  // 38: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
-	6,  // 39: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
-	8,  // 40: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
-	10, // 41: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
-	12, // 42: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
-	16, // 43: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
-	18, // 44: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
-	20, // 45: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
-	22, // 46: healer.v1alpha1.NodeHealer.RestartContainers:output_type -> healer.v1alpha1.NodeRestartContainersResponse
-	38, // [38:47] is the sub-list for method output_type
-	29, // [29:38] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	5,  // 0: healer.v1alpha1.GetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
+	24, // 1: healer.v1alpha1.GetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.GetHealerCapabilitiesResponse.AttributesEntry
+	25, // 2: healer.v1alpha1.HealerCapability.rpc:type_name -> healer.v1alpha1.HealerCapability.RPC
+	26, // 3: healer.v1alpha1.HealerCapability.volume_keeping:type_name -> healer.v1alpha1.HealerCapability.VolumeKeeping
+	27, // 4: healer.v1alpha1.ProbeVolumeRequest.volume_context:type_name -> healer.v1alpha1.ProbeVolumeRequest.VolumeContextEntry
+	36, // 5: healer.v1alpha1.ProbeVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	28, // 6: healer.v1alpha1.ProbeVolumeRequest.secrets:type_name -> healer.v1alpha1.ProbeVolumeRequest.SecretsEntry
+	37, // 7: healer.v1alpha1.ProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	38, // 8: healer.v1alpha1.ProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	29, // 9: healer.v1alpha1.HealVolumeRequest.volume_context:type_name -> healer.v1alpha1.HealVolumeRequest.VolumeContextEntry
+	36, // 10: healer.v1alpha1.HealVolumeRequest.volume_capability:type_name -> csi.v1.VolumeCapability
+	30, // 11: healer.v1alpha1.HealVolumeRequest.secrets:type_name -> healer.v1alpha1.HealVolumeRequest.SecretsEntry
+	37, // 12: healer.v1alpha1.HealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	38, // 13: healer.v1alpha1.HealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	31, // 14: healer.v1alpha1.ListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry
+	5,  // 15: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.capabilities:type_name -> healer.v1alpha1.HealerCapability
+	33, // 16: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.attributes:type_name -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse.AttributesEntry
+	0,  // 17: healer.v1alpha1.NodeGetHealerCapabilitiesResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
+	15, // 18: healer.v1alpha1.NodeProbeVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
+	34, // 19: healer.v1alpha1.VolumeFacts.volume_context:type_name -> healer.v1alpha1.VolumeFacts.VolumeContextEntry
+	16, // 20: healer.v1alpha1.VolumeFacts.node_stage_secret_ref:type_name -> healer.v1alpha1.SecretReference
+	37, // 21: healer.v1alpha1.NodeProbeVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	38, // 22: healer.v1alpha1.NodeProbeVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	0,  // 23: healer.v1alpha1.NodeProbeVolumeResponse.probe_source:type_name -> healer.v1alpha1.ProbeSource
+	15, // 24: healer.v1alpha1.NodeHealVolumeRequest.volume:type_name -> healer.v1alpha1.VolumeFacts
+	37, // 25: healer.v1alpha1.NodeHealVolumeResponse.health_statuses:type_name -> csi.v1.VolumeHealth.VolumeHealthEntry
+	38, // 26: healer.v1alpha1.NodeHealVolumeResponse.recheck_after:type_name -> google.protobuf.Duration
+	35, // 27: healer.v1alpha1.NodeListStagedVolumesResponse.entries:type_name -> healer.v1alpha1.NodeListStagedVolumesResponse.Entry
+	1,  // 28: healer.v1alpha1.HealerCapability.RPC.type:type_name -> healer.v1alpha1.HealerCapability.RPC.Type
+	2,  // 29: healer.v1alpha1.HealerCapability.VolumeKeeping.type:type_name -> healer.v1alpha1.HealerCapability.VolumeKeeping.Type
+	32, // 30: healer.v1alpha1.ListStagedVolumesResponse.Entry.volume_context:type_name -> healer.v1alpha1.ListStagedVolumesResponse.Entry.VolumeContextEntry
+	3,  // 31: healer.v1alpha1.Healer.GetHealerCapabilities:input_type -> healer.v1alpha1.GetHealerCapabilitiesRequest
+	6,  // 32: healer.v1alpha1.Healer.ProbeVolume:input_type -> healer.v1alpha1.ProbeVolumeRequest
+	8,  // 33: healer.v1alpha1.Healer.HealVolume:input_type -> healer.v1alpha1.HealVolumeRequest
+	10, // 34: healer.v1alpha1.Healer.ListStagedVolumes:input_type -> healer.v1alpha1.ListStagedVolumesRequest
+	12, // 35: healer.v1alpha1.NodeHealer.GetHealerCapabilities:input_type -> healer.v1alpha1.NodeGetHealerCapabilitiesRequest
+	14, // 36: healer.v1alpha1.NodeHealer.ProbeVolume:input_type -> healer.v1alpha1.NodeProbeVolumeRequest
+	18, // 37: healer.v1alpha1.NodeHealer.HealVolume:input_type -> healer.v1alpha1.NodeHealVolumeRequest
+	20, // 38: healer.v1alpha1.NodeHealer.ListStagedVolumes:input_type -> healer.v1alpha1.NodeListStagedVolumesRequest
+	22, // 39: healer.v1alpha1.NodeHealer.RestartContainers:input_type -> healer.v1alpha1.NodeRestartContainersRequest
+	4,  // 40: healer.v1alpha1.Healer.GetHealerCapabilities:output_type -> healer.v1alpha1.GetHealerCapabilitiesResponse
+	7,  // 41: healer.v1alpha1.Healer.ProbeVolume:output_type -> healer.v1alpha1.ProbeVolumeResponse
+	9,  // 42: healer.v1alpha1.Healer.HealVolume:output_type -> healer.v1alpha1.HealVolumeResponse
+	11, // 43: healer.v1alpha1.Healer.ListStagedVolumes:output_type -> healer.v1alpha1.ListStagedVolumesResponse
+	13, // 44: healer.v1alpha1.NodeHealer.GetHealerCapabilities:output_type -> healer.v1alpha1.NodeGetHealerCapabilitiesResponse
+	17, // 45: healer.v1alpha1.NodeHealer.ProbeVolume:output_type -> healer.v1alpha1.NodeProbeVolumeResponse
+	19, // 46: healer.v1alpha1.NodeHealer.HealVolume:output_type -> healer.v1alpha1.NodeHealVolumeResponse
+	21, // 47: healer.v1alpha1.NodeHealer.ListStagedVolumes:output_type -> healer.v1alpha1.NodeListStagedVolumesResponse
+	23, // 48: healer.v1alpha1.NodeHealer.RestartContainers:output_type -> healer.v1alpha1.NodeRestartContainersResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_healer_v1alpha1_healer_proto_init() }
@@ -2208,14 +2388,15 @@ func file_healer_v1alpha1_healer_proto_init() {
 	}
 	file_healer_v1alpha1_healer_proto_msgTypes[2].OneofWrappers = []any{
 		(*HealerCapability_Rpc)(nil),
+		(*HealerCapability_VolumeKeeping_)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_healer_v1alpha1_healer_proto_rawDesc), len(file_healer_v1alpha1_healer_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   32,
+			NumEnums:      3,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -107,6 +108,32 @@ func HasRPC(caps []*HealerCapability, t HealerCapability_RPC_Type) bool {
 		}
 	}
 	return false
+}
+
+// NewVolumeKeepingCapability returns the capability that advertises that the driver's kept
+// volumes live through restarts of kind t, for the capabilities list of
+// GetHealerCapabilitiesResponse.
+func NewVolumeKeepingCapability(t HealerCapability_VolumeKeeping_Type) *HealerCapability {
+	return &HealerCapability{Type: &HealerCapability_VolumeKeeping_{VolumeKeeping: &HealerCapability_VolumeKeeping{Type: t}}}
+}
+
+// VolumeKeepingOf returns the kinds of restart that caps advertises the driver's kept volumes
+// live through, each once, in the order caps lists them; UNKNOWN and values this build does not
+// know are left out, as the protocol tells a caller to ignore them.
+func VolumeKeepingOf(caps []*HealerCapability) []HealerCapability_VolumeKeeping_Type {
+	var out []HealerCapability_VolumeKeeping_Type
+	for _, c := range caps {
+		k := c.GetVolumeKeeping()
+		if k == nil {
+			continue
+		}
+		t := k.GetType()
+		if t == HealerCapability_VolumeKeeping_UNKNOWN || HealerCapability_VolumeKeeping_Type_name[int32(t)] == "" || slices.Contains(out, t) {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // VolumeAttachmentName returns the name Kubernetes' attach/detach controller gives the

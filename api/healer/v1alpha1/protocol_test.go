@@ -1,6 +1,7 @@
 package healerv1alpha1_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -57,6 +58,33 @@ func TestHasRPC(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if got := healerv1alpha1.HasRPC(tt.caps, tt.rpc); got != tt.want {
 				t.Errorf("HasRPC(%s) = %t, want %t", tt.rpc, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestVolumeKeepingOf(t *testing.T) {
+	plugin := healerv1alpha1.NewVolumeKeepingCapability(healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART)
+	mounter := healerv1alpha1.NewVolumeKeepingCapability(healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART)
+	probe := healerv1alpha1.NewRPCCapability(healerv1alpha1.HealerCapability_RPC_PROBE)
+	tests := map[string]struct {
+		caps []*healerv1alpha1.HealerCapability
+		want []healerv1alpha1.HealerCapability_VolumeKeeping_Type
+	}{
+		"RPCs only keep nothing": {caps: []*healerv1alpha1.HealerCapability{probe}},
+		"both, in the driver's order": {caps: []*healerv1alpha1.HealerCapability{mounter, probe, nil, plugin},
+			want: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART, healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}},
+		"a repeated entry counts once": {caps: []*healerv1alpha1.HealerCapability{plugin, plugin},
+			want: []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}},
+		"UNKNOWN and unknown values are ignored": {caps: []*healerv1alpha1.HealerCapability{
+			healerv1alpha1.NewVolumeKeepingCapability(healerv1alpha1.HealerCapability_VolumeKeeping_UNKNOWN),
+			healerv1alpha1.NewVolumeKeepingCapability(99),
+		}},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := healerv1alpha1.VolumeKeepingOf(tt.caps); !slices.Equal(got, tt.want) {
+				t.Errorf("VolumeKeepingOf = %v, want %v", got, tt.want)
 			}
 		})
 	}

@@ -134,7 +134,7 @@ func newPolicyExplainCommand() *cobra.Command {
 	var (
 		trigger, node, probe     string
 		probeReason              string
-		healable, full           bool
+		healable, kept, full     bool
 		capabilities, identities []string
 		attributes               map[string]string
 		paths                    []string
@@ -203,6 +203,7 @@ func newPolicyExplainCommand() *cobra.Command {
 				if in.Probe, err = policy.AssumedProbe(probe, probeReason, healable); err != nil {
 					return err
 				}
+				in.Probe.Kept = kept
 			}
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -269,7 +270,8 @@ func newPolicyExplainCommand() *cobra.Command {
 		strings.Join([]string{string(policy.HealthDegraded), string(policy.HealthInaccessible), string(policy.HealthDataLoss)}, ", "))
 	f.StringVar(&probeReason, "probe-reason", "Assumed", "reason of the assumed probe result")
 	f.BoolVar(&healable, "healable", true, "whether the assumed probe result says the volume can be healed")
-	f.StringSliceVar(&capabilities, "driver-capability", []string{"probe", "heal"}, "healer capabilities to assume the driver advertises: probe, heal, listVolumes")
+	f.BoolVar(&kept, "kept", false, "whether the assumed probe result says the driver keeps the volume alive across restarts (its mounter runs outside the node plugin)")
+	f.StringSliceVar(&capabilities, "driver-capability", []string{"probe", "heal"}, "healer capabilities to assume the driver advertises: probe, heal, listVolumes, and the volume keeping pluginRestart, mounterRestart")
 	f.StringSliceVar(&identities, "identity-capability", nil, "CSI-Addons identity capabilities to assume, such as SERVICE:NODE_SERVICE")
 	f.StringToStringVar(&attributes, "driver-attribute", nil, "healer attributes to assume the driver publishes, key=value")
 	f.StringArrayVar(&paths, "policy", nil, "explain with this policy file or folder instead of the cluster's (repeatable)")

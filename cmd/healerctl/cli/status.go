@@ -162,6 +162,11 @@ type Restart struct {
 	// ProbeSource is who probes the driver's volumes on the node, driver or sidecar; absent
 	// while the tier is unknown.
 	ProbeSource string `json:"probeSource,omitempty"`
+	// LastSweepResult is what the last finished restart sweep did with the node's volumes, as
+	// the controller recorded it with the handled marker: among others how many it healed and
+	// how many it found kept alive across the restart by the driver. Absent until a sweep
+	// recorded it (or when what it recorded cannot be read).
+	LastSweepResult *healer.RestartSweepResult `json:"lastSweepResult,omitempty"`
 }
 
 // TierUnknown is Restart.Tier before the controller has recorded the driver's tier on the node.
@@ -266,6 +271,7 @@ func (s *Status) readRestarts(ctx context.Context, c client.Client, o statusOpti
 			r.RestartedAt = &at
 		}
 		r.Tier, r.ProbeSource = driverTier(n)
+		r.LastSweepResult = restartSweepResult(n)
 		if unswept {
 			r.State = RestartPending
 			since := n.CreationTimestamp.Time
@@ -299,6 +305,20 @@ func driverTier(n *csiaddonsv1alpha1.CSIAddonsNode) (tier, probeSource string) {
 		return TierUnknown, ""
 	}
 	return t.Tier, t.ProbeSource
+}
+
+// restartSweepResult is what the controller recorded on n of its last finished restart sweep, or
+// nil.
+func restartSweepResult(n *csiaddonsv1alpha1.CSIAddonsNode) *healer.RestartSweepResult {
+	raw, ok := annotations.Get(n.Annotations, annotations.RestartSweep)
+	if !ok {
+		return nil
+	}
+	var r healer.RestartSweepResult
+	if json.Unmarshal([]byte(raw), &r) != nil {
+		return nil
+	}
+	return &r
 }
 
 // sweepEventRank orders the Events of one restart sweep: started, then pending, then finished or
@@ -542,15 +562,18 @@ func (s *Status) writeTable(out io.Writer) error {
 		}
 		return duration.HumanDuration(s.Time.Sub(t)) + " ago"
 	}
-	pending := 0
+	pending, healed, kept := 0, 0, 0
 	for _, r := range s.Restarts {
 		if r.State == RestartPending {
 			pending++
 		}
+		if res := r.LastSweepResult; res != nil {
+			healed, kept = healed+res.Healed, kept+res.Kept
+		}
 	}
-	fmt.Fprintf(w, "NODE PLUGIN RESTARTS (%d, %d pending)\n", len(s.Restarts), pending)
+	fmt.Fprintf(w, "NODE PLUGIN RESTARTS (%d, %d pending); their last sweeps: %d healed, %d kept\n", len(s.Restarts), pending, healed, kept)
 	if len(s.Restarts) > 0 {
-		fmt.Fprintln(w, "DRIVER\tNODE\tTIER\tSTATE\tRESTARTED\tLAST SWEEP EVENT")
+		fmt.Fprintln(w, "DRIVER\tNODE\tTIER\tSTATE\tHEALED\tKEPT\tRESTARTED\tLAST SWEEP EVENT")
 	}
 	for _, r := range s.Restarts {
 		restarted := "-"
@@ -565,11 +588,16 @@ func (s *Status) writeTable(out io.Writer) error {
 		if r.LastSweep != nil {
 			last = r.LastSweep.Reason + " " + ago(r.LastSweep.Time) + ": " + r.LastSweep.Message
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Driver, r.Node, r.Tier, state, restarted, last)
+		healedCol, keptCol := "-", "-"
+		if res := r.LastSweepResult; res != nil {
+			healedCol, keptCol = fmt.Sprint(res.Healed), fmt.Sprint(res.Kept)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Driver, r.Node, r.Tier, state, healedCol, keptCol, restarted, last)
 	}
 	if len(s.Restarts) > 0 {
 		fmt.Fprintln(w, "TIER: healer = the driver probes and heals in place; probe-only = the driver probes and does not heal;")
 		fmt.Fprintln(w, "none = the driver serves no Healer probe and the sidecar probes on the node; unknown = not asked yet")
+		fmt.Fprintln(w, "HEALED, KEPT: the volumes the last finished sweep of the restart healed, and found alive and healthy because the driver kept them across it")
 	}
 	fmt.Fprintf(w, "\nVOLUMES LEFT BROKEN (%d; %d healed since their last problem)\n", len(s.Volumes), s.HealedVolumes)
 	if len(s.Volumes) > 0 {

@@ -63,7 +63,7 @@ func (c statusCluster) restart(node string, at time.Time, handled bool) {
 	}
 	sweep := scheduler.Sweep{Trigger: scheduler.TriggerRestart, Driver: statusDriver, Node: node,
 		Source: types.NamespacedName{Namespace: n.Namespace, Name: n.Name}, Marker: trigger.RestartMarker(n)}
-	if err := trigger.RecordHandled(c.t.Context(), c.env.Client, sweep); err != nil {
+	if err := trigger.RecordHandled(c.t.Context(), c.env.Client, sweep, nil); err != nil {
 		c.t.Fatal(err)
 	}
 	c.create(&corev1.Event{
@@ -85,6 +85,22 @@ func (c statusCluster) tier(node string, t healer.DriverTier) {
 	n := &csiaddonsv1alpha1.CSIAddonsNode{}
 	n.Namespace, n.Name = "csi-rbd", node+"-rbd"
 	patch := annotations.MergePatch(map[string]string{annotations.DriverTier: string(raw)})
+	if err := c.env.Client.Patch(c.t.Context(), n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// sweepResult records on node's CSIAddonsNode what its last restart sweep did, in the
+// controller's format (healer.RestartSweepResult under annotations.RestartSweep).
+func (c statusCluster) sweepResult(node string, r healer.RestartSweepResult) {
+	c.t.Helper()
+	raw, err := json.Marshal(r)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n := &csiaddonsv1alpha1.CSIAddonsNode{}
+	n.Namespace, n.Name = "csi-rbd", node+"-rbd"
+	patch := annotations.MergePatch(map[string]string{annotations.RestartSweep: string(raw)})
 	if err := c.env.Client.Patch(c.t.Context(), n, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		c.t.Fatal(err)
 	}
@@ -243,6 +259,28 @@ func TestStatus(t *testing.T) {
 		if len(s.Restarts) != 2 || s.Restarts[0].Tier != "healer" || s.Restarts[0].ProbeSource != "driver" ||
 			s.Restarts[1].Tier != "none" || s.Restarts[1].ProbeSource != "sidecar" {
 			t.Errorf("restarts %+v, want node-1 healer (driver probes), node-2 none (sidecar probes)", s.Restarts)
+		}
+	})
+
+	t.Run("kept beside healed", func(t *testing.T) {
+		out, _ := status(t, env.Kubeconfig)
+		mustContain(t, out, "STATE    HEALED  KEPT", "their last sweeps: 0 healed, 0 kept")
+		// DRIVER NODE TIER STATE HEALED KEPT ...
+		if f := strings.Fields(lineWith(out, statusDriver, "node-1")); len(f) < 6 || f[4] != "-" || f[5] != "-" {
+			t.Errorf("node-1 has no recorded sweep result, yet its line shows counts:\n%s", out)
+		}
+		c.sweepResult("node-1", healer.RestartSweepResult{Marker: "m", Volumes: 8, Healed: 2, Kept: 5, Unhealthy: 1})
+		out, _ = status(t, env.Kubeconfig)
+		mustContain(t, out, "their last sweeps: 2 healed, 5 kept")
+		if f := strings.Fields(lineWith(out, statusDriver, "node-1")); len(f) < 6 || f[3] != "handled" || f[4] != "2" || f[5] != "5" {
+			t.Errorf("node-1's line does not show 2 healed and 5 kept:\n%s", out)
+		}
+		s := decodeStatus(t, must(status(t, env.Kubeconfig, "-o", "json")))
+		if r := s.Restarts[0].LastSweepResult; r == nil || r.Healed != 2 || r.Kept != 5 || r.Volumes != 8 {
+			t.Errorf("node-1's last sweep result %+v, want 8 volumes, 2 healed, 5 kept", r)
+		}
+		if s.Restarts[1].LastSweepResult != nil {
+			t.Errorf("node-2's last sweep result %+v, want none recorded", s.Restarts[1].LastSweepResult)
 		}
 	})
 
