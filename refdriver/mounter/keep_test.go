@@ -133,7 +133,9 @@ func (k *keptMount) spawn(t *testing.T, takeover bool) (*mounterProc, <-chan str
 		args = append(args, "--takeover")
 	}
 	p := &mounterProc{cmd: exec.Command(os.Args[0], args...), done: make(chan struct{}), stderr: &lockedBuffer{}}
-	p.cmd.Env = append(os.Environ(), childEnv+"=1")
+	// A race-enabled build sleeps a second at exit (GORACE atexit_sleep_ms) before it exits, which
+	// a graceful handover's stall would report as the mounter's; refdriver as shipped does not.
+	p.cmd.Env = append(os.Environ(), childEnv+"=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	p.cmd.ExtraFiles = []*os.File{k.dev, readyW}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
