@@ -170,6 +170,22 @@ func TestRunRejectsFlags(t *testing.T) {
 			args: []string{"mounter", "--target", "/nonexistent"},
 			want: []string{"--source and --target are required"},
 		},
+		"a kept mounter without a state directory": {
+			args: []string{"mounter", "--source", "/nonexistent", "--fuse-fd", "3"},
+			want: []string{"--fuse-fd needs --state-dir"},
+		},
+		"a kept mounter with a target": {
+			args: []string{"mounter", "--source", "/nonexistent", "--fuse-fd", "3", "--state-dir", "/x", "--target", "/y"},
+			want: []string{"--target and --fuse-fd exclude each other"},
+		},
+		"a takeover without a FUSE descriptor": {
+			args: []string{"mounter", "--source", "/nonexistent", "--target", "/y", "--takeover"},
+			want: []string{"--state-dir and --takeover", "only with --fuse-fd"},
+		},
+		"a kept mounter on standard input": {
+			args: []string{"mounter", "--source", "/nonexistent", "--fuse-fd", "0", "--state-dir", "/x"},
+			want: []string{"--fuse-fd 0", "3 or above"},
+		},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
