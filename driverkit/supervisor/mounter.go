@@ -101,6 +101,8 @@ func (s *Supervisor) startMounter(ctx context.Context, v *volume, takeover bool)
 // has not exited within StopTimeout.
 func (s *Supervisor) stopChild(v *volume, c *child) {
 	_ = syscall.Kill(c.pid, syscall.SIGTERM)
+	// A stopped mounter (SIGSTOP) acts on SIGTERM only once it continues.
+	_ = syscall.Kill(c.pid, syscall.SIGCONT)
 	timer := time.NewTimer(s.opts.StopTimeout)
 	defer timer.Stop()
 	select {
