@@ -158,6 +158,10 @@ func TestRunRejectsFlags(t *testing.T) {
 			args: []string{"supervisor", "status", "--socket", "/nonexistent/supervisor.sock"},
 			want: []string{"supervisor unavailable", "/nonexistent/supervisor.sock"},
 		},
+		"a readiness check without an instance": {
+			args: []string{"supervisor", "status", "--socket", "/nonexistent/supervisor.sock", "--ready", "--instance", ""},
+			want: []string{"--ready needs --instance"},
+		},
 		"a mounter without a source": {
 			args: []string{"mounter", "--target", "/nonexistent"},
 			want: []string{"--source and --target are required"},

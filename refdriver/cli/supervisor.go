@@ -99,6 +99,8 @@ func runSupervisorStatus(ctx context.Context, args []string, stdout io.Writer) e
 	socket := fs.String("socket", "", "the supervisor's socket (required)")
 	output := fs.String("o", "table", "output: table or json")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the answer")
+	ready := fs.Bool("ready", false, "print nothing, and fail unless the supervisor answering is --instance and serves: the readiness check of a supervisor's pod, which an upgrade waits for before it stops the old pod")
+	instance := fs.String("instance", os.Getenv("POD_NAME"), "with --ready: the supervisor that must answer (default: $POD_NAME)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -111,9 +113,18 @@ func runSupervisorStatus(ctx context.Context, args []string, stdout io.Writer) e
 	if *output != "table" && *output != "json" {
 		return fmt.Errorf("supervisor status: -o %q: want table or json", *output)
 	}
+	if *ready && *instance == "" {
+		return errors.New("supervisor status: --ready needs --instance (or $POD_NAME)")
+	}
 	st, err := supervisor.NewClient(*socket, *timeout).Status(ctx)
 	if err != nil {
 		return fmt.Errorf("supervisor status: %w", err)
+	}
+	if *ready {
+		if st.Instance != *instance || st.State != supervisor.ServerServing {
+			return fmt.Errorf("supervisor status: not ready: %s is served by %s (%s), not by %s", *socket, st.Instance, st.State, *instance)
+		}
+		return nil
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)

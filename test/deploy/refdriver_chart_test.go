@@ -584,6 +584,9 @@ func TestRefdriverChartSupervisor(t *testing.T) {
 			t.Errorf("supervisor args %q: no %s", c.Args, want)
 		}
 	}
+	if p := c.ReadinessProbe; p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, "--ready") {
+		t.Errorf("the supervisor's readiness probe is %+v; want the status check with --ready, which an upgrade waits for", p)
+	}
 	if m, ok := mountOf(c, "kubelet-dir"); !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional || m.MountPath != "/var/lib/kubelet" {
 		t.Errorf("the supervisor's kubelet folder mount is %+v; want /var/lib/kubelet, Bidirectional", m)
 	}
