@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -565,5 +566,80 @@ func TestStartEmptyReportsUnheldMounts(t *testing.T) {
 	}
 	if st := s.Status(); len(st.Unheld) != 0 {
 		t.Errorf("unheld after the replacement = %+v; want none", st.Unheld)
+	}
+}
+
+// TestHandoverFailsAndTheRunningOneKeepsTheVolumes plays a successor that dies in the middle of
+// the handover, after the running supervisor stopped its mounters: the running one must take the
+// volumes back (new mounters with --takeover on the same connections) and serve on.
+func TestHandoverFailsAndTheRunningOneKeepsTheVolumes(t *testing.T) {
+	n := newNode(t)
+	old := n.start(n.options("old"))
+	c := supervisor.NewClient(n.socket, 0)
+	before, err := c.Mount(t.Context(), n.request("vol-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: filepath.Join(n.stateDir, "handover.sock"), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendMsg := func(typ string) {
+		t.Helper()
+		if _, err := conn.Write([]byte(`{"type":"` + typ + `","instance":"doomed"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readMsg := func(want string) {
+		t.Helper()
+		buf, oob := make([]byte, 1<<16), make([]byte, 64)
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		nb, noob, _, _, err := conn.ReadMsgUnix(buf, oob)
+		if err != nil {
+			t.Fatalf("read %s: %v", want, err)
+		}
+		if !strings.Contains(string(buf[:nb]), `"type":"`+want+`"`) {
+			t.Fatalf("got %s, want %s", buf[:nb], want)
+		}
+		// Close the descriptors received, as a successor that dies does.
+		if cmsgs, err := unix.ParseSocketControlMessage(oob[:noob]); err == nil {
+			for _, cm := range cmsgs {
+				fds, _ := unix.ParseUnixRights(&cm)
+				for _, fd := range fds {
+					_ = unix.Close(fd)
+				}
+			}
+		}
+	}
+	sendMsg("hello")
+	readMsg("table")
+	readMsg("volume")
+	sendMsg("received")
+	readMsg("stopped")
+	_ = conn.Close()
+
+	var now supervisor.VolumeStatus
+	poll.Eventually(t, 30*time.Second, "the running supervisor took the volume back", func() (bool, string) {
+		st := old.Status()
+		if st.State != supervisor.ServerServing || len(st.Volumes) != 1 {
+			return false, fmt.Sprintf("%+v", st)
+		}
+		now = st.Volumes[0]
+		return now.State == supervisor.StateRunning && now.MounterPID != before.MounterPID && now.MounterPID != 0, fmt.Sprintf("%+v", now)
+	})
+	if now.Connection != before.Connection {
+		t.Errorf("vol-1 after the failed handover: %+v; want connection %d", now, before.Connection)
+	}
+	if starts := n.starts(); !slices.Contains(starts, "term") || !strings.HasSuffix(starts[len(starts)-1], "--takeover") {
+		t.Errorf("mounter events = %q; want the mounter stopped for the handover and started again with --takeover", starts)
+	}
+	// It still serves the socket, and the next successor gets the volume.
+	if _, err := c.Mount(t.Context(), n.request("vol-2")); err != nil {
+		t.Fatalf("Mount after the failed handover: %v", err)
+	}
+	n.start(n.options("new"))
+	if st, err := c.Status(t.Context()); err != nil || st.Instance != "new" || len(st.Volumes) != 2 {
+		t.Errorf("after a second handover the socket answers %+v (%v); want new with both volumes", st, err)
 	}
 }
