@@ -259,9 +259,6 @@ func (s *Supervisor) giveAway(ctx context.Context, c *net.UnixConn, wg *sync.Wai
 		return false
 	}
 	log.Info("Handing the volumes over")
-	// Wait for the calls in flight and keep new ones out.
-	s.serving.Lock()
-	defer s.serving.Unlock()
 	s.mu.Lock()
 	ln := s.listener
 	s.mu.Unlock()
@@ -276,10 +273,15 @@ func (s *Supervisor) giveAway(ctx context.Context, c *net.UnixConn, wg *sync.Wai
 		return false
 	}
 	defer closeFile(lf)
-	// Calls queued on the socket from now on are the successor's.
+	// Calls queued on the socket from now on are the successor's; the calls accepted already
+	// end first.
 	_ = ln.Close()
 	s.mu.Lock()
 	s.listener = nil
+	s.mu.Unlock()
+	s.serving.Lock()
+	defer s.serving.Unlock()
+	s.mu.Lock()
 	vols := make([]*volume, 0, len(s.volumes))
 	for _, v := range s.volumes {
 		vols = append(vols, v)
