@@ -7,8 +7,9 @@
 // duplicate of it (Options.MounterCommand, with --source, --fuse-fd, --state-dir, --ready-fd,
 // --fsname) and waits for its ready line. A FUSE connection lives while any descriptor of it is
 // open, so a mounter that dies leaves a live connection whose requests wait in the kernel: the
-// supervisor starts a new mounter on the same descriptor with --takeover, after a backoff that
-// doubles, at most Options.MaxRestarts times per Options.RestartWindow. Past that bound the
+// supervisor starts a new mounter on the same descriptor with --takeover, at once the first time
+// and after a backoff that doubles from then on, at most Options.MaxRestarts times per
+// Options.RestartWindow. Past that bound the
 // volume is reported failed and the descriptor is still kept, so that the mount never dies of
 // it; a new Mount of the volume (a heal) starts a mounter again. Unmount stops the mounter
 // gracefully (SIGTERM: it stops serving and leaves the mount), unmounts the target and closes

@@ -142,9 +142,10 @@ func (s *Supervisor) stopKeeper(v *volume) {
 	v.keeper = nil
 }
 
-// runKeeper restarts v's mounter each time it dies, with --takeover on the same connection,
-// after a backoff that doubles with each restart within RestartWindow; past MaxRestarts within
-// the window it gives up and reports the volume failed, keeping the connection.
+// runKeeper restarts v's mounter each time it dies, with --takeover on the same connection: at
+// once the first time within RestartWindow, then after a backoff that doubles with each restart;
+// past MaxRestarts within the window it gives up and reports the volume failed, keeping the
+// connection.
 func (s *Supervisor) runKeeper(v *volume, k *keeper, c *child) {
 	log := s.opts.Logger.WithValues("volume", v.req.Volume, "target", v.req.Target)
 	for {
@@ -228,8 +229,12 @@ func (s *Supervisor) nextRestart(v *volume) (delay time.Duration, ok bool) {
 	if len(v.recent) >= s.opts.MaxRestarts {
 		return 0, false
 	}
-	delay = s.opts.RestartBackoff
-	for range len(v.recent) {
+	// The first death in the window is restarted at once: its requests wait meanwhile. A
+	// mounter that keeps dying is restarted ever more slowly.
+	if len(v.recent) > 0 {
+		delay = s.opts.RestartBackoff
+	}
+	for range max(len(v.recent)-1, 0) {
 		delay *= 2
 		if delay >= s.opts.MaxRestartBackoff {
 			delay = s.opts.MaxRestartBackoff

@@ -60,8 +60,9 @@ type Options struct {
 	// RestartWindow is the window MaxRestarts counts in. Default: 10m.
 	RestartWindow time.Duration
 
-	// RestartBackoff is the wait before the first restart of a mounter that died; it doubles
-	// with each restart within RestartWindow, up to MaxRestartBackoff. Default: 100ms.
+	// RestartBackoff is the wait before the second restart of a mounter within RestartWindow
+	// (the first one is at once); it doubles with each further restart, up to
+	// MaxRestartBackoff. Default: 100ms.
 	RestartBackoff time.Duration
 
 	// MaxRestartBackoff caps RestartBackoff's doubling. Default: 5s.
