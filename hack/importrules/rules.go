@@ -206,8 +206,16 @@ var rules = []Rule{
 		Name:     "mounter-serves-one-folder",
 		Packages: []string{"refdriver/.../mounter"},
 		Forbid:   []string{"refdriver/...", "driverkit/..."},
-		Allow:    []string{"refdriver/.../mounter"},
-		Reason:   "the FUSE mounter process serves one folder and knows nothing of the plugin that starts it",
+		Allow:    []string{"refdriver/.../mounter", "driverkit/fuseconn"},
+		Reason: "the FUSE mounter process serves one folder and knows nothing of the plugin that starts it; " +
+			"of driverkit it links the FUSE connection its keep mode serves (driverkit/fuseconn)",
+	},
+	{
+		Name:     "fuseconn-is-a-leaf",
+		Packages: []string{"driverkit/fuseconn"},
+		Forbid:   []string{"..."},
+		Reason: "the FUSE connection that outlives its server is linked by mounter processes, which know " +
+			"nothing of driverkit's server or the plugin: it imports nothing of the project",
 	},
 	{
 		Name:     "logging-is-a-leaf",

@@ -30,6 +30,7 @@ var surfaceModules = []allowedModule{
 	{"k8s.io/mount-utils", "driverkit's mount checks and mounts"},
 	{"github.com/moby/sys/mountinfo", "the mount table (mount-utils)"},
 	{"golang.org/x/sys", "system calls (driverkit, mount-utils, grpc)"},
+	{"github.com/hanwen/go-fuse/v2", "the FUSE protocol's wire structures (driverkit/fuseconn)"},
 	{"golang.org/x/net", "HTTP/2 (grpc)"},
 	{"golang.org/x/text", "IDNA, through HTTP/2 (grpc)"},
 	{"k8s.io/klog/v2", "logging (mount-utils)"},

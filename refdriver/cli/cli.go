@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
@@ -269,22 +270,38 @@ func rejectFlags(set map[string]bool, mode string, names ...string) error {
 }
 
 // runMounter is the `refdriver mounter` subcommand: the process the real mode's plugin starts
-// for each staged volume.
+// for each staged volume. With --target it mounts the folder itself; with --fuse-fd it serves a
+// mount another process made and holds (keep mode), and leaves it mounted when it stops.
 func runMounter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("refdriver mounter", flag.ContinueOnError)
 	var (
-		source  = fs.String("source", "", "folder to serve (required)")
-		target  = fs.String("target", "", "mount point (required)")
-		fsName  = fs.String("fsname", "", "source of the mount in the mount table (default: --source)")
-		readyFD = fs.Int("ready-fd", 1, "file descriptor to write \"ready\" to once mounted; it is closed then")
+		source   = fs.String("source", "", "folder to serve (required)")
+		target   = fs.String("target", "", "mount point; the mounter mounts it and unmounts it when it stops (required unless --fuse-fd)")
+		fsName   = fs.String("fsname", "", "source of the mount in the mount table (default: --source)")
+		readyFD  = fs.Int("ready-fd", 1, "file descriptor to write \"ready\" to once serving; it is closed then")
+		fuseFD   = fs.Int("fuse-fd", -1, "keep mode: descriptor of an already mounted /dev/fuse that another process holds too; the mounter serves it and leaves it mounted when it stops (SIGTERM), so that a next mounter takes it over")
+		stateDir = fs.String("state-dir", "", "keep mode: folder of the connection's node ids and open handles (required with --fuse-fd)")
+		takeover = fs.Bool("takeover", false, "keep mode: take over a connection a previous mounter served, by the state in --state-dir")
 	)
 	logOpts := logging.NewOptions()
 	logOpts.AddGoFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *source == "" || *target == "" {
+	keep := *fuseFD >= 0
+	switch {
+	case !keep && (*source == "" || *target == ""):
 		return errors.New("mounter: --source and --target are required")
+	case keep && *source == "":
+		return errors.New("mounter: --source is required")
+	case keep && *target != "":
+		return errors.New("mounter: --target and --fuse-fd exclude each other: --fuse-fd serves a mount another process made")
+	case keep && *stateDir == "":
+		return errors.New("mounter: --fuse-fd needs --state-dir")
+	case !keep && (*stateDir != "" || *takeover):
+		return errors.New("mounter: --state-dir and --takeover mean something only with --fuse-fd")
+	case keep && *fuseFD < 3:
+		return fmt.Errorf("mounter: --fuse-fd %d: want a descriptor the parent passed, 3 or above", *fuseFD)
 	}
 	if *readyFD < 1 {
 		return fmt.Errorf("mounter: --ready-fd %d: want a descriptor the parent opened, such as 1 or 3", *readyFD)
@@ -293,12 +310,30 @@ func runMounter(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("mounter: %w", err)
 	}
 	defer klog.Flush()
+	log := klog.Background().WithValues("fsName", *fsName)
+	ready := os.NewFile(uintptr(*readyFD), "ready")
+	if keep {
+		var st unix.Stat_t
+		if err := unix.Fstat(*fuseFD, &st); err != nil {
+			return fmt.Errorf("mounter: --fuse-fd %d: %w", *fuseFD, err)
+		}
+		dev := os.NewFile(uintptr(*fuseFD), "/dev/fuse")
+		defer func() { _ = dev.Close() }()
+		return mounter.Keep(ctx, mounter.KeepOptions{
+			Source:   *source,
+			Device:   dev,
+			StateDir: *stateDir,
+			Takeover: *takeover,
+			Ready:    ready,
+			Logger:   log,
+		})
+	}
 	return mounter.Run(ctx, mounter.Options{
 		Source: *source,
 		Target: *target,
 		FsName: *fsName,
-		Ready:  os.NewFile(uintptr(*readyFD), "ready"),
-		Logger: klog.Background().WithValues("fsName", *fsName),
+		Ready:  ready,
+		Logger: log,
 	})
 }
 
