@@ -5,7 +5,9 @@
 // and bind-mounted at each publish target. Its mounters die with the plugin's process group, as
 // ceph-fuse dies with its node plugin container, and leave dead mounts behind: the failure
 // volume-healer exists for. It is healed through package driverkit, which serves the Healer
-// service on the CSI-Addons socket.
+// service on the CSI-Addons socket. With Options.SupervisorSocket its volumes are mounted by the
+// node's mount supervisor instead (package driverkit/supervisor, supervised.go), whose mounters
+// live through the plugin's restarts and whose connections live through the mounters'.
 //
 // With Options.Stock it plays a driver that knows nothing of volume-healer instead (stock.go):
 // no Healer service, and a Node service that mounts a broken volume again by itself, as
