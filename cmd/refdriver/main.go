@@ -24,6 +24,11 @@
 // Simulated mode is the simulated driver (package simulated): volumes are JSON records, faults
 // are flags on them, and nothing is mounted; for tests and the demo that play many nodes.
 //
+// `refdriver supervisor --socket PATH --state-dir DIR` runs the node's mount supervisor
+// (package driverkit/supervisor), which holds the volumes' FUSE connections and runs their
+// mounters for a real-mode node plugin started with --supervisor-socket PATH;
+// `refdriver supervisor status --socket PATH` prints what it holds.
+//
 // The flags are package cli's, the logic lives in packages plugin, mounter, simulated and
 // control (the control socket, the call counters and the sockets both modes share); this file
 // only hands cli the arguments and the signals. It must not import the controller's or the

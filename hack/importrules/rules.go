@@ -89,6 +89,15 @@ var rules = []Rule{
 		Reason: "api/ and driverkit/ are what a CSI driver links (docs/driver-authors.md): no other " +
 			"package of the project, no Kubernetes client, policy engine or metrics client",
 	},
+	{
+		Name:     "supervisor-holds-connections",
+		Packages: []string{"driverkit/supervisor"},
+		Forbid:   []string{"..."},
+		Allow:    []string{"driverkit/fuseconn"},
+		Reason: "the mount supervisor runs in a DaemonSet of its own and must stay up while node plugins " +
+			"and mounters come and go: it mounts with fuseconn and links nothing else of the project, " +
+			"not even the rest of driverkit (gRPC, CSI)",
+	},
 
 	// The controller's stages, in the order a volume passes through them.
 	{

@@ -36,12 +36,17 @@ import (
 )
 
 // Run runs refdriver with args, the command line without the binary's name, until ctx ends: the
-// `mounter` subcommand, or the driver in the mode --mode says. It logs to stderr (-v, --vmodule,
+// `mounter` subcommand, the `supervisor` subcommand (the node's mount supervisor, package
+// driverkit/supervisor; `supervisor status` prints what it holds), or the driver in the mode
+// --mode says. It logs to stderr (-v, --vmodule,
 // --logging-format; package logging), and applies those flags once per process. It returns
 // flag.ErrHelp after printing the help that -h asked for.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "mounter" {
 		return runMounter(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "supervisor" {
+		return runSupervisor(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("refdriver", flag.ContinueOnError)
 	f := &driverFlags{
@@ -55,6 +60,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		statTimeout:        fs.Duration("stat-timeout", 5*time.Second, "real and stock modes: how long a stat of a mount may take before the mount counts as hung"),
 		caps:               fs.String("capabilities", "probe,heal,list", "real and simulated modes: Healer RPCs to advertise and serve: any of probe, heal, list"),
 		mounter:            fs.String("mounter", string(plugin.OwnMounter), "real and stock modes: userspace mounter of the volumes staged from now on: refdriver (this program's own FUSE daemon) or rclone (rclone mount of the volume's folder; needs rclone and fusermount on the PATH, Debian packages rclone and fuse3)"),
+		supervisorSocket:   fs.String("supervisor-socket", "", "real mode: socket of the node's mount supervisor (`refdriver supervisor`); the volumes staged from now on are mounted by it and their mounters live through a restart of this plugin (default: none, the plugin runs the mounters itself)"),
 		unmountDeadTargets: fs.Bool("unmount-dead-targets-on-start", false, "stock mode: at start-up, detach the dead or hung mounts of the publish targets recorded by an earlier run and keep their folders, as some drivers' start-up clean-up does; kubelet still counts them published, so their pods see an empty folder on the node's disk (for tests of that worst case)"),
 
 		registrationDir:    fs.String("kubelet-registration-dir", "", "real and stock modes: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
@@ -74,7 +80,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q (the only subcommand is \"mounter\")", fs.Args())
+		return fmt.Errorf("unexpected arguments %q (the subcommands are \"mounter\" and \"supervisor\")", fs.Args())
 	}
 	if *showVersion {
 		_, err := fmt.Fprintln(stdout, version.Line("refdriver"))
@@ -116,6 +122,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // driverFlags are the driver's flags as parsed, and which of them were given.
 type driverFlags struct {
 	mode, endpoint, csiEndpoint, control, stateDir, driverName, nodeID, caps, mounter *string
+	supervisorSocket                                                                  *string
 	statTimeout                                                                       *time.Duration
 	unmountDeadTargets                                                                *bool
 	registrationDir, kubeletCSIEndpoint                                               *string
@@ -144,7 +151,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	if stock {
 		mode = "stock"
 		// A stock driver serves no Healer service.
-		rejected = append(rejected, "capabilities")
+		rejected = append(rejected, "capabilities", "supervisor-socket")
 	} else {
 		rejected = append(rejected, "unmount-dead-targets-on-start")
 	}
@@ -180,6 +187,8 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 		Mounter:      mounter,
 		Logger:       log,
 
+		SupervisorSocket: *f.supervisorSocket,
+
 		UnmountDeadTargetsOnStart: *f.unmountDeadTargets,
 	})
 	if err != nil {
@@ -189,7 +198,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	if err != nil {
 		return err
 	}
-	log.Info("Serving", "mode", mode, "mounter", mounter, "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
+	log.Info("Serving", "mode", mode, "mounter", mounter, "supervisorSocket", *f.supervisorSocket, "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
 		"driver", *f.driverName, "node", *f.nodeID, "statTimeout", *f.statTimeout)
 	return serveReal(ctx, srv, registration)
 }
@@ -198,7 +207,7 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 // the state folder and nothing is mounted.
 func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
 	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint",
-		"mounter", "unmount-dead-targets-on-start"); err != nil {
+		"mounter", "unmount-dead-targets-on-start", "supervisor-socket"); err != nil {
 		return err
 	}
 	seeds, err := parseVolumes(*f.volumes)

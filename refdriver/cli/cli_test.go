@@ -166,6 +166,34 @@ func TestRunRejectsFlags(t *testing.T) {
 			args: append(slices.Clone(base), "mount"),
 			want: []string{"unexpected arguments", "mounter"},
 		},
+		"a supervisor for a stock driver": {
+			args: append([]string{"--mode", "stock", "--supervisor-socket", "/nonexistent/supervisor.sock"}, base...),
+			want: []string{"--supervisor-socket", "stock mode"},
+		},
+		"a supervised rclone mounter": {
+			args: append([]string{"--mounter", "rclone", "--supervisor-socket", "/nonexistent/supervisor.sock"}, base...),
+			want: []string{"SupervisorSocket", "refdriver mounter only, not rclone"},
+		},
+		"a supervisor without a socket": {
+			args: []string{"supervisor", "--state-dir", "/nonexistent"},
+			want: []string{"--socket and --state-dir are required"},
+		},
+		"a supervisor with a stray argument": {
+			args: []string{"supervisor", "--socket", "/x.sock", "--state-dir", "/x", "now"},
+			want: []string{"unexpected arguments", `"status"`},
+		},
+		"a supervisor status without a socket": {
+			args: []string{"supervisor", "status"},
+			want: []string{"--socket is required"},
+		},
+		"a supervisor status of nobody": {
+			args: []string{"supervisor", "status", "--socket", "/nonexistent/supervisor.sock"},
+			want: []string{"supervisor unavailable", "/nonexistent/supervisor.sock"},
+		},
+		"a readiness check without an instance": {
+			args: []string{"supervisor", "status", "--socket", "/nonexistent/supervisor.sock", "--ready", "--instance", ""},
+			want: []string{"--ready needs --instance"},
+		},
 		"a mounter without a source": {
 			args: []string{"mounter", "--target", "/nonexistent"},
 			want: []string{"--source and --target are required"},

@@ -47,6 +47,9 @@ type VolumeStatus struct {
 	// the volume's mounter.
 	MounterPID     int  `json:"mounterPid,omitempty"`
 	MounterRunning bool `json:"mounterRunning"`
+	// Supervised tells whether the node's mount supervisor holds the volume's mount and runs
+	// its mounter (Plugin.Supervised).
+	Supervised bool `json:"supervised,omitempty"`
 	// BackingPath is the folder that holds the volume's data.
 	BackingPath string `json:"backingPath"`
 	// Findings are what the checks found wrong (GET only).
@@ -149,8 +152,12 @@ func (p *Plugin) describe(id string) (vs VolumeStatus, r *record, err error) {
 		}
 	}
 	if staged {
+		if r.Supervised {
+			p.refreshMounterPID(r)
+		}
 		vs.MounterPID = r.MounterPID
 		vs.MounterRunning = isMounterOf(r.MounterPID, r)
+		vs.Supervised = r.Supervised
 	}
 	return vs, r, nil
 }
@@ -298,7 +305,7 @@ func (p *Plugin) restore(ctx context.Context, id string, r *record) error {
 
 // freeze stops the volume's mounter, and with hang > 0 schedules it to continue.
 func (p *Plugin) freeze(r *record, hang time.Duration) error {
-	sent, err := signalMounter(r, syscall.SIGSTOP)
+	sent, err := p.signalMounter(r, syscall.SIGSTOP)
 	if err != nil {
 		return err
 	}
@@ -326,8 +333,13 @@ func (p *Plugin) freeze(r *record, hang time.Duration) error {
 		}
 		p.mu.Unlock()
 		// Only the mounter that was stopped, and only while it is still the volume's.
-		if rec, ok := p.record(id); current && ok && rec.MounterPID == pid {
-			_, _ = signalMounter(rec, syscall.SIGCONT)
+		if rec, ok := p.record(id); current && ok {
+			if rec.Supervised {
+				p.refreshMounterPID(rec)
+			}
+			if rec.MounterPID == pid {
+				_, _ = p.signalMounter(rec, syscall.SIGCONT)
+			}
 		}
 	})
 	p.resumes[id] = t

@@ -66,7 +66,10 @@ func (p *Plugin) Inspect(_ context.Context, v driverkit.Volume) (findings []driv
 }
 
 // Remount kills what is left of the volume's mounter (SIGKILL, which a stopped one obeys too)
-// and starts a new one at the staging path. The caller holds the volume's lock.
+// and starts a new one at the staging path. A supervised volume's mounter is never killed
+// here: the supervisor is asked to mount the volume again, which mounts it anew when its mount
+// is gone (the kit's repair detached the dead one) and starts a mounter on the held connection
+// when its mounter failed. The caller holds the volume's lock.
 func (p *Plugin) Remount(ctx context.Context, v driverkit.Volume) error {
 	r, ok := p.record(v.ID)
 	if !ok {
@@ -74,8 +77,10 @@ func (p *Plugin) Remount(ctx context.Context, v driverkit.Volume) error {
 	}
 	log := klog.FromContext(ctx).WithValues("volume", v.ID)
 	old := r.MounterPID
-	if err := p.stopMounter(r, false); err != nil {
-		return err
+	if !r.Supervised {
+		if err := p.stopMounter(r, false); err != nil {
+			return err
+		}
 	}
 	p.cancelResume(v.ID)
 	pid, err := p.startMounter(ctx, r)
@@ -86,6 +91,6 @@ func (p *Plugin) Remount(ctx context.Context, v driverkit.Volume) error {
 	if err := p.saveRecord(r); err != nil {
 		return err
 	}
-	log.Info("Mounter restarted", "stagingPath", r.StagingPath, "oldPID", old, "pid", pid)
+	log.Info("Mounter restarted", "stagingPath", r.StagingPath, "oldPID", old, "pid", pid, "supervised", r.Supervised)
 	return nil
 }

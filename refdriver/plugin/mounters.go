@@ -82,6 +82,9 @@ func rcloneArgs(backing string, r *record) []string {
 // kills the group kills the mounters with it, as a container runtime kills ceph-fuse with its
 // node plugin container. It is reaped in the background.
 func (p *Plugin) startMounter(ctx context.Context, r *record) (pid int, err error) {
+	if r.Supervised {
+		return p.superviseMount(ctx, r)
+	}
 	if r.mounter() == RcloneMounter {
 		return p.startRclone(ctx, r)
 	}
@@ -232,12 +235,21 @@ func isMounterOf(pid int, r *record) bool {
 		}
 		return isArg("mount") && isArg(r.StagingPath) && has("--devname", r.FsName)
 	}
+	if r.Supervised {
+		// The supervisor's mounter serves a descriptor, not a path: --fuse-fd N.
+		hasFlag := slices.ContainsFunc(args, func(a []byte) bool { return string(a) == "--fuse-fd" })
+		return hasFlag && has("--fsname", r.FsName)
+	}
 	return has("--target", r.StagingPath) && has("--fsname", r.FsName)
 }
 
 // signalMounter sends sig to r's recorded mounter when it is still that volume's mounter;
-// sent is false when there is none.
-func signalMounter(r *record, sig syscall.Signal) (sent bool, err error) {
+// sent is false when there is none. A supervised volume's mounter is the one the supervisor
+// runs now (it may have restarted it since the record was written).
+func (p *Plugin) signalMounter(r *record, sig syscall.Signal) (sent bool, err error) {
+	if r.Supervised {
+		p.refreshMounterPID(r)
+	}
 	if !isMounterOf(r.MounterPID, r) {
 		return false, nil
 	}
@@ -253,19 +265,29 @@ func signalMounter(r *record, sig syscall.Signal) (sent bool, err error) {
 // stopMounter ends r's recorded mounter. With grace, it asks it to unmount and exit (SIGTERM,
 // and SIGCONT in case it is stopped) and waits StopTimeout; then, or without grace, it kills it.
 // A mounter that is already gone, or a PID that is no longer this volume's mounter, is left
-// alone.
+// alone. With grace, a supervised volume is unmounted by the supervisor instead (the unstage);
+// without, its mounter is killed as any other, and the supervisor replaces it on the live
+// connection (the fault of a mounter that crashed).
 func (p *Plugin) stopMounter(r *record, grace bool) error {
+	if grace && r.Supervised {
+		ctx, cancel := context.WithTimeout(context.Background(), p.opts.SupervisorTimeout)
+		defer cancel()
+		if err := p.sup.Unmount(ctx, r.VolumeID); err != nil {
+			return fmt.Errorf("%w: the mount supervisor did not unmount volume %s: %w", ErrMounter, r.VolumeID, err)
+		}
+		return nil
+	}
 	if grace {
-		sent, err := signalMounter(r, syscall.SIGTERM)
+		sent, err := p.signalMounter(r, syscall.SIGTERM)
 		if err != nil || !sent {
 			return err
 		}
-		_, _ = signalMounter(r, syscall.SIGCONT)
+		_, _ = p.signalMounter(r, syscall.SIGCONT)
 		if p.waitMounterGone(r, p.opts.StopTimeout) {
 			return nil
 		}
 	}
-	sent, err := signalMounter(r, syscall.SIGKILL)
+	sent, err := p.signalMounter(r, syscall.SIGKILL)
 	if err != nil || !sent {
 		return err
 	}

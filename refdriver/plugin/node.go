@@ -282,12 +282,18 @@ func (p *Plugin) stage(ctx context.Context, r *record) error {
 		r.VolumeContext[mounterKey] = mounterName
 	}
 	r.MounterPID = 0
+	r.Supervised = p.sup != nil
 	if err := p.saveRecord(r); err != nil {
 		return status.Errorf(codes.Internal, "%v", err)
 	}
 	start := time.Now()
 	pid, err := p.startMounter(ctx, r)
 	if err != nil {
+		if r.Supervised {
+			// The supervisor let go of what it could not start; a Mount it did start is
+			// asked back.
+			_ = p.sup.Unmount(ctx, r.VolumeID)
+		}
 		_, _ = driverkit.UnmountAll(r.StagingPath)
 		if derr := p.dropRecord(r.VolumeID); derr != nil {
 			err = errors.Join(err, derr)
@@ -298,7 +304,7 @@ func (p *Plugin) stage(ctx context.Context, r *record) error {
 	if err := p.saveRecord(r); err != nil {
 		return status.Errorf(codes.Internal, "%v", err)
 	}
-	log.Info("Volume staged", "stagingPath", r.StagingPath, "mounterPID", pid, "took", time.Since(start).Round(time.Millisecond))
+	log.Info("Volume staged", "stagingPath", r.StagingPath, "mounterPID", pid, "supervised", r.Supervised, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

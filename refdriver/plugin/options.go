@@ -78,6 +78,18 @@ type Options struct {
 	// before it kills it. Default: 5s.
 	StopTimeout time.Duration
 
+	// SupervisorSocket is the socket of the node's mount supervisor (package
+	// driverkit/supervisor). When set, the volumes staged from now on are mounted by it: it
+	// holds their FUSE connections and runs their mounters, so that a restart of the plugin
+	// kills none of them and a mounter that dies is replaced on the live connection. The
+	// plugin then never kills or unmounts a supervised mounter: its unstage and its heals ask
+	// the supervisor. Own mounter only; not with Stock. Default: none, the plugin runs the
+	// mounters itself.
+	SupervisorSocket string
+
+	// SupervisorTimeout bounds each call to the supervisor. Default: 60s.
+	SupervisorTimeout time.Duration
+
 	// Logger receives one line per stage, unstage, heal and fault. Default: discard.
 	Logger logr.Logger
 }
@@ -128,6 +140,17 @@ func (o *Options) setDefaults() error {
 	if o.UnmountDeadTargetsOnStart && !o.Stock {
 		return fmt.Errorf("%w: UnmountDeadTargetsOnStart is the start-up clean-up of a stock driver: set Stock too", control.ErrInvalidOptions)
 	}
+	if o.SupervisorSocket != "" {
+		if o.Stock {
+			return fmt.Errorf("%w: SupervisorSocket: a Stock plugin runs its mounters itself, as drivers do today; drop one of them", control.ErrInvalidOptions)
+		}
+		if o.Mounter != OwnMounter {
+			return fmt.Errorf("%w: SupervisorSocket: the mount supervisor runs the %s mounter only, not %s", control.ErrInvalidOptions, OwnMounter, o.Mounter)
+		}
+	}
+	if o.SupervisorTimeout == 0 {
+		o.SupervisorTimeout = 60 * time.Second
+	}
 	if o.MounterOutput == nil {
 		o.MounterOutput = os.Stderr
 	}
@@ -137,7 +160,7 @@ func (o *Options) setDefaults() error {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = 5 * time.Second
 	}
-	for name, d := range map[string]time.Duration{"StatTimeout": o.StatTimeout, "ReadyTimeout": o.ReadyTimeout, "StopTimeout": o.StopTimeout} {
+	for name, d := range map[string]time.Duration{"StatTimeout": o.StatTimeout, "ReadyTimeout": o.ReadyTimeout, "StopTimeout": o.StopTimeout, "SupervisorTimeout": o.SupervisorTimeout} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s must not be negative, got %s", control.ErrInvalidOptions, name, d)
 		}

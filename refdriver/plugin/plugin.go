@@ -5,7 +5,9 @@
 // and bind-mounted at each publish target. Its mounters die with the plugin's process group, as
 // ceph-fuse dies with its node plugin container, and leave dead mounts behind: the failure
 // volume-healer exists for. It is healed through package driverkit, which serves the Healer
-// service on the CSI-Addons socket.
+// service on the CSI-Addons socket. With Options.SupervisorSocket its volumes are mounted by the
+// node's mount supervisor instead (package driverkit/supervisor, supervised.go), whose mounters
+// live through the plugin's restarts and whose connections live through the mounters'.
 //
 // With Options.Stock it plays a driver that knows nothing of volume-healer instead (stock.go):
 // no Healer service, and a Node service that mounts a broken volume again by itself, as
@@ -35,6 +37,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/driverkit/supervisor"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 )
 
@@ -57,11 +60,15 @@ type Plugin struct {
 	children map[int]*child
 	// resumes are the pending SIGCONTs of volumes made hung for a while, by volume ID.
 	resumes map[string]*time.Timer
+	// sup is the node's mount supervisor, nil when the plugin runs its mounters itself.
+	sup supervisorClient
 }
 
 // New loads the state folder. Volumes staged by an earlier run keep their records; their
 // mounters are not adopted: when that run's process group was killed, they are dead and their
-// mounts answer ENOTCONN until a heal starts new ones.
+// mounts answer ENOTCONN until a heal starts new ones. The mounters of supervised volumes
+// (Options.SupervisorSocket) were not in that group: they still serve, and nothing at start-up
+// touches them.
 func New(opts Options) (*Plugin, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
@@ -74,6 +81,9 @@ func New(opts Options) (*Plugin, error) {
 		counters: control.NewRecorder(),
 		children: map[int]*child{},
 		resumes:  map[string]*time.Timer{},
+	}
+	if opts.SupervisorSocket != "" {
+		p.sup = supervisor.NewClient(opts.SupervisorSocket, opts.SupervisorTimeout)
 	}
 	if err := p.store.init(); err != nil {
 		return nil, err
@@ -90,7 +100,7 @@ func New(opts Options) (*Plugin, error) {
 	p.records = records
 	for _, r := range records {
 		p.opts.Logger.Info("Volume staged by an earlier run", "volume", r.VolumeID, "stagingPath", r.StagingPath,
-			"publishTargets", len(r.PublishTargets), "mounter", r.mounter(), "mounterPID", r.MounterPID)
+			"publishTargets", len(r.PublishTargets), "mounter", r.mounter(), "mounterPID", r.MounterPID, "supervised", r.Supervised)
 	}
 	if opts.UnmountDeadTargetsOnStart {
 		p.unmountDeadTargets(context.Background())

@@ -55,8 +55,11 @@ type record struct {
 	// options say meanwhile: its mounts are that mounter's.
 	Mounter Mounter `json:"mounter,omitempty"`
 	// MounterPID is the mounter started last for the volume, by this run of the plugin or an
-	// earlier one; 0 while none was started yet.
+	// earlier one, or by the mount supervisor; 0 while none was started yet.
 	MounterPID int `json:"mounterPid,omitempty"`
+	// Supervised is set when the node's mount supervisor holds the volume's mount and runs its
+	// mounter (Options.SupervisorSocket): the plugin never kills or unmounts it itself.
+	Supervised bool `json:"supervised,omitempty"`
 }
 
 // target is one publish target of a staged volume.

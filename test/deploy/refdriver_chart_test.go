@@ -376,6 +376,9 @@ func TestRefdriverChartRequiredValues(t *testing.T) {
 		"an unknown mode":                 {[]string{"node.mode=simulated"}, `at '/node/mode': value must be one of 'real', 'stock'`},
 		"an unknown mounter":              {[]string{"node.mounter=sshfs"}, `at '/node/mounter': value must be one of 'refdriver', 'rclone'`},
 		"the clean-up of a Healer driver": {[]string{"node.unmountDeadTargetsOnStart=true"}, "set node.mode=stock too"},
+		"a supervisor for a stock driver": {[]string{"supervisor.enabled=true", "node.mode=stock"}, "the mount supervisor is for node.mode=real"},
+		"a supervisor of rclone":          {[]string{"supervisor.enabled=true", "node.mounter=rclone"}, "runs the refdriver mounter only, not node.mounter=rclone"},
+		"a supervisor without a bound":    {[]string{"supervisor.maxMounts=0"}, `at '/supervisor/maxMounts'`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"template", "rd", refdriverChart, "--kube-version", kubeVersion}
@@ -540,5 +543,69 @@ func TestRefdriverChartHostPathCertificates(t *testing.T) {
 	}
 	if v := volumeNamed(t, node, "healer-sidecar-tls"); v.HostPath == nil || v.HostPath.Path != "/etc/volume-healer/healer-sidecar" {
 		t.Errorf("healer sidecar TLS volume %+v, want the node's folder /etc/volume-healer/healer-sidecar", v.VolumeSource)
+	}
+}
+
+// TestRefdriverChartSupervisor checks the mount supervisor's DaemonSet (supervisor.enabled): what
+// it needs to mount for kubelet and the pods, the socket folder it shares with the node plugin,
+// the update strategy its handover needs, and the node plugin's --supervisor-socket.
+func TestRefdriverChartSupervisor(t *testing.T) {
+	nodePlugin := func(objs []*unstructured.Unstructured) corev1.PodSpec {
+		var ds appsv1.DaemonSet
+		convert(t, find(t, objs, "DaemonSet", "rd-healer-refdriver-node"), &ds)
+		return ds.Spec.Template.Spec
+	}
+	defaults := refdriverTemplate(t, "rd", "storage")
+	for _, o := range defaults {
+		if o.GetKind() == "DaemonSet" && o.GetName() == "rd-healer-refdriver-supervisor" {
+			t.Errorf("the supervisor is rendered with the default values")
+		}
+	}
+	if args := container(t, nodePlugin(defaults), "refdriver").Args; slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--supervisor-socket") }) {
+		t.Errorf("default node plugin args %q: --supervisor-socket without the supervisor", args)
+	}
+
+	objs := refdriverTemplate(t, "rd", "storage", "supervisor.enabled=true", "supervisor.maxMounts=10", "supervisor.socketDir=/run/sup")
+	var ds appsv1.DaemonSet
+	convert(t, find(t, objs, "DaemonSet", "rd-healer-refdriver-supervisor"), &ds)
+	if u := ds.Spec.UpdateStrategy.RollingUpdate; u == nil || u.MaxSurge == nil || u.MaxSurge.IntValue() != 1 || u.MaxUnavailable == nil || u.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("supervisor update strategy %+v; want maxSurge 1, maxUnavailable 0, for the handover", ds.Spec.UpdateStrategy)
+	}
+	spec := ds.Spec.Template.Spec
+	if !spec.HostPID {
+		t.Errorf("the supervisor has no hostPID: the node plugin would not find its mounters by their PIDs")
+	}
+	c := container(t, spec, "supervisor")
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Errorf("the supervisor is not privileged: it mounts")
+	}
+	for _, want := range []string{"supervisor", "--socket=/supervisor/supervisor.sock", "--max-mounts=10", "--instance=$(POD_NAME)"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("supervisor args %q: no %s", c.Args, want)
+		}
+	}
+	if p := c.ReadinessProbe; p == nil || p.Exec == nil || !slices.Contains(p.Exec.Command, "--ready") {
+		t.Errorf("the supervisor's readiness probe is %+v; want the status check with --ready, which an upgrade waits for", p)
+	}
+	if m, ok := mountOf(c, "kubelet-dir"); !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional || m.MountPath != "/var/lib/kubelet" {
+		t.Errorf("the supervisor's kubelet folder mount is %+v; want /var/lib/kubelet, Bidirectional", m)
+	}
+	if v := volumeNamed(t, spec, "fuse-device"); v.HostPath == nil || v.HostPath.Path != "/dev/fuse" {
+		t.Errorf("the supervisor's fuse-device volume is %+v; want /dev/fuse", v)
+	}
+	if m, ok := mountOf(c, "state-dir"); !ok || m.MountPath != "/var/lib/healer-refdriver" {
+		t.Errorf("the supervisor's mount of the driver's state folder is %+v; the mounters serve the backing folders at the node plugin's paths", m)
+	}
+
+	plugin := nodePlugin(objs)
+	if args := container(t, plugin, "refdriver").Args; !slices.Contains(args, "--supervisor-socket=/supervisor/supervisor.sock") {
+		t.Errorf("node plugin args %q: no --supervisor-socket", args)
+	}
+	pluginSock, supSock := volumeNamed(t, plugin, "supervisor-socket-dir"), volumeNamed(t, spec, "socket-dir")
+	if pluginSock.HostPath == nil || supSock.HostPath == nil || pluginSock.HostPath.Path != "/run/sup" || supSock.HostPath.Path != "/run/sup" {
+		t.Errorf("socket folders: node plugin %+v, supervisor %+v; want both the hostPath /run/sup", pluginSock.VolumeSource, supSock.VolumeSource)
+	}
+	if m, ok := mountOf(container(t, plugin, "refdriver"), "supervisor-socket-dir"); !ok || m.MountPath != "/supervisor" {
+		t.Errorf("the node plugin mounts the supervisor's socket folder at %+v; want /supervisor", m)
 	}
 }
