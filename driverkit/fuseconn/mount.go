@@ -83,3 +83,25 @@ func Mount(target string, o MountOptions) (*os.File, error) {
 	}
 	return dev, nil
 }
+
+// KernelResends says whether the running kernel is one that resends a dead server's unanswered
+// requests to the server that takes its connection over (FUSE_NOTIFY_RESEND, Linux 6.9 and
+// later), from its release number. A connection tells for sure in its INIT
+// (InitParams.CanResend); this answers before any connection exists, for a driver's
+// capabilities. A kernel that backports the feature under an older number answers false.
+func KernelResends() bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	return releaseAtLeast(unix.ByteSliceToString(u.Release[:]), 6, 9)
+}
+
+// releaseAtLeast says whether a kernel release such as "6.18.0-1-amd64" is major.minor or later.
+func releaseAtLeast(release string, major, minor int) bool {
+	var ma, mi int
+	if n, _ := fmt.Sscanf(release, "%d.%d", &ma, &mi); n != 2 {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}

@@ -36,7 +36,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/driverkit"
+	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
 	"github.com/volume-healer/volume-healer/driverkit/supervisor"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 )
@@ -132,10 +134,25 @@ func (p *Plugin) RegisterAddons(s grpc.ServiceRegistrar) error {
 		Locks:         p.locks,
 		Checker:       p.checker,
 		Capabilities:  p.opts.Capabilities,
+		VolumeKeeping: p.volumeKeeping(),
 		// The mounter every volume has (volume context "mounter"), for policies.
 		Attributes: map[string]string{"healMounters": mounterName},
 		Logger:     p.opts.Logger,
 	})
+}
+
+// volumeKeeping is what the plugin's supervised volumes live through: a restart of this plugin,
+// whose process group does not hold their mounters, and, on a kernel that resends a dead
+// mounter's unanswered requests, a restart of their mounter. Nothing without a supervisor.
+func (p *Plugin) volumeKeeping() []healerv1alpha1.HealerCapability_VolumeKeeping_Type {
+	if p.sup == nil {
+		return nil
+	}
+	keeps := []healerv1alpha1.HealerCapability_VolumeKeeping_Type{healerv1alpha1.HealerCapability_VolumeKeeping_PLUGIN_RESTART}
+	if fuseconn.KernelResends() {
+		keeps = append(keeps, healerv1alpha1.HealerCapability_VolumeKeeping_MOUNTER_RESTART)
+	}
+	return keeps
 }
 
 // Locks returns the volume locks the Node service and the Healer service share.

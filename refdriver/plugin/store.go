@@ -110,6 +110,9 @@ func (r *record) kitVolume() driverkit.Volume {
 		StagingPath:   r.StagingPath,
 		VolumeContext: r.clone().VolumeContext,
 		Expect:        r.expect(),
+		// A supervised volume's mounter runs in the mount supervisor, which holds its FUSE
+		// connection: it lives through this plugin's restarts and its mounter's.
+		Kept: r.Supervised,
 	}
 	for _, t := range r.PublishTargets {
 		v.PublishTargets = append(v.PublishTargets, driverkit.PublishTarget{Path: t.Path, ReadOnly: t.ReadOnly})
