@@ -158,6 +158,8 @@ type try struct {
 	OK   bool      `json:"ok"`
 	Op   string    `json:"op"`
 	Err  string    `json:"err"`
+	// Took is how long the try's system calls took, in seconds.
+	Took float64 `json:"took"`
 }
 
 // tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).
