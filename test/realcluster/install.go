@@ -63,8 +63,9 @@ type Env struct {
 	// sidecarCA signed the node's sidecar certificate (PEM): the controller's CA, read from the
 	// Secret it created once the sidecar's certificate was signed.
 	sidecarCA []byte
-	// stock is true once InstallStock installed the stock driver.
-	stock bool
+	// stock is true once InstallStock installed the stock driver, kept once InstallKept
+	// installed the driver with the mount supervisor.
+	stock, kept bool
 	// outages gathers the workloads' outages by remedy.
 	outages OutageTable
 }
@@ -196,8 +197,8 @@ func (e *Env) teardown() {
 		}
 		time.Sleep(time.Second)
 	}
-	for _, release := range []struct{ name, ns string }{{stockRelease, stockNS}, {"healer-refdriver", driverNS}, {"volume-healer", healerNS}} {
-		if release.name == stockRelease && !e.stock {
+	for _, release := range []struct{ name, ns string }{{keptRelease, keptNS}, {stockRelease, stockNS}, {"healer-refdriver", driverNS}, {"volume-healer", healerNS}} {
+		if release.name == stockRelease && !e.stock || release.name == keptRelease && !e.kept {
 			continue
 		}
 		if out, err := e.run("helm", "uninstall", release.name, "--namespace", release.ns, "--wait", "--timeout", "60s"); err != nil {
@@ -242,9 +243,9 @@ func (e *Env) installCharts() {
 		"--set", "podDisruptionBudget.enabled=false",
 		"--set", "sidecar.enabled=true", "--set", "sidecar.namespace="+driverNS,
 		"--set", "sidecar.serviceAccountName=healer-refdriver-node",
-		// The stock driver's node plugins ask for their sidecars' certificates too (the chart adds
-		// the first driver's ServiceAccount itself).
-		"--set", "config.sidecar.tls.signer.requesters=system:serviceaccount:"+stockNS+":healer-refdriver-node",
+		// The stock and the kept driver's node plugins ask for their sidecars' certificates too
+		// (the chart adds the first driver's ServiceAccount itself).
+		"--set", "config.sidecar.tls.signer.requesters=system:serviceaccount:"+stockNS+":healer-refdriver-node\\,system:serviceaccount:"+keptNS+":healer-refdriver-node",
 		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/name=healer-refdriver",
 		"--set", "sidecar.podLabels.app\\.kubernetes\\.io/component=node-plugin",
 		"--set", "metrics.serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false",

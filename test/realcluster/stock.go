@@ -44,7 +44,7 @@ func (e *Env) InstallStock(t harness.TB) {
 		}
 	})
 	e.namespace(stockNS, nil)
-	e.stockSidecarRBAC(t)
+	e.sidecarRBAC(t, stockNS)
 	img := e.assets.Images
 	rclone, ok := img["healer-refdriver-rclone"]
 	if !ok {
@@ -69,26 +69,27 @@ func (e *Env) InstallStock(t harness.TB) {
 	e.waitRegistered(stockDriver)
 }
 
-// stockSidecarRBAC binds, for the stock driver's node plugin ServiceAccount, what the
-// volume-healer chart binds for the first driver's (deploy/helm/volume-healer/templates/sidecar.yaml).
-func (e *Env) stockSidecarRBAC(t harness.TB) {
+// sidecarRBAC binds, for the node plugin ServiceAccount of a further release of the driver's
+// chart in ns, what the volume-healer chart binds for the first driver's
+// (deploy/helm/volume-healer/templates/sidecar.yaml).
+func (e *Env) sidecarRBAC(t harness.TB, ns string) {
 	t.Helper()
 	ctx := t.Context()
 	rbac := e.c.Clientset.RbacV1()
-	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "healer-refdriver-node", Namespace: stockNS}}
+	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "healer-refdriver-node", Namespace: ns}}
 	const name = controllerDep + "-sidecar"
 	create := func(what string, err error) {
 		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("create the stock sidecar's %s: %v", what, err)
+			t.Fatalf("create the sidecar's %s: %v", what, err)
 		}
 	}
 	_, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name + "." + stockNS},
+		ObjectMeta: metav1.ObjectMeta{Name: name + "." + ns},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
 		Subjects:   subject,
 	}, metav1.CreateOptions{})
 	create("ClusterRoleBinding", err)
-	_, err = rbac.Roles(stockNS).Create(ctx, &rbacv1.Role{
+	_, err = rbac.Roles(ns).Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{{
 			APIGroups: []string{"csiaddons.openshift.io"}, Resources: []string{"csiaddonsnodes"},
@@ -96,14 +97,14 @@ func (e *Env) stockSidecarRBAC(t harness.TB) {
 		}},
 	}, metav1.CreateOptions{})
 	create("Role", err)
-	_, err = rbac.RoleBindings(stockNS).Create(ctx, &rbacv1.RoleBinding{
+	_, err = rbac.RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
 		Subjects:   subject,
 	}, metav1.CreateOptions{})
 	create("RoleBinding", err)
 	t.Cleanup(func() {
-		_ = e.c.Clientset.RbacV1().ClusterRoleBindings().Delete(context.Background(), name+"."+stockNS, metav1.DeleteOptions{})
+		_ = e.c.Clientset.RbacV1().ClusterRoleBindings().Delete(context.Background(), name+"."+ns, metav1.DeleteOptions{})
 	})
 }
 
@@ -127,7 +128,8 @@ func (e *Env) KillStockDriverContainer(t harness.TB) {
 	e.killContainer(t, stockNS, stockPods, "refdriver")
 }
 
-// stockNode is what the suite reads of the stock driver's CSIAddonsNode on the node.
+// stockNode is what the suite reads of a driver's CSIAddonsNode on the node (first the stock
+// driver's).
 type stockNode struct {
 	restart, handled string
 	tier             map[string]any
@@ -137,18 +139,24 @@ type stockNode struct {
 // stockCSIAddonsNode reads the stock driver's CSIAddonsNode on the node, which its healer sidecar
 // created (no csi-addons sidecar runs beside it).
 func (e *Env) stockCSIAddonsNode(ctx context.Context, c client.Client) (stockNode, error) {
+	return e.driverCSIAddonsNode(ctx, c, stockNS, stockDriver)
+}
+
+// driverCSIAddonsNode reads the CSIAddonsNode of driver on the node, in ns, which its healer
+// sidecar created.
+func (e *Env) driverCSIAddonsNode(ctx context.Context, c client.Client, ns, driver string) (stockNode, error) {
 	var list csiaddonsv1alpha1.CSIAddonsNodeList
-	if err := c.List(ctx, &list, client.InNamespace(stockNS)); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return stockNode{}, err
 	}
 	var found []csiaddonsv1alpha1.CSIAddonsNode
 	for _, o := range list.Items {
-		if o.Spec.Driver.Name == stockDriver && o.Spec.Driver.NodeID == e.c.NodeName() {
+		if o.Spec.Driver.Name == driver && o.Spec.Driver.NodeID == e.c.NodeName() {
 			found = append(found, o)
 		}
 	}
 	if len(found) != 1 {
-		return stockNode{}, fmt.Errorf("%d CSIAddonsNodes of %s on %s", len(found), stockDriver, e.c.NodeName())
+		return stockNode{}, fmt.Errorf("%d CSIAddonsNodes of %s on %s", len(found), driver, e.c.NodeName())
 	}
 	a := found[0].Annotations
 	n := stockNode{restart: a[annotations.HealerRestart], handled: a[annotations.HandledMarker]}

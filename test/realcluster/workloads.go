@@ -37,13 +37,19 @@ type Workload struct {
 	claims []string
 	// statefulSet is true for a StatefulSet, whose pods keep their names when replaced.
 	statefulSet bool
+	// mode is test/workload's -mode; empty for its default (open, write, close at each try).
+	mode string
 }
 
 func (e *Env) container(w *Workload) corev1.Container {
 	img := e.assets.Images["healer-test-workload"]
+	args := []string{"-dir", "/data", "-interval", "100ms", "-name", w.name}
+	if w.mode != "" {
+		args = append(args, "-mode", w.mode)
+	}
 	return corev1.Container{
 		Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
-		Args:         []string{"-dir", "/data", "-interval", "100ms", "-name", w.name},
+		Args:         args,
 		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", MountPropagation: ptr.To(w.propagation)}},
 	}
 }
@@ -158,6 +164,8 @@ type try struct {
 	OK   bool      `json:"ok"`
 	Op   string    `json:"op"`
 	Err  string    `json:"err"`
+	// Took is how long the try's system calls took, in seconds.
+	Took float64 `json:"took"`
 }
 
 // tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).

@@ -2,15 +2,20 @@
 // starts it in a new mount namespace (clone with CLONE_NEWNS); it sets that namespace up the way
 // runc sets up a container's, mounts the volume's publish path into it with the propagation a
 // pod asks for, then writes and reads a file on the volume every interval until it is killed or
-// gets SIGTERM. Run as a container's command instead (no -target), it only writes and reads on
+// gets SIGTERM. With -mode hold it opens its data file once and writes, syncs and reads back one
+// record at each iteration through that descriptor (as a database or a log writer does), so
+// that a mount which breaks under it shows as failed system calls on a descriptor opened before
+// the break; with -mode dirfd it holds the folder open and creates, stats and reads a file
+// through that descriptor. Run as a container's command instead (no -target), it only writes and reads on
 // -dir, where the container runtime mounted the volume.
 //
 // Each iteration writes one JSON line to standard output:
 //
-//	{"seq":1,"time":"2026-01-02T15:04:05.999999999Z","ok":false,"op":"open","err":"transport endpoint is not connected"}
+//	{"seq":1,"time":"2026-01-02T15:04:05.999999999Z","ok":false,"op":"open","err":"transport endpoint is not connected","took":0.0004}
 //
-// seq counts iterations from 1; time is when the iteration began; op names the step that failed
-// (open, write, fsync, close, read or compare) and err its error, the errno's text for a system
+// seq counts iterations from 1; time is when the iteration began; took how long its system
+// calls took, in seconds; op names the step that failed (open, openat, write, fsync, close,
+// fstatat, read or compare) and err its error, the errno's text for a system
 // call. test/kubelet's Result parses these lines. Set-up failures go to standard error, and the
 // program exits with status 1.
 //
@@ -28,11 +33,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/test/mountns"
 )
@@ -45,8 +53,8 @@ func main() {
 }
 
 type config struct {
-	target, dir, propagation, name string
-	interval                       time.Duration
+	target, dir, propagation, name, mode string
+	interval                             time.Duration
 }
 
 func run() error {
@@ -57,6 +65,7 @@ func run() error {
 	fs.StringVar(&c.propagation, "propagation", "None", "mount propagation of the pod's volumeMount: HostToContainer, None or Bidirectional")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "time between iterations")
 	fs.StringVar(&c.name, "name", "workload", "the data file is <dir>/<name>.data")
+	fs.StringVar(&c.mode, "mode", modeReopen, "how the volume is used: "+modeReopen+" (open, write, fsync, close and read the data file at each iteration), "+modeHold+" (open the data file once and write, fsync and read back one record through that descriptor at each iteration, as a database or a log writer does) or "+modeDirFD+" (open the folder once and create, write, stat and read a file through that descriptor at each iteration)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -79,7 +88,12 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return loop(ctx, filepath.Join(c.dir, c.name+".data"), c.interval)
+	step, closeStep, err := newStep(c.mode, c.dir, c.name)
+	if err != nil {
+		return err
+	}
+	defer closeStep()
+	return loop(ctx, step, c.interval)
 }
 
 // propagationFlags maps a pod's volumeMount mountPropagation to the flags that set a mount's
@@ -135,16 +149,24 @@ type report struct {
 	OK   bool      `json:"ok"`
 	Op   string    `json:"op,omitempty"`
 	Err  string    `json:"err,omitempty"`
+	// Took is how long the iteration's system calls took, in seconds: a write that waits for
+	// a mounter to come back shows here as a stall rather than as an error.
+	Took float64 `json:"took"`
 }
 
-func loop(ctx context.Context, file string, interval time.Duration) error {
+// step is one iteration's I/O: it writes line (the iteration's record) and reads it back,
+// and returns the step that failed.
+type step func(seq int64, line string) (op string, err error)
+
+func loop(ctx context.Context, do step, interval time.Duration) error {
 	enc := json.NewEncoder(os.Stdout)
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for seq := int64(1); ; seq++ {
 		r := report{Seq: seq, Time: time.Now()}
-		line := fmt.Sprintf("%d %s\n", seq, r.Time.Format(time.RFC3339Nano))
-		if op, err := writeAndCheck(file, line); err != nil {
+		op, err := do(seq, Record(seq, r.Time))
+		r.Took = time.Since(r.Time).Seconds()
+		if err != nil {
 			r.Op, r.Err = op, errText(err)
 		} else {
 			r.OK = true
@@ -159,6 +181,110 @@ func loop(ctx context.Context, file string, interval time.Duration) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+// The modes of -mode.
+const (
+	modeReopen = "reopen"
+	modeHold   = "hold"
+	modeDirFD  = "dirfd"
+)
+
+// RecordSize is the length of each record of the data file in mode hold: record seq sits at
+// offset (seq-1)*RecordSize, so that whoever reads the file afterwards finds every record a
+// try reported written where it belongs.
+const RecordSize = 64
+
+// Record is iteration seq's record, begun at t: RecordSize bytes ending in a newline.
+func Record(seq int64, t time.Time) string {
+	return fmt.Sprintf("%-*s\n", RecordSize-1, fmt.Sprintf("%d %s", seq, t.Format(time.RFC3339Nano)))
+}
+
+// newStep opens what mode keeps open for the whole run and returns the iteration it does, and
+// what closes it. The data file of mode hold is created empty: its records are this run's.
+func newStep(mode, dir, name string) (step, func(), error) {
+	file := filepath.Join(dir, name+".data")
+	switch mode {
+	case modeReopen:
+		return func(_ int64, line string) (string, error) { return writeAndCheck(file, line) }, func() {}, nil
+	case modeHold:
+		f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open %s to hold it: %w", file, err)
+		}
+		return func(seq int64, line string) (string, error) { return writeAt(f, seq, line) }, func() { _ = f.Close() }, nil
+	case modeDirFD:
+		d, err := os.Open(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open the folder %s to hold it: %w", dir, err)
+		}
+		fd := int(d.Fd())
+		return func(_ int64, line string) (string, error) { return writeThroughDir(fd, name+".entry", line) }, func() { _ = d.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("-mode %q: want %s, %s or %s", mode, modeReopen, modeHold, modeDirFD)
+}
+
+// writeAt writes line as record seq through the descriptor held since the start, syncs it and
+// reads it back through the same descriptor.
+func writeAt(f *os.File, seq int64, line string) (string, error) {
+	off := (seq - 1) * RecordSize
+	if _, err := f.WriteAt([]byte(line), off); err != nil {
+		return "write", err
+	}
+	if err := f.Sync(); err != nil {
+		return "fsync", err
+	}
+	got := make([]byte, len(line))
+	if _, err := f.ReadAt(got, off); err != nil {
+		return "read", err
+	}
+	if string(got) != line {
+		return "compare", fmt.Errorf("read back %q, wrote %q", got, line)
+	}
+	return "", nil
+}
+
+// writeThroughDir creates name in the folder held open as dir (openat), writes line, syncs and
+// closes it, looks it up again (fstatat) and reads it back: every path lookup goes through the
+// held folder's descriptor.
+func writeThroughDir(dir int, name, line string) (string, error) {
+	fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return "openat", err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if _, err := f.WriteString(line); err != nil {
+		_ = f.Close()
+		return "write", err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return "fsync", err
+	}
+	if err := f.Close(); err != nil {
+		return "close", err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dir, name, &st, 0); err != nil {
+		return "fstatat", err
+	}
+	if st.Size != int64(len(line)) {
+		return "compare", fmt.Errorf("fstatat says %d bytes, wrote %d", st.Size, len(line))
+	}
+	fd, err = unix.Openat(dir, name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "openat", err
+	}
+	f = os.NewFile(uintptr(fd), name)
+	got, err := io.ReadAll(f)
+	_ = f.Close()
+	if err != nil {
+		return "read", err
+	}
+	if string(got) != line {
+		return "compare", fmt.Errorf("read back %q, wrote %q", got, line)
+	}
+	return "", nil
 }
 
 // writeAndCheck replaces the contents of file with line, syncs it to the volume, and reads it

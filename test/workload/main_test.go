@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// In mode hold every record lands at its own offset of the one file opened at the start, so
+// that a reader afterwards finds each record a try reported written.
+func TestHoldWritesEachRecordAtItsOffset(t *testing.T) {
+	dir := t.TempDir()
+	do, done, err := newStep(modeHold, dir, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for seq := int64(1); seq <= 3; seq++ {
+		if op, err := do(seq, Record(seq, start)); err != nil {
+			t.Fatalf("try %d: %s: %v", seq, op, err)
+		}
+	}
+	done()
+	got, err := os.ReadFile(filepath.Join(dir, "w.data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3*RecordSize {
+		t.Fatalf("the data file has %d bytes, want %d", len(got), 3*RecordSize)
+	}
+	for seq := int64(1); seq <= 3; seq++ {
+		rec := string(got[(seq-1)*RecordSize : seq*RecordSize])
+		if rec != Record(seq, start) {
+			t.Errorf("record %d is %q, want %q", seq, rec, Record(seq, start))
+		}
+	}
+}
+
+// A held descriptor keeps writing to the file it opened: a file put in its place under the
+// same name is not written, which is what a pod holding a file on a remounted volume sees.
+func TestHoldKeepsItsDescriptor(t *testing.T) {
+	dir := t.TempDir()
+	do, done, err := newStep(modeHold, dir, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	file := filepath.Join(dir, "w.data")
+	if err := os.Rename(file, file+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if op, err := do(1, Record(1, time.Now())); err != nil {
+		t.Fatalf("%s: %v", op, err)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("a file appeared under the old name (%v): the write did not go through the held descriptor", err)
+	}
+	if fi, err := os.Stat(file + ".moved"); err != nil || fi.Size() != RecordSize {
+		t.Errorf("the held file: %v, want %d bytes", err, RecordSize)
+	}
+}
+
+func TestDirFDCreatesAndReadsThroughTheFolder(t *testing.T) {
+	dir := t.TempDir()
+	do, done, err := newStep(modeDirFD, dir, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	for seq := int64(1); seq <= 2; seq++ {
+		if op, err := do(seq, Record(seq, time.Now())); err != nil {
+			t.Fatalf("try %d: %s: %v", seq, op, err)
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "w.entry"))
+	if err != nil || !strings.HasPrefix(string(got), "2 ") {
+		t.Errorf("w.entry = %q, %v; want the second record", got, err)
+	}
+	// The folder held open was removed: lookups through it fail instead of reaching another.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if op, err := do(3, Record(3, time.Now())); err == nil || op != "openat" {
+		t.Errorf("a try in a removed held folder: %s, %v; want openat to fail", op, err)
+	}
+}
+
+func TestUnknownModeIsRefused(t *testing.T) {
+	if _, _, err := newStep("sometimes", t.TempDir(), "w"); err == nil || !strings.Contains(err.Error(), `"sometimes"`) {
+		t.Errorf("mode sometimes: %v; want an error naming it", err)
+	}
+}
