@@ -134,6 +134,8 @@ type stockNode struct {
 	restart, handled string
 	tier             map[string]any
 	pod              types.UID
+	// sweep is what the last finished restart sweep did, when the controller recorded it.
+	sweep *healer.RestartSweepResult
 }
 
 // stockCSIAddonsNode reads the stock driver's CSIAddonsNode on the node, which its healer sidecar
@@ -162,6 +164,12 @@ func (e *Env) driverCSIAddonsNode(ctx context.Context, c client.Client, ns, driv
 	n := stockNode{restart: a[annotations.HealerRestart], handled: a[annotations.HandledMarker]}
 	if _, uid, ok := strings.Cut(n.restart, "/"); ok {
 		n.pod = types.UID(uid)
+	}
+	if raw := a[annotations.RestartSweep]; raw != "" {
+		n.sweep = &healer.RestartSweepResult{}
+		if err := json.Unmarshal([]byte(raw), n.sweep); err != nil {
+			return n, fmt.Errorf("CSIAddonsNode %s: %s %q: %w", found[0].Name, annotations.RestartSweep, raw, err)
+		}
 	}
 	if raw := a[annotations.DriverTier]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &n.tier); err != nil {
