@@ -99,7 +99,7 @@ generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alp
 DEMO_FLAGS ?=
 
 .PHONY: demo
-demo: build ## Run the demo: local control plane, nodes with real FUSE mounts (simulated without root or /dev/fuse), controller, a node plugin killed and healed.
+demo: build ## Run the demo: local control plane, nodes with real FUSE mounts (simulated without root or /dev/fuse), controller, a node plugin killed and healed; on a real node also a stock driver's (rclone) volumes recycled.
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver --healerctl $(BIN)/healerctl $(DEMO_FLAGS)
 
 .PHONY: demo-hold
