@@ -171,7 +171,7 @@ func (r Records) FindBlock(driver, handle, pv string) (*Volume, error) {
 			ErrBadRecord, filepath.Join(record, volDataFile), data[keyDriverName], data[keyVolumeHandle], driver, handle, pv)
 	}
 	v := &Volume{Driver: driver, Handle: handle, PV: pv, Targets: targets, Block: true}
-	if st, err := os.Stat(filepath.Join(base, blockStagingDir, pv)); err == nil && st.IsDir() {
+	if hasEntry(filepath.Join(base, blockStagingDir), pv) {
 		v.StagingPath = filepath.Join(base, blockStagingDir, pv)
 	}
 	return v, nil
@@ -239,7 +239,7 @@ func (r Records) stagingRecord(dir, driver, handle string) (*Volume, error) {
 	}
 	if data == nil {
 		// kubelet never leaves globalmount without its record.
-		if _, serr := os.Lstat(filepath.Join(dir, globalMount)); serr == nil {
+		if hasEntry(dir, globalMount) {
 			return nil, fmt.Errorf("%w: %s is missing: kubelet keeps it beside every staging path it uses, and %s is there without it",
 				ErrBadRecord, filepath.Join(dir, volDataFile), filepath.Join(dir, globalMount))
 		}
@@ -341,6 +341,20 @@ func (r Records) List(driver string) ([]Volume, error) {
 	return out, errors.Join(bad...)
 }
 
+// hasEntry tells whether the folder dir holds an entry named name. It reads dir's names alone and
+// never looks at the entry itself: the entry may be a mount whose mounter is frozen, where even
+// an lstat(2) waits for the mounter (the kernel asks a FUSE daemon for the attributes of its
+// root), and this runs in the sidecar's own goroutines.
+func hasEntry(dir, name string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return slices.Contains(names, name)
+}
+
 // readVolData reads dir/vol_data.json: nil when it does not exist (and, with publish set, when
 // dir holds no mount folder either: a folder kubelet is done with). A publish folder whose
 // mount folder is there without its vol_data.json, and a file that is not a JSON object of
@@ -350,7 +364,7 @@ func readVolData(dir string, publish bool) (map[string]string, error) {
 	b, err := os.ReadFile(file)
 	if errors.Is(err, fs.ErrNotExist) {
 		if publish {
-			if _, serr := os.Lstat(filepath.Join(dir, publishMount)); serr == nil {
+			if hasEntry(dir, publishMount) {
 				return nil, fmt.Errorf("%w: %s is missing: kubelet keeps it beside every publish target it uses, and %s is there without it",
 					ErrBadRecord, file, filepath.Join(dir, publishMount))
 			}
