@@ -290,6 +290,24 @@ func attachLoop(t *testing.T) string {
 		t.Skipf("cannot attach a loop device here: losetup: %v: %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	t.Cleanup(func() { detachLoop(t, dev, file) })
 	return dev
+}
+
+// detachLoop detaches dev if it is still the loop device of file (a test may have detached it
+// already), trying again for a while: udev may hold a new device open for a moment, and a
+// device left attached stays until someone detaches it by hand.
+func detachLoop(t *testing.T, dev, file string) {
+	var out []byte
+	for range 50 {
+		backing, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+		if err != nil || strings.TrimSpace(string(backing)) != file {
+			return
+		}
+		if out, err = exec.Command("losetup", "-d", dev).CombinedOutput(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("detach %s (losetup -d): %s", dev, out)
 }
