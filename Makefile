@@ -113,7 +113,7 @@ generate: ## Regenerate the Go code of the healer protocol from api/healer/v1alp
 DEMO_FLAGS ?=
 
 .PHONY: demo
-demo: build ## Run the demo (docs/demo.md): a node plugin restarted and its FUSE volumes healed, on a real node where one can run (make node), else on kubelet stand-ins (simulated without root or /dev/fuse).
+demo: build ## Run the demo (docs/demo.md): a node plugin restarted and its FUSE volumes healed (on a real node also a stock driver's rclone volumes recycled), on a real node where one can run (make node), else on kubelet stand-ins (simulated without root or /dev/fuse).
 	KUBEBUILDER_ASSETS="$(ASSETS)" $(GO) run ./test/demo --controller $(BIN)/volume-healer --refdriver $(BIN)/refdriver --healerctl $(BIN)/healerctl $(DEMO_FLAGS)
 
 .PHONY: demo-hold

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-addons/spec/lib/go/identity"
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
@@ -46,14 +47,20 @@ func (i *driverInfo) keeps() bool {
 
 // driverClient is the sidecar's connection to the driver's CSI-Addons socket. It caches the
 // driver's identity and healer capabilities and loads them again whenever the connection is
-// made anew (the driver restarted).
+// made anew (the driver restarted). For a driver without a CSI-Addons socket, it is connected to
+// the driver's CSI socket instead and asks its name there (csiIdentity), or, given only the
+// driver's name, to nothing (conn nil): the driver then serves no Healer service.
 type driverClient struct {
 	endpoint string
 	timeout  time.Duration
 	conn     *grpc.ClientConn
 	identity identity.IdentityClient
 	healer   healerv1alpha1.HealerClient
-	metrics  *Metrics
+	// csiIdentity is set when endpoint is the driver's CSI socket (Options.CSIEndpoint).
+	csiIdentity csi.IdentityClient
+	// name is the driver's name from Options.DriverName, which the CSI socket must confirm.
+	name    string
+	metrics *Metrics
 	// onReconnect runs after a load that follows the loss of a ready connection: the driver
 	// restarted (a UNIX socket connection does not drop otherwise, and idleness is off).
 	onReconnect func(*driverInfo)
@@ -70,7 +77,18 @@ type driverClient struct {
 }
 
 func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
-	conn, err := grpc.NewClient(o.DriverEndpoint,
+	if o.DriverEndpoint == "" && o.CSIEndpoint == "" {
+		// A driver of a name alone: nothing to ask, ready at once.
+		d := &driverClient{endpoint: "(no socket: --driver-name " + o.DriverName + ")", timeout: o.DriverTimeout, name: o.DriverName, metrics: metrics,
+			loaded: make(chan struct{}), info: &driverInfo{name: o.DriverName, healerUnimplemented: true}}
+		close(d.loaded)
+		return d, nil
+	}
+	endpoint := o.DriverEndpoint
+	if endpoint == "" {
+		endpoint = o.CSIEndpoint
+	}
+	conn, err := grpc.NewClient(endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.MaxMessageSize), grpc.MaxCallSendMsgSize(o.MaxMessageSize)),
 		// An idle channel drops its connection, which would look like a driver restart to watch.
@@ -85,17 +103,22 @@ func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("%w: driver endpoint %s: %w", ErrInvalidOptions, o.DriverEndpoint, err)
+		return nil, fmt.Errorf("%w: driver endpoint %s: %w", ErrInvalidOptions, endpoint, err)
 	}
-	return &driverClient{
-		endpoint: o.DriverEndpoint,
+	d := &driverClient{
+		endpoint: endpoint,
 		timeout:  o.DriverTimeout,
 		conn:     conn,
 		identity: identity.NewIdentityClient(conn),
 		healer:   healerv1alpha1.NewHealerClient(conn),
+		name:     o.DriverName,
 		metrics:  metrics,
 		loaded:   make(chan struct{}),
-	}, nil
+	}
+	if o.DriverEndpoint == "" {
+		d.csiIdentity = csi.NewIdentityClient(conn)
+	}
+	return d, nil
 }
 
 // driverDialRetryMax is the longest the sidecar waits between two connection attempts to the
@@ -110,6 +133,9 @@ const driverDialRetryMax = 200 * time.Millisecond
 const driverRetryMax = time.Second
 
 func (d *driverClient) close() error {
+	if d.conn == nil {
+		return nil
+	}
 	return d.conn.Close()
 }
 
@@ -162,6 +188,9 @@ func (d *driverClient) load(ctx context.Context) error {
 }
 
 func (d *driverClient) ask(ctx context.Context) (*driverInfo, error) {
+	if d.csiIdentity != nil {
+		return d.askCSI(ctx)
+	}
 	id, err := d.identity.GetIdentity(ctx, &identity.GetIdentityRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("CSI-Addons GetIdentity: %w", d.relay(err))
@@ -187,6 +216,23 @@ func (d *driverClient) ask(ctx context.Context) (*driverInfo, error) {
 	return info, nil
 }
 
+// askCSI asks a driver without a CSI-Addons socket its name on its CSI socket (GetPluginInfo):
+// it serves no Healer service. The name must be Options.DriverName when that is set.
+func (d *driverClient) askCSI(ctx context.Context) (*driverInfo, error) {
+	id, err := d.csiIdentity.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("CSI GetPluginInfo: %w", d.relay(err))
+	}
+	switch {
+	case id.GetName() == "":
+		return nil, fmt.Errorf("%w: the driver at %s answered GetPluginInfo with an empty name", ErrDriverIdentity, d.endpoint)
+	case d.name != "" && id.GetName() != d.name:
+		return nil, fmt.Errorf("%w: the driver at %s is %q by its GetPluginInfo, and --driver-name says %q: the sidecar would act on another driver's volumes; fix --driver-name or --csi-endpoint",
+			ErrDriverIdentity, d.endpoint, id.GetName(), d.name)
+	}
+	return &driverInfo{name: id.GetName(), vendorVersion: id.GetVendorVersion(), healerUnimplemented: true}, nil
+}
+
 func capabilityNames(info *driverInfo) []string {
 	if info.healerUnimplemented {
 		return []string{"(Healer not served)"}
@@ -207,6 +253,11 @@ func capabilityNames(info *driverInfo) []string {
 // each time a new connection is ready, which is how a driver restart shows. It returns when
 // ctx is done.
 func (d *driverClient) watch(ctx context.Context) {
+	if d.conn == nil {
+		// A driver of a name alone: there is nothing to watch.
+		<-ctx.Done()
+		return
+	}
 	const firstRetry, maxRetry = 200 * time.Millisecond, driverRetryMax
 	log := klog.FromContext(ctx)
 	retries := retryBackoff(firstRetry, maxRetry)

@@ -60,19 +60,18 @@ func (h *nodeHealer) probeLocally(ctx context.Context, info *driverInfo, req *he
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if vol.block {
-		return nil, status.Errorf(codes.Unimplemented, "the driver %q does not probe volumes (it advertises no PROBE), and the sidecar probes filesystem volumes only: PersistentVolume %q is a raw block volume",
-			info.name, pvName)
-	}
 	if err := h.onNode(ctx, info, vol, healerv1alpha1.HealerCapability_RPC_PROBE); err != nil {
 		return nil, toStatus(err)
 	}
 	log := klog.FromContext(ctx).WithValues("volume", vol.volumeID)
 	readOnly := vol.readOnly || vol.capability.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
-	_, findings, err := h.local.Probe(ctx, nodeprobe.Request{Driver: info.name, Handle: vol.volumeID, PV: pvName, ReadOnly: readOnly})
+	_, findings, err := h.local.Probe(ctx, nodeprobe.Request{Driver: info.name, Handle: vol.volumeID, PV: pvName, ReadOnly: readOnly, Block: vol.block})
 	switch {
 	case errors.Is(err, nodeprobe.ErrNotOnNode):
 		return nil, toStatus(fmt.Errorf("%w: %w", ErrNotOnNode, err))
+	case errors.Is(err, nodeprobe.ErrNotProbed):
+		// Said as UNIMPLEMENTED: the controller records the volume as not probed, not healthy.
+		return nil, status.Errorf(codes.Unimplemented, "not probed: the driver %q does not probe volumes (it advertises no PROBE), and the sidecar cannot: %v", info.name, err)
 	case errors.Is(err, nodeprobe.ErrBadRecord):
 		return nil, status.Errorf(codes.FailedPrecondition, "PersistentVolume %q on node %q: %v", pvName, h.nodeName, err)
 	case errors.Is(err, nodeprobe.ErrStatBusy):
@@ -91,11 +90,36 @@ func (h *nodeHealer) probeLocally(ctx context.Context, info *driverInfo, req *he
 
 // recordedHere reports whether kubelet's records on this node show vol staged or published here.
 func (h *nodeHealer) recordedHere(driverName string, vol *volume) bool {
-	if h.local == nil {
-		return false
-	}
-	_, err := h.local.Records().Find(driverName, vol.volumeID, vol.pvName)
+	_, err := h.records(driverName, vol)
 	return err == nil
+}
+
+// records returns what kubelet's records on this node show of vol: its filesystem layout, or
+// for a raw block volume its volumeDevices layout.
+func (h *nodeHealer) records(driverName string, vol *volume) (*nodeprobe.Volume, error) {
+	if h.local == nil {
+		return nil, fmt.Errorf("%w: the sidecar reads no kubelet records", nodeprobe.ErrNotOnNode)
+	}
+	if vol.block {
+		return h.local.Records().FindBlock(driverName, vol.volumeID, vol.pvName)
+	}
+	return h.local.Records().Find(driverName, vol.volumeID, vol.pvName)
+}
+
+// publishTargets returns the paths kubelet's records on this node show vol published at, for the
+// driver's ProbeVolume and HealVolume (publish_target_paths). It returns none when kubelet records
+// none, or when its records cannot be read (logged): the field is optional, and the driver then
+// goes by its own records.
+func (h *nodeHealer) publishTargets(ctx context.Context, driverName string, vol *volume) []string {
+	rec, err := h.records(driverName, vol)
+	switch {
+	case errors.Is(err, nodeprobe.ErrNotOnNode):
+		return nil
+	case err != nil:
+		klog.FromContext(ctx).V(2).Info("Cannot read kubelet's records of the volume; sending the driver no publish target paths", "error", err.Error())
+		return nil
+	}
+	return rec.Targets
 }
 
 // localTokenPrefix marks the paging tokens of the sidecar's own list.

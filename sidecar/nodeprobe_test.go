@@ -7,13 +7,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-addons/spec/lib/go/identity"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
@@ -174,4 +179,135 @@ func TestProbeOfADriverWithoutHealer(t *testing.T) {
 	if e := list.GetEntries(); len(e) != 1 || e[0].GetVolumeId() != "vol-1" || e[0].GetPvName() != pv.Name || e[0].GetStagingTargetPath() != staging {
 		t.Fatalf("list %v: want vol-1 of %s staged at %s", e, pv.Name, staging)
 	}
+}
+
+// TestProbeOfABlockVolumeWithoutHealer: for a driver that serves no Healer service, the sidecar
+// probes a raw block volume by reading its device where kubelet published it for a pod, through
+// its own program, finds it healthy while the device reads and broken once its backend is gone,
+// lists it from kubelet's volumeDevices records, and answers that it did not probe a block volume
+// that no pod uses instead of calling it healthy.
+func TestProbeOfABlockVolumeWithoutHealer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		msg := "this test attaches a loop device and needs root"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	f := newFixture(t)
+	opts := simulated.Options{StateDir: f.stateDir, StagingRoot: f.stagingRoot(), SeedVolumes: []string{}}
+	opts.DriverName, opts.NodeID = f.driverName, f.nodeName
+	d, err := simulated.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.serveIdentityOnly(d)
+	bin, err := buildSidecar(t.TempDir())
+	if err != nil {
+		t.Fatalf("build the sidecar: %v", err)
+	}
+	block := corev1.PersistentVolumeBlock
+	blockPV := func(pv *corev1.PersistentVolume) {
+		pv.Spec.VolumeMode = &block
+		// No VolumeAttachment: a driver without an attach step; kubelet's records place it.
+		pv.Annotations = map[string]string{attachedTo: ""}
+	}
+	used, idle := f.pv("blk-1", "vol-1", blockPV), f.pv("blk-2", "vol-2", blockPV)
+	f.create(used)
+	f.create(idle)
+	devices := filepath.Join(f.kubeletDir, "plugins", "kubernetes.io", "csi", "volumeDevices")
+	for _, v := range []struct{ pv, handle string }{{used.Name, "vol-1"}, {idle.Name, "vol-2"}} {
+		writeVolData(t, filepath.Join(devices, v.pv, "data"), map[string]string{"driverName": f.driverName, "volumeHandle": v.handle, "specVolID": v.pv})
+		if err := os.MkdirAll(filepath.Join(devices, "staging", v.pv), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// vol-1's device, where the driver's NodePublish put it for pod uid-a.
+	target := filepath.Join(devices, "publish", used.Name, "uid-a")
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	dev := attachLoop(t)
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(target, unix.S_IFBLK|0o600, int(st.Rdev)); err != nil {
+		t.Fatal(err)
+	}
+
+	sc := f.startSidecar(func(o *sidecar.Options) {
+		o.StatCommand = []string{bin, nodeprobe.StatArg}
+		o.StatTimeout = 5 * time.Second
+	})
+	f.waitReady(sc)
+	ctx := f.as(f.token(controllerSA))
+
+	resp, err := sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: used.Name})
+	if err != nil || len(resp.GetHealthStatuses()) != 0 || resp.GetProbeSource() != healerv1alpha1.ProbeSource_PROBE_SOURCE_SIDECAR {
+		t.Fatalf("probe of a block volume whose device reads: %v, %v; want healthy, probed by the sidecar", resp, err)
+	}
+	list, err := sc.client.ListStagedVolumes(ctx, &healerv1alpha1.NodeListStagedVolumesRequest{})
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var listed []string
+	for _, e := range list.GetEntries() {
+		listed = append(listed, e.GetVolumeId()+"="+e.GetPvName()+"@"+e.GetStagingTargetPath())
+	}
+	if want := []string{"vol-1=" + used.Name + "@" + filepath.Join(devices, "staging", used.Name), "vol-2=" + idle.Name + "@" + filepath.Join(devices, "staging", idle.Name)}; !slices.Equal(listed, want) {
+		t.Fatalf("list %q, want %q", listed, want)
+	}
+
+	_, err = sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: idle.Name})
+	if status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "not probed") || !strings.Contains(err.Error(), "published for no pod") {
+		t.Fatalf("probe of a block volume no pod uses: %v; want UNIMPLEMENTED saying it was not probed and why", err)
+	}
+
+	// The device loses its backend, as a block device whose daemon died does.
+	if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup -d %s: %v: %s", dev, err, out)
+	}
+	resp, err = sc.client.ProbeVolume(ctx, &healerv1alpha1.NodeProbeVolumeRequest{PvName: used.Name})
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if h := resp.GetHealthStatuses(); len(h) != 1 || h[0].GetStatus() != csi.VolumeHealthErrorType_INACCESSIBLE || !strings.Contains(h[0].GetMessage(), target) {
+		t.Fatalf("probe of a block volume whose device lost its backend: %v; want INACCESSIBLE naming %s", h, target)
+	}
+}
+
+// attachLoop attaches a loop device to a file of 1 MiB and returns it; it is detached when the
+// test ends.
+func attachLoop(t *testing.T) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "backing.img")
+	if err := os.WriteFile(file, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot attach a loop device here: losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { detachLoop(t, dev, file) })
+	return dev
+}
+
+// detachLoop detaches dev if it is still the loop device of file (a test may have detached it
+// already), trying again for a while: udev may hold a new device open for a moment, and a
+// device left attached stays until someone detaches it by hand.
+func detachLoop(t *testing.T, dev, file string) {
+	var out []byte
+	for range 50 {
+		backing, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+		if err != nil || strings.TrimSpace(string(backing)) != file {
+			return
+		}
+		if out, err = exec.Command("losetup", "-d", dev).CombinedOutput(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("detach %s (losetup -d): %s", dev, out)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -79,9 +80,26 @@ type Options struct {
 	// endpoint when AdvertiseAddress is empty. Default: none.
 	PodIP string
 
-	// DriverEndpoint is the driver's CSI-Addons UNIX socket, "unix:///path" or "/path".
-	// Default: DefaultDriverEndpoint.
+	// DriverEndpoint is the driver's CSI-Addons UNIX socket, "unix:///path" or "/path", from
+	// which the sidecar learns the driver's name (CSI-Addons Identity) and its Healer service.
+	// Default: DefaultDriverEndpoint, unless CSIEndpoint or DriverName is set: the driver then
+	// has no CSI-Addons socket, and DriverEndpoint must be empty.
 	DriverEndpoint string
+
+	// CSIEndpoint is the driver's CSI UNIX socket, "unix:///path" or "/path" (the one kubelet
+	// and node-driver-registrar use, such as unix:///csi/csi.sock), for a driver that has no
+	// CSI-Addons socket: the sidecar learns the driver's name from its CSI GetPluginInfo, serves
+	// it with its own node-local probe (tier none: no Healer service, no heal), and a new
+	// connection to the socket shows a restart of the driver, as for a CSI-Addons socket.
+	// Default: none.
+	CSIEndpoint string
+
+	// DriverName is the CSI driver's name, for a driver that has no CSI-Addons socket. With
+	// CSIEndpoint, the name the driver's GetPluginInfo answers must be this one, or the sidecar
+	// does not become ready. Without it, the sidecar serves this driver with no socket of the
+	// driver at all: it then cannot see a restart of the driver's container alone (a restart of
+	// the pod restarts the sidecar too, which writes its restart marker). Default: none.
+	DriverName string
 
 	// ListenAddress is the TCP address NodeHealer is served on, "host:port"; ":port" listens on
 	// every IPv4 and IPv6 address, "[::1]:port" on one IPv6 address. Default:
@@ -232,14 +250,34 @@ func (o *Options) setDefaults() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: %s required", ErrInvalidOptions, strings.Join(missing, ", "))
 	}
-	if o.DriverEndpoint == "" {
-		o.DriverEndpoint = DefaultDriverEndpoint
+	var err error
+	switch {
+	case o.CSIEndpoint == "" && o.DriverName == "":
+		if o.DriverEndpoint == "" {
+			o.DriverEndpoint = DefaultDriverEndpoint
+		}
+		if o.DriverEndpoint, err = unixTarget("driver endpoint (--driver-endpoint)", o.DriverEndpoint, "unix:///csi/csi-addons.sock"); err != nil {
+			return err
+		}
+	case o.DriverEndpoint != "":
+		return fmt.Errorf("%w: DriverEndpoint (--driver-endpoint) %q names a CSI-Addons socket, and CSIEndpoint (--csi-endpoint) or DriverName (--driver-name) says the driver has none; give one or the other",
+			ErrInvalidOptions, o.DriverEndpoint)
 	}
-	target, err := unixTarget("driver endpoint", o.DriverEndpoint, "unix:///csi/csi-addons.sock")
-	if err != nil {
-		return err
+	if o.CSIEndpoint != "" {
+		if o.CSIEndpoint, err = unixTarget("CSI endpoint (--csi-endpoint)", o.CSIEndpoint, "unix:///csi/csi.sock"); err != nil {
+			return err
+		}
 	}
-	o.DriverEndpoint = target
+	if o.DriverName != "" {
+		msgs := validation.IsDNS1123Subdomain(strings.ToLower(o.DriverName))
+		if len(o.DriverName) > 63 {
+			msgs = append(msgs, "it is longer than 63 characters")
+		}
+		if len(msgs) > 0 {
+			return fmt.Errorf("%w: DriverName (--driver-name) %q is not a CSI driver name (at most 63 characters, a DNS subdomain): %s",
+				ErrInvalidOptions, o.DriverName, strings.Join(msgs, "; "))
+		}
+	}
 	if o.ContainerRuntimeEndpoint != "" {
 		if o.ContainerRuntimeEndpoint, err = unixTarget("container runtime endpoint (--container-runtime-endpoint)", o.ContainerRuntimeEndpoint, "unix:///run/containerd/containerd.sock"); err != nil {
 			return err

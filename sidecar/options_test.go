@@ -3,6 +3,7 @@ package sidecar
 import (
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,30 @@ func TestOptionsDefaults(t *testing.T) {
 	}
 }
 
+// TestOptionsWithoutCSIAddonsSocket: a driver named, or reached on its CSI socket, has no
+// CSI-Addons socket: none is dialled by default.
+func TestOptionsWithoutCSIAddonsSocket(t *testing.T) {
+	tests := map[string]struct {
+		csi, name, wantCSI string
+	}{
+		"CSI socket":          {csi: "/csi/csi.sock", wantCSI: "unix:///csi/csi.sock"},
+		"CSI socket and name": {csi: "unix:///csi/csi.sock", name: "rclone.csi.example.com", wantCSI: "unix:///csi/csi.sock"},
+		"name alone":          {name: "rclone.csi.example.com"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := validOptions()
+			o.CSIEndpoint, o.DriverName = tc.csi, tc.name
+			if err := o.setDefaults(); err != nil {
+				t.Fatal(err)
+			}
+			if o.DriverEndpoint != "" || o.CSIEndpoint != tc.wantCSI || o.DriverName != tc.name {
+				t.Errorf("driver endpoint %q, CSI endpoint %q, name %q; want no CSI-Addons socket, %q, %q", o.DriverEndpoint, o.CSIEndpoint, o.DriverName, tc.wantCSI, tc.name)
+			}
+		})
+	}
+}
+
 func TestOptionsInvalid(t *testing.T) {
 	tests := map[string]func(*Options){
 		"no kubeconfig":               func(o *Options) { o.KubeConfig = nil },
@@ -53,6 +78,11 @@ func TestOptionsInvalid(t *testing.T) {
 		"relative runtime socket":     func(o *Options) { o.ContainerRuntimeEndpoint = "run/containerd/containerd.sock" },
 		"sub-second stop grace":       func(o *Options) { o.ContainerStopGracePeriod = 500 * time.Millisecond },
 		"negative stop grace":         func(o *Options) { o.ContainerStopGracePeriod = -time.Second },
+		"CSI-Addons and CSI sockets":  func(o *Options) { o.DriverEndpoint, o.CSIEndpoint = DefaultDriverEndpoint, "unix:///csi/csi.sock" },
+		"CSI-Addons socket and name":  func(o *Options) { o.DriverEndpoint, o.DriverName = DefaultDriverEndpoint, "rclone.csi.example.com" },
+		"relative CSI socket":         func(o *Options) { o.CSIEndpoint = "csi/csi.sock" },
+		"driver name with a slash":    func(o *Options) { o.DriverName = "rclone/csi" },
+		"driver name too long":        func(o *Options) { o.DriverName = strings.Repeat("a", 60) + ".com" },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -68,11 +68,12 @@ func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodePr
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
 	resp, err := h.driver.healer.ProbeVolume(cctx, &healerv1alpha1.ProbeVolumeRequest{
-		VolumeId:          vol.volumeID,
-		StagingTargetPath: vol.stagingPath,
-		VolumeContext:     vol.context,
-		VolumeCapability:  vol.capability,
-		Secrets:           vol.secrets,
+		VolumeId:           vol.volumeID,
+		StagingTargetPath:  vol.stagingPath,
+		PublishTargetPaths: vol.publishTargets,
+		VolumeContext:      vol.context,
+		VolumeCapability:   vol.capability,
+		Secrets:            vol.secrets,
 	})
 	if err != nil {
 		return nil, h.driver.relay(err)
@@ -105,11 +106,12 @@ func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHea
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
 	resp, err := h.driver.healer.HealVolume(cctx, &healerv1alpha1.HealVolumeRequest{
-		VolumeId:          vol.volumeID,
-		StagingTargetPath: vol.stagingPath,
-		VolumeContext:     vol.context,
-		VolumeCapability:  vol.capability,
-		Secrets:           vol.secrets,
+		VolumeId:           vol.volumeID,
+		StagingTargetPath:  vol.stagingPath,
+		PublishTargetPaths: vol.publishTargets,
+		VolumeContext:      vol.context,
+		VolumeCapability:   vol.capability,
+		Secrets:            vol.secrets,
 	})
 	if err != nil {
 		return nil, h.driver.relay(err)
@@ -183,6 +185,9 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, facts *healerv1
 	if err := h.onNode(ctx, info, vol, rpc); err != nil {
 		return nil, ctx, err
 	}
+	// The driver may check the pods' mounts too: kubelet's records on this node say where they
+	// are.
+	vol.publishTargets = h.publishTargets(ctx, info.name, vol)
 	// A probe looks at the node's mount and needs no credentials: only a heal, which may stage
 	// the volume again, reads the node-stage Secret, so that a sweep's probes read nothing per
 	// volume.

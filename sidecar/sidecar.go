@@ -1,6 +1,8 @@
 // Package sidecar is the volume-healer sidecar: it runs in a CSI node plugin pod, serves the
 // NodeHealer service to the volume-healer controller over TCP with TLS, and relays each call to
-// the driver's Healer service on the driver's CSI-Addons UNIX socket.
+// the driver's Healer service on the driver's CSI-Addons UNIX socket. A driver with no CSI-Addons
+// socket is known by its CSI socket (its name from CSI GetPluginInfo) or by its name alone, and
+// served by the sidecar's own probe.
 //
 // For each call it first authenticates the caller (a TokenReview of the ServiceAccount token in
 // the "authorization" metadata, cached briefly), before it reads the request; then it takes the
@@ -264,7 +266,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			"in clear text and anyone on the path can replay them. Use this for tests and demos only.", "address", s.lis.Addr().String())
 	}
 	log.Info("Starting the healer sidecar", "address", s.lis.Addr().String(), "endpoint", s.reg.endpoint,
-		"driverEndpoint", s.opts.DriverEndpoint, "metricsAddress", addrString(s.MetricsAddr()), "containerRuntime", s.runtimeEndpoint())
+		"driverEndpoint", s.driver.endpoint, "metricsAddress", addrString(s.MetricsAddr()), "containerRuntime", s.runtimeEndpoint())
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -419,7 +421,7 @@ func (s *Sidecar) httpHandler() http.Handler {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
 		case s.driver.cached() == nil:
-			http.Error(w, "driver identity and capabilities not loaded from "+s.opts.DriverEndpoint, http.StatusServiceUnavailable)
+			http.Error(w, "driver identity and capabilities not loaded from "+s.driver.endpoint, http.StatusServiceUnavailable)
 		default:
 			_, _ = w.Write([]byte("ok\n"))
 		}

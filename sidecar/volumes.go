@@ -84,6 +84,9 @@ type volume struct {
 	secrets   map[string]string
 	// block is a raw block volume; readOnly a PV whose spec.csi.readOnly is set.
 	block, readOnly bool
+	// publishTargets are where kubelet's records on this node show the volume published, one
+	// per pod, once the volume is known to be on this node.
+	publishTargets []string
 }
 
 // volumes builds the volumes of calls from the caller's facts, and reads by name what a call needs

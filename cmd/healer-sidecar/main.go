@@ -85,7 +85,9 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs := pflag.NewFlagSet("healer-sidecar", pflag.ContinueOnError)
 	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version, the git commit and the Go version of this binary, and exit.")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path of a kubeconfig file; empty uses the pod's ServiceAccount (in-cluster).")
-	fs.StringVar(&o.DriverEndpoint, "driver-endpoint", sidecar.DefaultDriverEndpoint, "The driver's CSI-Addons UNIX socket.")
+	fs.StringVar(&o.DriverEndpoint, "driver-endpoint", sidecar.DefaultDriverEndpoint, "The driver's CSI-Addons UNIX socket. Not with --csi-endpoint or --driver-name.")
+	fs.StringVar(&o.CSIEndpoint, "csi-endpoint", "", "For a driver without a CSI-Addons socket: its CSI UNIX socket (such as unix:///csi/csi.sock), where the sidecar asks its name (GetPluginInfo) and sees it restart; the sidecar probes its volumes itself (tier none).")
+	fs.StringVar(&o.DriverName, "driver-name", "", "For a driver without a CSI-Addons socket: its CSI name. With --csi-endpoint, the name the driver must answer; alone, the sidecar uses no socket of the driver and sees no restart of its container alone.")
 	fs.StringVar(&o.NodeName, "node-name", "", "The Node this pod runs on. Default: $NODE_NAME.")
 	fs.StringVar(&o.Namespace, "namespace", "", "Namespace of the CSIAddonsNode (the pod's namespace). Default: $POD_NAMESPACE.")
 	fs.StringVar(&o.PodUID, "pod-uid", "", "UID of this pod, part of the restart marker. Default: $POD_UID.")
@@ -123,6 +125,10 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if (o.CSIEndpoint != "" || o.DriverName != "") && !fs.Changed("driver-endpoint") {
+		// The default CSI-Addons socket is for drivers that have one.
+		o.DriverEndpoint = ""
 	}
 	for _, f := range []struct {
 		value *string

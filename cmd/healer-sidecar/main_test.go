@@ -38,6 +38,22 @@ func TestParse(t *testing.T) {
 				}
 			},
 		},
+		"a driver without a CSI-Addons socket": {
+			args: []string{"--csi-endpoint=unix:///csi/csi.sock", "--driver-name=rclone.csi.example.com"},
+			check: func(t *testing.T, c *config) {
+				if c.opts.DriverEndpoint != "" || c.opts.CSIEndpoint != "unix:///csi/csi.sock" || c.opts.DriverName != "rclone.csi.example.com" {
+					t.Errorf("want no CSI-Addons socket, the CSI socket and the name: %q, %q, %q", c.opts.DriverEndpoint, c.opts.CSIEndpoint, c.opts.DriverName)
+				}
+			},
+		},
+		"a CSI-Addons socket given beside --driver-name is kept, for the options to refuse": {
+			args: []string{"--driver-endpoint=unix:///csi/csi-addons.sock", "--driver-name=rclone.csi.example.com"},
+			check: func(t *testing.T, c *config) {
+				if c.opts.DriverEndpoint != "unix:///csi/csi-addons.sock" {
+					t.Errorf("driver endpoint %q, want the one given", c.opts.DriverEndpoint)
+				}
+			},
+		},
 		"container runtime access": {
 			args: []string{"--container-runtime-endpoint=unix:///run/containerd/containerd.sock", "--container-stop-grace-period=20s"},
 			check: func(t *testing.T, c *config) {

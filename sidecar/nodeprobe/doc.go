@@ -3,7 +3,9 @@
 // vol_data.json files kubelet writes beside them), looks them up in the mount table
 // (driverkit.ReadMountTable, the project's one reader) and stats each mount in a child process
 // killed at a deadline, so that a frozen mount never leaves a goroutine or a process behind. It
-// answers in driverkit's findings, the vocabulary a driver built on driverkit reports.
+// answers in driverkit's findings, the vocabulary a driver built on driverkit reports. A raw block
+// volume is found in kubelet's volumeDevices records, and each pod's device is read, in the same
+// kind of child, instead of stat'ed.
 //
 // It also lists the volumes of a driver that kubelet records on the node, for drivers that do not
 // list their staged volumes themselves.

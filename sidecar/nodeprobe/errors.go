@@ -15,6 +15,10 @@ var (
 	// one that cannot be a path element.
 	ErrInvalidVolume = errors.New("invalid volume")
 
+	// ErrNotProbed means the volume is on the node but nothing of it can be probed here: a raw
+	// block volume that kubelet published for no pod (its staging folder is the driver's own).
+	ErrNotProbed = errors.New("volume not probed")
+
 	// ErrStatBusy means as many stat processes as allowed are still running (a frozen mount
 	// keeps one each until its deadline); the check is refused rather than queued.
 	ErrStatBusy = errors.New("too many mount stats in flight")

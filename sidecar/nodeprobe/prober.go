@@ -53,6 +53,9 @@ type Request struct {
 	// ReadOnly says the volume is published read-only (a read-only PV, or ReadOnlyMany): a
 	// read-only mount is then what is expected.
 	ReadOnly bool
+	// Block says the volume is a raw block volume (volumeMode Block): its publish targets are
+	// devices, read rather than stat'ed (ProbeBlock).
+	Block bool
 }
 
 // Probe examines the volume: the findings are its adverse conditions (none: healthy), about the
@@ -60,6 +63,9 @@ type Request struct {
 // ErrNotOnNode when kubelet records no mount of the volume, with ErrBadRecord when a record it
 // needs cannot be read, and when the mount table cannot be read.
 func (p *Prober) Probe(ctx context.Context, req Request) (vol *Volume, findings []driverkit.Finding, err error) {
+	if req.Block {
+		return p.ProbeBlock(ctx, req)
+	}
 	vol, err = p.records.Find(req.Driver, req.Handle, req.PV)
 	if err != nil {
 		return nil, nil, err
@@ -105,6 +111,50 @@ func (p *Prober) Probe(ctx context.Context, req Request) (vol *Volume, findings 
 		findings = p.mountFindings(findings, target, top, st, req.ReadOnly)
 	}
 	return vol, findings, nil
+}
+
+// ProbeBlock examines a raw block volume: each publish target that kubelet records, one device
+// per pod, must still be there and be a block device whose first page reads within the stat
+// timeout (Statter.ReadBlock). Its staging folder is the driver's own, in a form only the driver
+// knows, and is not examined. It fails with ErrNotOnNode when kubelet keeps no record of the
+// volume, with ErrBadRecord when its record cannot be read, and with ErrNotProbed when kubelet
+// published it for no pod: nothing then shows whether the device works.
+func (p *Prober) ProbeBlock(ctx context.Context, req Request) (*Volume, []driverkit.Finding, error) {
+	vol, err := p.records.FindBlock(req.Driver, req.Handle, req.PV)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(vol.Targets) == 0 {
+		return vol, nil, fmt.Errorf("%w: raw block volume %q of PersistentVolume %q is staged on this node but published for no pod; the sidecar reads a block volume's device where kubelet published it, and its staging folder is the driver's own",
+			ErrNotProbed, req.Handle, req.PV)
+	}
+	findings := make([]*driverkit.Finding, len(vol.Targets))
+	var wg sync.WaitGroup
+	for i, target := range vol.Targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
+				findings[i] = &driverkit.Finding{Path: target, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: driverkit.ReasonMountGone,
+					Message: fmt.Sprintf("kubelet published the block volume at %s, which no longer exists", target)}
+				return
+			}
+			f, err := p.statter.ReadBlock(ctx, target)
+			if err != nil {
+				f = &driverkit.Finding{Path: target, Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: driverkit.ReasonMountCheckFailed,
+					Message: fmt.Sprintf("cannot check the block device at %s: %v", target, err)}
+			}
+			findings[i] = f
+		}()
+	}
+	wg.Wait()
+	var out []driverkit.Finding
+	for _, f := range findings {
+		if f != nil {
+			out = append(out, *f)
+		}
+	}
+	return vol, out, nil
 }
 
 // notMounted is the finding of a publish target that kubelet records but that is no mount.

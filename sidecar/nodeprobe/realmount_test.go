@@ -3,6 +3,7 @@ package nodeprobe_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -325,5 +326,38 @@ func waitStopped(t *testing.T, pid int) {
 			t.Fatalf("process %d did not stop within 10s", pid)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRecordsNeverLookIntoAFrozenMount: kubelet's records are read without looking at the mounts
+// beside them. A publish folder whose vol_data.json is missing beside a frozen FUSE mount (a
+// kubelet stand-in writes none) is reported at once, as an lstat(2) of the mount would wait for
+// the frozen mounter, in the sidecar's own goroutine, for as long as it stays frozen.
+func TestRecordsNeverLookIntoAFrozenMount(t *testing.T) {
+	requireMounts(t, true)
+	k := newKubeletDir(t)
+	target := filepath.Join(k.dir, "pods", "pod-a", "volumes", "kubernetes.io~csi", "pv-1", "mount")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startMounter(t, target)
+	// The attributes the kernel cached at the mount expire within a second; then every look at
+	// the mount asks the frozen mounter.
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		_, err := nodeprobe.Records{KubeletDir: k.dir}.Find(testDriver, "vol-1", "pv-1")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nodeprobe.ErrBadRecord) || !strings.Contains(err.Error(), "is missing") {
+			t.Fatalf("Find: %v, want %v saying the record is missing beside the mount", err, nodeprobe.ErrBadRecord)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Find did not answer within 5s: it waited for the frozen mounter")
 	}
 }

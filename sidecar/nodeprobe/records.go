@@ -24,6 +24,14 @@ import (
 // The volume name of a PersistentVolume is the PV's name. vol_data.json is a JSON object of
 // strings that kubelet writes before it calls NodeStageVolume or NodePublishVolume and removes
 // after the matching unstage or unpublish.
+//
+// A raw block volume (volumeMode Block) has a layout of its own, by PersistentVolume name alone
+// (pkg/volume/csi/csi_block.go and csi_util.go of kubelet v1.37):
+//
+//	plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json    the volume's record
+//	plugins/kubernetes.io/csi/volumeDevices/staging/<pv>               staging path (a folder the driver uses)
+//	plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod UID>     publish target: the device, one per pod
+//	plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod UID>         kubelet's own bind mount of the device
 const (
 	csiPluginDir  = "plugins/kubernetes.io/csi"
 	podsDir       = "pods"
@@ -32,6 +40,11 @@ const (
 	volDataFile   = "vol_data.json"
 	globalMount   = "globalmount"
 	publishMount  = "mount"
+
+	blockDir        = "volumeDevices"
+	blockDataDir    = "data"
+	blockStagingDir = "staging"
+	blockPublishDir = "publish"
 )
 
 // The keys of vol_data.json this package reads.
@@ -53,8 +66,11 @@ type Volume struct {
 	// StagingPath is the path kubelet staged the volume at, "" when kubelet keeps no staging
 	// record of it (a driver without STAGE_UNSTAGE_VOLUME, or not staged).
 	StagingPath string
-	// Targets are the paths kubelet published the volume at, one per pod, sorted.
+	// Targets are the paths kubelet published the volume at, one per pod, sorted: for a raw
+	// block volume, the device files the driver placed there.
 	Targets []string
+	// Block is a raw block volume (volumeMode Block), recorded in kubelet's volumeDevices layout.
+	Block bool
 }
 
 // Records reads kubelet's records of CSI volumes under its root folder. The zero value is not
@@ -124,6 +140,97 @@ func (r Records) Find(driver, handle, pv string) (*Volume, error) {
 	return v, nil
 }
 
+// FindBlock returns what kubelet records of the raw block volume pv (a PersistentVolume's name),
+// volume handle handle of driver: its staging path, when kubelet made one, and its publish
+// targets, one device per pod. It fails with ErrNotOnNode when kubelet keeps no record of the
+// volume, and with ErrBadRecord, naming the file, when the record is unreadable, names another
+// driver or volume handle, or is missing while kubelet has the volume published.
+func (r Records) FindBlock(driver, handle, pv string) (*Volume, error) {
+	if driver == "" || handle == "" || pv == "" || strings.ContainsRune(pv, '/') || pv == "." || pv == ".." ||
+		pv == blockStagingDir || pv == blockPublishDir {
+		return nil, fmt.Errorf("%w: driver %q, volume handle %q, PersistentVolume %q", ErrInvalidVolume, driver, handle, pv)
+	}
+	base := filepath.Join(r.KubeletDir, csiPluginDir, blockDir)
+	targets, err := blockTargets(filepath.Join(base, blockPublishDir, pv))
+	if err != nil {
+		return nil, err
+	}
+	record := filepath.Join(base, pv, blockDataDir)
+	data, err := readVolData(record, false)
+	switch {
+	case err != nil:
+		return nil, err
+	case data == nil && len(targets) > 0:
+		return nil, fmt.Errorf("%w: %s is missing: kubelet keeps it while it has the block volume published, and %s is there",
+			ErrBadRecord, filepath.Join(record, volDataFile), targets[0])
+	case data == nil:
+		return nil, fmt.Errorf("%w: kubelet in %s keeps no record (%s) of block volume %q of driver %q for PersistentVolume %q",
+			ErrNotOnNode, r.KubeletDir, filepath.Join(record, volDataFile), handle, driver, pv)
+	case data[keyDriverName] != driver || data[keyVolumeHandle] != handle:
+		return nil, fmt.Errorf("%w: %s names driver %q and volume handle %q, not driver %q and volume handle %q of PersistentVolume %q",
+			ErrBadRecord, filepath.Join(record, volDataFile), data[keyDriverName], data[keyVolumeHandle], driver, handle, pv)
+	}
+	v := &Volume{Driver: driver, Handle: handle, PV: pv, Targets: targets, Block: true}
+	if hasEntry(filepath.Join(base, blockStagingDir), pv) {
+		v.StagingPath = filepath.Join(base, blockStagingDir, pv)
+	}
+	return v, nil
+}
+
+// blockTargets lists the publish targets in a block volume's publish folder dir, one per pod,
+// sorted; none when dir does not exist.
+func blockTargets(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read kubelet's publish folder of a block volume: %w", ErrBadRecord, err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, filepath.Join(dir, e.Name()))
+	}
+	return out, nil
+}
+
+// listBlock adds the raw block volumes of driver that kubelet records to byHandle (through get),
+// and returns the records it could not read.
+func (r Records) listBlock(driver string, get func(handle string) *Volume) []error {
+	base := filepath.Join(r.KubeletDir, csiPluginDir, blockDir)
+	entries, err := os.ReadDir(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return []error{fmt.Errorf("%w: read kubelet's block volume records: %w", ErrBadRecord, err)}
+	}
+	var bad []error
+	for _, e := range entries {
+		pv := e.Name()
+		if !e.IsDir() || pv == blockStagingDir || pv == blockPublishDir {
+			continue
+		}
+		data, err := readVolData(filepath.Join(base, pv, blockDataDir), false)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		if data == nil || data[keyDriverName] != driver {
+			continue
+		}
+		found, err := r.FindBlock(driver, data[keyVolumeHandle], pv)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		v := get(found.Handle)
+		v.PV, v.Block, v.StagingPath = pv, true, found.StagingPath
+		v.Targets = append(v.Targets, found.Targets...)
+	}
+	return bad
+}
+
 // stagingRecord reads the staging record in dir: nil when kubelet keeps none there.
 func (r Records) stagingRecord(dir, driver, handle string) (*Volume, error) {
 	data, err := readVolData(dir, false)
@@ -132,7 +239,7 @@ func (r Records) stagingRecord(dir, driver, handle string) (*Volume, error) {
 	}
 	if data == nil {
 		// kubelet never leaves globalmount without its record.
-		if _, serr := os.Lstat(filepath.Join(dir, globalMount)); serr == nil {
+		if hasEntry(dir, globalMount) {
 			return nil, fmt.Errorf("%w: %s is missing: kubelet keeps it beside every staging path it uses, and %s is there without it",
 				ErrBadRecord, filepath.Join(dir, volDataFile), filepath.Join(dir, globalMount))
 		}
@@ -163,8 +270,9 @@ func (r Records) stagingRecordIn(dir, driver string) (*Volume, error) {
 }
 
 // List returns every persistent volume of driver that kubelet records on the node, staged or
-// published, sorted by volume handle. A record it cannot read does not hide the others: it is
-// returned in the error (ErrBadRecord, naming the file) beside the volumes that could be read.
+// published, filesystem and raw block volumes, sorted by volume handle. A record it cannot read
+// does not hide the others: it is returned in the error (ErrBadRecord, naming the file) beside the
+// volumes that could be read.
 func (r Records) List(driver string) ([]Volume, error) {
 	if driver == "" || strings.ContainsRune(driver, '/') {
 		return nil, fmt.Errorf("%w: driver %q", ErrInvalidVolume, driver)
@@ -223,6 +331,7 @@ func (r Records) List(driver string) ([]Volume, error) {
 		v.Targets = append(v.Targets, filepath.Join(dir, publishMount))
 		v.PV = filepath.Base(dir)
 	}
+	bad = append(bad, r.listBlock(driver, get)...)
 	out := make([]Volume, 0, len(byHandle))
 	for _, v := range byHandle {
 		slices.Sort(v.Targets)
@@ -230,6 +339,20 @@ func (r Records) List(driver string) ([]Volume, error) {
 	}
 	slices.SortFunc(out, func(a, b Volume) int { return strings.Compare(a.Handle, b.Handle) })
 	return out, errors.Join(bad...)
+}
+
+// hasEntry tells whether the folder dir holds an entry named name. It reads dir's names alone and
+// never looks at the entry itself: the entry may be a mount whose mounter is frozen, where even
+// an lstat(2) waits for the mounter (the kernel asks a FUSE daemon for the attributes of its
+// root), and this runs in the sidecar's own goroutines.
+func hasEntry(dir, name string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return slices.Contains(names, name)
 }
 
 // readVolData reads dir/vol_data.json: nil when it does not exist (and, with publish set, when
@@ -241,7 +364,7 @@ func readVolData(dir string, publish bool) (map[string]string, error) {
 	b, err := os.ReadFile(file)
 	if errors.Is(err, fs.ErrNotExist) {
 		if publish {
-			if _, serr := os.Lstat(filepath.Join(dir, publishMount)); serr == nil {
+			if hasEntry(dir, publishMount) {
 				return nil, fmt.Errorf("%w: %s is missing: kubelet keeps it beside every publish target it uses, and %s is there without it",
 					ErrBadRecord, file, filepath.Join(dir, publishMount))
 			}

@@ -29,19 +29,28 @@ import (
 // so that the Prober can start it as its own child (StatterOptions.Command).
 const StatArg = "__volume-healer-stat-mount"
 
+// blockArg, before the path, makes the stat child read a block device instead of stat'ing a
+// mount (readBlockDevice).
+const blockArg = "--block-device"
+
 // StatMain is the stat child's body: it writes the line "ready" to out, stats the one path in
-// args with driverkit.StatMount and writes to out "0" when the calls succeed, else the errno of
-// the call that failed and its name ("107 statfs"). It returns the process's exit code: 0 once it
-// has written its answer.
+// args with driverkit.StatMount (or, after "--block-device", reads the block device there:
+// readBlockDevice) and writes to out "0" when the calls succeed, else the errno of the call that
+// failed and its name ("107 statfs"). It returns the process's exit code: 0 once it has written
+// its answer.
 func StatMain(args []string, out io.Writer) int {
+	check := driverkit.StatMount
+	if len(args) == 2 && args[0] == blockArg {
+		check, args = readBlockDevice, args[1:]
+	}
 	if len(args) != 1 {
-		fmt.Fprintf(os.Stderr, "%s takes one path, got %q\n", StatArg, args)
+		fmt.Fprintf(os.Stderr, "%s takes one path, or %s and one path, got %q\n", StatArg, blockArg, args)
 		return 2
 	}
 	// The parent's timer starts at this line, so that a slow start of this process (a loaded
 	// node) is not taken for a frozen mount.
 	_, _ = fmt.Fprintln(out, statReady)
-	err := driverkit.StatMount(args[0])
+	err := check(args[0])
 	if err == nil {
 		_, _ = fmt.Fprintln(out, 0)
 		return 0
@@ -54,6 +63,48 @@ func StatMain(args []string, out io.Writer) int {
 	}
 	_, _ = fmt.Fprintln(out, int(errno), pe.Op)
 	return 0
+}
+
+// blockReadSize is how much readBlockDevice reads: one page, the unit of direct I/O.
+const blockReadSize = 4096
+
+// readBlockDevice checks that path is a block device and reads its first blockReadSize bytes,
+// past the page cache where the device allows (O_DIRECT), so that the answer is the device's
+// now and not what was cached before its backend died. A path that is not a block device fails
+// with ENOTBLK, a device that reads nothing (size 0) with ENXIO.
+func readBlockDevice(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
+		return &os.PathError{Op: "stat", Path: path, Err: unix.ENOTBLK}
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECT, 0)
+	if errors.Is(err, unix.EINVAL) {
+		// A device that does not do direct I/O is read through the cache.
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	// Direct I/O needs an aligned buffer: a mapped page is one.
+	buf, err := unix.Mmap(-1, 0, blockReadSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return &os.PathError{Op: "mmap", Path: path, Err: err}
+	}
+	defer func() { _ = unix.Munmap(buf) }()
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil {
+		return &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	if n == 0 {
+		// A device of no size has no backend: a loop device whose file was detached, or a
+		// network block device whose connection was torn down.
+		return &os.PathError{Op: "read", Path: path, Err: unix.ENXIO}
+	}
+	return nil
 }
 
 // StatterOptions configure a Statter. Zero values take the defaults documented on each field.
@@ -113,12 +164,28 @@ const reapGrace = 2 * time.Second
 // path answers), a MountHung finding when it did not answer within the timeout (or ctx's
 // deadline, if earlier), or an error when no child could do the stat.
 func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, error) {
+	return s.check(ctx, path, "a stat of", "its mounter is frozen or unreachable")
+}
+
+// ReadBlock reads the block device at path in a child process, as Stat stats a mount: the
+// finding of what it answered (nil: the device is a block device and its first page reads), a
+// MountHung finding when the read did not return within the timeout, or an error when no child
+// could do it. A read of a device whose backend is gone may wait in the kernel beyond a
+// SIGKILL: the child then keeps its place in MaxInFlight until the kernel gives up.
+func (s *Statter) ReadBlock(ctx context.Context, path string) (*driverkit.Finding, error) {
+	return s.check(ctx, path, "a read of the block device", "its backend is frozen or unreachable", blockArg)
+}
+
+// check runs a stat child on path, with args before the path, and reads its answer; what and
+// hung describe the check and a check that did not return, for the MountHung finding.
+func (s *Statter) check(ctx context.Context, path, what, hung string, args ...string) (*driverkit.Finding, error) {
 	select {
 	case s.inFlight <- struct{}{}:
 	default:
 		return nil, fmt.Errorf("%w: %d stats are running; %s was not stat'ed", ErrStatBusy, cap(s.inFlight), path)
 	}
-	cmd := exec.Command(s.opts.Command[0], append(s.opts.Command[1:len(s.opts.Command):len(s.opts.Command)], path)...)
+	argv := append(s.opts.Command[1:len(s.opts.Command):len(s.opts.Command)], args...)
+	cmd := exec.Command(s.opts.Command[0], append(argv, path)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		<-s.inFlight
@@ -189,7 +256,7 @@ func (s *Statter) Stat(ctx context.Context, path string) (*driverkit.Finding, er
 		return nil, fmt.Errorf("the stat of %s was cut off: %w", path, context.Cause(ctx))
 	}
 	return &driverkit.Finding{Path: path, Status: hungStatus, Reason: driverkit.ReasonMountHung,
-		Message: fmt.Sprintf("a stat of %s did not return within %s: its mounter is frozen or unreachable", path, timeout.Round(time.Millisecond))}, nil
+		Message: fmt.Sprintf("%s %s did not return within %s: %s", what, path, timeout.Round(time.Millisecond), hung)}, nil
 }
 
 // childExit is what a stat child wrote after its readiness line, and how it ended.

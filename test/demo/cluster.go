@@ -21,11 +21,18 @@ import (
 	"github.com/volume-healer/volume-healer/test/realcluster"
 )
 
-// The reference driver's name in its chart, and the node plugin's DaemonSet.
+// The reference driver's name in its chart, and the node plugin's DaemonSet; the same chart's
+// second release as a stock driver (test/realcluster's InstallStock), and its node plugin's.
 const (
 	clusterDriverName = "healer.example.com"
 	nodePluginDS      = "healer-refdriver-node"
+	stockDriverName   = "stock.healer.example.com"
+	stockNodePluginDS = "healer-refdriver-stock-node"
 )
+
+// stockReplicas is the number of pods of the StatefulSet on the stock driver's volumes, each with
+// its own volume, which the policy recycles.
+const stockReplicas = 2
 
 // sharedReplicas is the number of pods of the StatefulSet whose volumes heal in place: each has
 // its own volume, and their outages make the percentiles of the summary.
@@ -39,7 +46,11 @@ const sweepSample = 250 * time.Millisecond
 // (test/realcluster), three workloads on the driver's FUSE volumes, one volume's data removed,
 // and the node plugin's DaemonSet restarted as an upgrade does. It shows the workloads' own
 // writes failing and coming back, the lost volume reported and left alone, and what an operator
-// sees.
+// sees. Then the same fault on a stock driver, one that serves no Healer service (the reference
+// driver's chart again with node.mode=stock and rclone as its FUSE mounter): the sidecar's own
+// probe finds the dead mounts and the policy recycles the volumes, the pods of a fourth workload
+// evicted and replaced by pods whose volumes the driver's own NodeStage and NodePublish mount
+// anew.
 func clusterDemo(s *harness.Script, dir string, o options) error {
 	ctx := s.Context()
 	// The node's start, the images' build and helm's timings go to a file of their own.
@@ -65,19 +76,30 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	e.OptInToPodRestarts()
 	fmt.Println("  the controller, the driver's controller plugin and node plugin (driver + healer sidecar) run; the driver registered with kubelet")
 
-	step("Three workloads write, sync and read their FUSE volumes every 100ms")
+	step("Four workloads write, sync and read their FUSE volumes every 100ms; a stock driver is installed meanwhile")
 	begin := time.Now()
 	shared := e.StatefulSet("shared", corev1.MountPropagationHostToContainer, sharedReplicas)
 	private := e.Deployment("private", corev1.MountPropagationNone)
 	lost := e.Deployment("lost", corev1.MountPropagationHostToContainer)
+	// The stock driver's install waits for its node plugin while the first pods start.
+	e.InstallStock(s)
+	fmt.Printf("  helm install healer-refdriver-stock (node.mode=stock, node.mounter=rclone): driver %s serves no Healer service, its volumes are rclone mounts; registered with kubelet %s after the workloads were created\n",
+		stockDriverName, time.Since(begin).Round(100*time.Millisecond))
+	stock := e.StockStatefulSet("stock", stockReplicas)
 	shared.WaitAllWriting(s, 3*time.Minute)
 	private.WaitWriting(s, time.Time{}, 3*time.Minute, nil)
 	lost.WaitWriting(s, time.Time{}, 3*time.Minute, nil)
+	stock.WaitAllWriting(s, 3*time.Minute)
 	ns := shared.Namespace()
 	fmt.Printf("  shared:  a StatefulSet of %d pods, each with its own volume, mounted with propagation HostToContainer\n", sharedReplicas)
 	fmt.Println("  private: a Deployment, propagation None, in a namespace that lets the policy restart its pods")
 	fmt.Println("  lost:    a Deployment, propagation HostToContainer, whose volume is about to lose its data")
-	fmt.Printf("  %d pods write, %s after they were created\n", sharedReplicas+2, time.Since(begin).Round(100*time.Millisecond))
+	fmt.Printf("  stock:   a StatefulSet of %d pods on the stock driver's volumes, each its own, propagation None\n", stockReplicas)
+	fmt.Printf("  %d pods write, %s after they were created\n", sharedReplicas+2+stockReplicas, time.Since(begin).Round(100*time.Millisecond))
+	// The stock node plugin's first start is swept (tier none, probed by the sidecar) before
+	// the story restarts it.
+	e.WaitStockSwept(s, 2*time.Minute)
+	fmt.Printf("  the stock driver's CSIAddonsNode shows tier none, probed by the healer sidecar: %s after the workloads were created\n", time.Since(begin).Round(100*time.Millisecond))
 
 	sharedPods, err := shared.Pods(ctx)
 	if err != nil {
@@ -114,6 +136,9 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	if waitErr != nil {
 		broken = append(broken, waitErr.Error())
 	}
+	stockBegin := time.Now()
+	broken = append(broken, stockRestart(s, e, events, stock)...)
+	stockStory := time.Since(stockBegin)
 	// The evicted pod's volume stops needing a human with the next probe that finds it healthy
 	// (the class's periodic sweep, every 10s); the lost volume needs one for good.
 	want := statusWant{driver: clusterDriverName, node: c.NodeName(), volumes: map[string]bool{ns + "/" + lostClaim: true}}
@@ -123,9 +148,55 @@ func clusterDemo(s *harness.Script, dir string, o options) error {
 	for _, b := range broken {
 		fmt.Printf("  BROKEN PROMISE: %s\n", b)
 	}
-	fmt.Printf("\n%s since the start of the demo, %s of it the node's start (the images' build included)\n",
-		time.Since(start).Round(time.Second), nodeUp.Round(time.Second))
+	fmt.Printf("\n%s since the start of the demo, %s of it the node's start (the images' build included), %s the stock driver's restart and recycle\n",
+		time.Since(start).Round(time.Second), nodeUp.Round(time.Second), stockStory.Round(time.Second))
 	return end(ctx, o.hold, c.Kubeconfig, "pods,pvc,events", broken)
+}
+
+// stockRestart is the stock driver's part of the story: its node plugin's DaemonSet restarted,
+// as for the reference driver, while the stock workload's pods and the Events are shown as they
+// change. The driver cannot heal: realcluster's DisruptStock checks that the sidecar's probe
+// found the dead mounts, each volume was recycled (VolumeRecycling, EvictedForRecycle on each pod,
+// VolumeRecycled), the replacement pods write, and the restart was recorded handled only once no
+// staging mount was dead; a check that fails there fails the demo. It prints the outage of the
+// stock workload's pods, and returns the promises that did not hold.
+func stockRestart(s *harness.Script, e *realcluster.Env, events *eventPrinter, stock *realcluster.Workload) []string {
+	ctx := s.Context()
+	step("kubectl rollout restart daemonset/%s: the stock driver's container restarts, its rclone mounters die with it; it cannot heal, so the policy recycles its volumes", stockNodePluginDS)
+	before, err := stock.Pods(ctx)
+	if err != nil {
+		return []string{fmt.Sprintf("the stock workload's pods: %v", err)}
+	}
+	at := time.Now()
+	view := watchWorkloads(ctx, at, events, stock)
+	outages := e.DisruptStock(s, stock, "stock rollout restart", func() { e.RolloutRestartStock(s) })
+	view()
+	took := time.Since(at)
+	events.print(ctx)
+
+	step("Summary of the stock driver (no Healer service, rclone)")
+	after, err := stock.Pods(ctx)
+	if err != nil {
+		return []string{fmt.Sprintf("the stock workload's pods: %v", err)}
+	}
+	var broken []string
+	old := map[string]bool{}
+	for _, p := range before {
+		old[string(p.UID)] = true
+	}
+	var names []string
+	for _, p := range after {
+		if old[string(p.UID)] {
+			broken = append(broken, fmt.Sprintf("pod %s of the stock workload is still the pod from before the restart", p.Name))
+		}
+		names = append(names, p.Name+" (uid "+string(p.UID)[:8]+")")
+	}
+	fmt.Printf("  the healer sidecar's own probe found the dead rclone mounts; the policy recycled each of the %d volumes:\n", len(stock.Claims()))
+	fmt.Println("  its pods evicted through the Eviction API, kubelet unstaged it, and the driver's own NodeStage and NodePublish mounted it again for the new pods")
+	fmt.Printf("  new pods writing and reading: %s\n", strings.Join(names, ", "))
+	fmt.Printf("    outage, first failed write -> first good write in the new pod:  %s\n", spread(outages))
+	fmt.Printf("    plugin restart -> every new pod writing, the Events and the handled restart checked: %s\n", took.Round(100*time.Millisecond))
+	return broken
 }
 
 // clusterRestart is what the rollout restart of the node plugin showed.

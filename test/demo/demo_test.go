@@ -20,6 +20,8 @@ import (
 // metrics show probes that found dead mounts and heals after the rollout restart; the pod with
 // propagation None evicted (VolumePodsMustRestart, EvictedForStaleMount) and its replacement
 // writing; the volume whose data was removed reported (VolumeDataLoss) and not healed; and
+// the stock driver's node plugin (no Healer service, rclone) restarted, each of its pods evicted
+// for the recycle of its volume and replaced by one that writes (realcluster's DisruptStock); and
 // healerctl status listing the node's restart as handled and exactly that volume as needing a
 // human, with exit code 2.
 func TestDemo(t *testing.T) {

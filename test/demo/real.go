@@ -444,6 +444,7 @@ func realSummary(ctx context.Context, nodes []*realNode, victim *realNode, r res
 		fmt.Printf("  %s: data lost, left alone (no heal call); Event %s on the PVC for a human\n", lost.PVC, healer.ReasonVolumeDataLoss)
 	}
 	fmt.Printf("  probe calls: %d, heal calls: %d (by the drivers' current processes)\n", probes, heals)
+	noRecycleHere("kubelet stand-ins")
 	for _, b := range broken {
 		fmt.Printf("  BROKEN PROMISE: %s\n", b)
 	}

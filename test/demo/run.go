@@ -262,6 +262,16 @@ func logToFile(file string) (restore func(), err error) {
 	}, nil
 }
 
+// noRecycleHere says, in a mode without a real node (what its nodes are), why the stock
+// driver's story is not shown: a driver that cannot heal gets its volumes back by recycling,
+// which evicts the pods that use them for kubelet to unstage the volume and to stage and
+// publish it again for their replacements. The nodes of this mode run no pods for the Eviction
+// API to evict, and nothing that would start replacements and mount their volumes again.
+func noRecycleHere(nodes string) {
+	fmt.Printf("  not shown here: a stock driver (no Healer service) recycled by policy. That remedy evicts pods and needs kubelet to\n"+
+		"  unstage the volume and mount it again for their replacements; the %s of this mode run no pods. --mode cluster shows it.\n", nodes)
+}
+
 func step(format string, args ...any) {
 	fmt.Printf("\n==> "+format+"\n", args...)
 }

@@ -225,4 +225,5 @@ func summary(ctx context.Context, plugins []*harness.Plugin, vols, broken, lost,
 	fmt.Printf("  data loss: %d, left for a human (Event VolumeDataLoss on the PVC)\n", countCondition(ctx, lost, control.Lost))
 	fmt.Printf("  probe calls: %d, heal calls: %d, most calls on one volume at once: %d\n", probes, heals, maxPerVolume)
 	fmt.Printf("  time from the node plugin restart to its last heal: %s\n", healTime.Round(10*time.Millisecond))
+	noRecycleHere("simulated nodes")
 }
