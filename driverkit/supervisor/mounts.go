@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
 )
@@ -71,6 +72,24 @@ func (s *Supervisor) connectionOf(table []*mountEntry, v *volume) (id uint64, mo
 		return id, true
 	}
 	return 0, false
+}
+
+// ensureFuseControl mounts the fusectl file system at Options.FuseControl where nothing is
+// mounted there yet (systemd mounts it on most distributions, a container or a minimal host may
+// not), so that the status can say how many requests wait on each connection. Best effort:
+// without it those counts read -1, unknown.
+func (s *Supervisor) ensureFuseControl() {
+	for _, m := range s.mountTable() {
+		if m.Mountpoint == s.opts.FuseControl {
+			return
+		}
+	}
+	if err := unix.Mount("fusectl", s.opts.FuseControl, "fusectl", 0, ""); err != nil {
+		s.opts.Logger.Info("Cannot mount fusectl: the status will not count the requests waiting on each connection",
+			"path", s.opts.FuseControl, "err", err.Error())
+		return
+	}
+	s.opts.Logger.V(2).Info("Mounted fusectl: the status counts the requests waiting on each connection", "path", s.opts.FuseControl)
 }
 
 // waiting reads how many requests of a connection wait for an answer; -1 when unknown.

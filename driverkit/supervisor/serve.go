@@ -27,6 +27,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 			return fmt.Errorf("supervisor: create %s: %w", dir, err)
 		}
 	}
+	s.ensureFuseControl()
 	if _, err := os.Stat(filepath.Join(s.retiredDir(), s.opts.Instance)); err == nil {
 		s.mu.Lock()
 		s.state = ServerRetired
