@@ -2,7 +2,8 @@
 // approves and signs the CertificateSigningRequests of signerName
 // healerv1alpha1.SidecarSignerName whose requester is a pod of an allowed ServiceAccount running
 // on the node the request names, and denies every other one with the reason, with the project's
-// CA kept in a Secret that it creates on its first start. It imports none of the controller's
+// CA kept in a Secret that it creates on its first start, or that cert-manager issues and renews
+// (CAReloader follows the renewals). It imports none of the controller's
 // stages, no sidecar package and not the configuration: the composition root gives it its
 // options.
 package sidecarsigner
