@@ -63,6 +63,11 @@ func LoadOrCreateCA(ctx context.Context, secrets typedcorev1.SecretInterface, na
 		if apierrors.IsAlreadyExists(err) {
 			s, err = secrets.Get(ctx, name, metav1.GetOptions{})
 		}
+		if apierrors.IsForbidden(err) {
+			// The chart's sidecarCA.certManager: cert-manager writes the Secret, not us.
+			return nil, fmt.Errorf("sidecar CA Secret %s does not exist, and the controller may not create it: "+
+				"where cert-manager issues the CA (the chart's sidecarCA.certManager), its Certificate has not written the Secret yet: %w", name, err)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sidecar CA Secret %s: %w", name, err)

@@ -19,10 +19,14 @@ import (
 	"github.com/go-logr/logr/funcr"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -331,4 +335,17 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestMissingCASecretThatCannotBeCreatedNamesIt: with cert-manager issuing the CA, the controller
+// may not create the Secret; before cert-manager wrote it, the error says which Secret and why.
+func TestMissingCASecretThatCannotBeCreatedNamesIt(t *testing.T) {
+	cs := fake.NewClientset()
+	cs.PrependReactor("create", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "secrets"}, "", errors.New("no create verb"))
+	})
+	_, err := sidecarsigner.LoadOrCreateCA(context.Background(), cs.CoreV1().Secrets(rotNamespace), rotSecret, time.Now())
+	if err == nil || !strings.Contains(err.Error(), rotSecret) || !strings.Contains(err.Error(), "sidecarCA.certManager") {
+		t.Fatalf("a missing CA Secret the controller may not create: %v; want an error naming it and cert-manager", err)
+	}
 }
