@@ -10,27 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
-
-// requireMounts skips a test that mounts FUSE where it cannot, except in CI, where the machine
-// must be able to.
-func requireMounts(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		missing = append(missing, "/dev/fuse")
-	}
-	if len(missing) > 0 {
-		msg := "this test mounts a FUSE file system and needs " + strings.Join(missing, " and ")
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-}
 
 // mountFields returns the fields of the mountinfo line of the top-most mount at path, or nil.
 func mountFields(t *testing.T, path string) []string {
@@ -62,7 +43,7 @@ func detach(t *testing.T, target string) {
 }
 
 func TestMountShowsTypeAndSource(t *testing.T) {
-	requireMounts(t)
+	harness.RequireRealMounts(t)
 	target := t.TempDir()
 	dev, err := fuseconn.Mount(target, fuseconn.MountOptions{Subtype: "fuseconntest", FsName: "test:vol-1", AllowOther: true})
 	if err != nil {

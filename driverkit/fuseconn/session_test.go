@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // tinyFS serves an empty root folder; a lookup of "panic" panics, and one of "silent" returns
@@ -42,7 +43,7 @@ func (tinyFS) Handle(r *fuseconn.Request) {
 }
 
 func TestServeSurvivesItsHandler(t *testing.T) {
-	requireMounts(t)
+	harness.RequireRealMounts(t)
 	target := t.TempDir()
 	dev, err := fuseconn.Mount(target, fuseconn.MountOptions{Subtype: "fuseconntest"})
 	if err != nil {

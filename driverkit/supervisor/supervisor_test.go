@@ -18,6 +18,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
 	"github.com/volume-healer/volume-healer/driverkit/supervisor"
+	"github.com/volume-healer/volume-healer/test/harness"
 	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
@@ -32,26 +33,6 @@ func TestMain(m *testing.M) {
 // mounts of a test running beside it never show as unheld here.
 var subtype = fmt.Sprintf("svtest%d", os.Getpid())
 
-// requireMounts skips a test that mounts FUSE where it cannot, except under CI=true, where that
-// is a failure.
-func requireMounts(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		missing = append(missing, "/dev/fuse")
-	}
-	if len(missing) > 0 {
-		msg := "this test mounts FUSE file systems and needs " + strings.Join(missing, " and ")
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-}
-
 // node is one node's folders: the supervisors' state and socket, the fake mounter's folder,
 // and a root the targets are made under.
 type node struct {
@@ -64,7 +45,7 @@ type node struct {
 
 func newNode(t *testing.T) *node {
 	t.Helper()
-	requireMounts(t)
+	harness.RequireRealMounts(t)
 	short, err := os.MkdirTemp("", "sv") // a socket path must fit in 108 bytes
 	if err != nil {
 		t.Fatal(err)

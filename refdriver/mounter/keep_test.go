@@ -24,6 +24,7 @@ import (
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
 	"github.com/volume-healer/volume-healer/refdriver/cli"
 	"github.com/volume-healer/volume-healer/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // childEnv makes the test binary run as `refdriver` with its arguments instead of as tests: the
@@ -60,7 +61,7 @@ type keptMount struct {
 
 func newKeptMount(t *testing.T) *keptMount {
 	t.Helper()
-	requireMounts(t)
+	harness.RequireRealMounts(t)
 	k := &keptMount{source: t.TempDir(), target: t.TempDir(), state: filepath.Join(t.TempDir(), "state")}
 	dev, err := fuseconn.Mount(k.target, fuseconn.MountOptions{Subtype: mounter.Name, FsName: "test:kept", AllowOther: true})
 	if err != nil {

@@ -12,25 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/refdriver/mounter"
+	"github.com/volume-healer/volume-healer/test/harness"
 )
-
-func requireMounts(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		missing = append(missing, "/dev/fuse")
-	}
-	if len(missing) > 0 {
-		msg := "this test mounts a FUSE file system and needs " + strings.Join(missing, " and ")
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-}
 
 // mountLine returns the mountinfo line of the top-most mount at path, or "".
 func mountLine(t *testing.T, path string) string {
@@ -51,7 +34,7 @@ func mountLine(t *testing.T, path string) string {
 }
 
 func TestRunServesTheFolder(t *testing.T) {
-	requireMounts(t)
+	harness.RequireRealMounts(t)
 	source, target := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(source, "old"), []byte("from the source"), 0o644); err != nil {
 		t.Fatal(err)
