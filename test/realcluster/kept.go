@@ -38,36 +38,13 @@ const (
 // it.
 func (e *Env) InstallKept(t harness.TB) {
 	t.Helper()
-	for _, dir := range []string{keptStateDir, keptSupState, keptSupSocket} {
-		_, statErr := os.Stat(dir)
-		t.Cleanup(func() {
-			if statErr != nil {
-				if err := os.RemoveAll(dir); err != nil {
-					t.Errorf("remove the kept driver's folder: %v", err)
-				}
-			}
-		})
-	}
-	e.namespace(keptNS, nil)
-	e.sidecarRBAC(t, keptNS)
-	img := e.assets.Images
-	begin := time.Now()
 	e.kept = true
-	args := []string{"install", keptRelease, "deploy/helm/healer-refdriver", "--namespace", keptNS,
-		"--set", "driverName=" + keptDriver, "--set", "stateDir=" + keptStateDir,
-		"--set", "storageClass.name=" + keptClass,
-		"--set", "supervisor.enabled=true", "--set", "supervisor.stateDir=" + keptSupState, "--set", "supervisor.socketDir=" + keptSupSocket,
-		"--set", "images.refdriver.repository=" + img["healer-refdriver"].Repository, "--set", "images.refdriver.tag=" + img["healer-refdriver"].Tag,
-		"--set", "images.healerSidecar.repository=" + img["healer-sidecar"].Repository, "--set", "images.healerSidecar.tag=" + img["healer-sidecar"].Tag,
-		"--set", "images.csiProvisioner.repository=" + img["csi-provisioner"].Repository, "--set", "images.csiProvisioner.tag=" + img["csi-provisioner"].Tag,
-		"--set", "images.csiAttacher.repository=" + img["csi-attacher"].Repository, "--set", "images.csiAttacher.tag=" + img["csi-attacher"].Tag,
-		"--wait", "--timeout", "5m"}
-	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher"} {
-		args = append(args, "--set", "images."+name+".pullPolicy=Never")
-	}
-	e.must(t, "helm", args...)
-	t.Logf("helm install %s (Healer mode, mount supervisor): %s", keptRelease, time.Since(begin).Round(100*time.Millisecond))
-	e.waitRegistered(keptDriver)
+	e.installDriverRelease(t, driverRelease{
+		release: keptRelease, namespace: keptNS, driver: keptDriver, class: keptClass, image: "healer-refdriver",
+		folders: []string{keptStateDir, keptSupState, keptSupSocket}, what: "Healer mode, mount supervisor",
+		values: []string{"stateDir=" + keptStateDir,
+			"supervisor.enabled=true", "supervisor.stateDir=" + keptSupState, "supervisor.socketDir=" + keptSupSocket},
+	})
 }
 
 // HeldWorkload creates a one-pod StatefulSet on class whose writer uses its volume the way of

@@ -35,38 +35,68 @@ import (
 // the chart's ClusterRole for its ServiceAccount, and a Role for its CSIAddonsNodes.
 func (e *Env) InstallStock(t harness.TB) {
 	t.Helper()
-	_, statErr := os.Stat(stockStateDir)
-	t.Cleanup(func() {
-		if statErr != nil {
-			if err := os.RemoveAll(stockStateDir); err != nil {
-				t.Errorf("remove the stock driver's state: %v", err)
-			}
-		}
+	e.stock = true
+	e.installDriverRelease(t, driverRelease{
+		release: stockRelease, namespace: stockNS, driver: stockDriver, class: stockClass, image: "healer-refdriver-rclone",
+		folders: []string{stockStateDir}, what: "stock mode, rclone",
+		values: []string{"stateDir=" + stockStateDir, "node.mode=stock", "node.mounter=rclone"},
 	})
-	e.namespace(stockNS, nil)
-	e.sidecarRBAC(t, stockNS)
+}
+
+// driverRelease is a further release of the reference driver's chart beside the first.
+type driverRelease struct {
+	release, namespace, driver, class string
+	// image is the cluster image of the driver (hack/images --cluster-images).
+	image string
+	// folders are the node folders the release writes, removed after the test unless they
+	// were there before it.
+	folders []string
+	// what says in a few words what the release runs, for the log.
+	what string
+	// values are the chart values it sets besides the driver's name, class and images.
+	values []string
+}
+
+// installDriverRelease installs r with the images built here and the healer sidecar beside its
+// node plugin, and waits until kubelet registered its driver. The volume-healer chart binds the
+// sidecar's cluster-side RBAC to one driver namespace; a further driver's is bound here as an
+// operator who adds a driver does (sidecarRBAC).
+func (e *Env) installDriverRelease(t harness.TB, r driverRelease) {
+	t.Helper()
+	for _, dir := range r.folders {
+		_, statErr := os.Stat(dir)
+		t.Cleanup(func() {
+			if statErr != nil {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Errorf("remove %s's folder: %v", r.release, err)
+				}
+			}
+		})
+	}
+	e.namespace(r.namespace, nil)
+	e.sidecarRBAC(t, r.namespace)
 	img := e.assets.Images
-	rclone, ok := img["healer-refdriver-rclone"]
+	driverImg, ok := img[r.image]
 	if !ok {
-		t.Fatalf("no image healer-refdriver-rclone among the cluster images (hack/images --cluster-images builds it)")
+		t.Fatalf("no image %s among the cluster images (hack/images --cluster-images builds it)", r.image)
 	}
 	begin := time.Now()
-	e.stock = true
-	args := []string{"install", stockRelease, "deploy/helm/healer-refdriver", "--namespace", stockNS,
-		"--set", "driverName=" + stockDriver, "--set", "stateDir=" + stockStateDir,
-		"--set", "storageClass.name=" + stockClass,
-		"--set", "node.mode=stock", "--set", "node.mounter=rclone",
-		"--set", "images.refdriver.repository=" + rclone.Repository, "--set", "images.refdriver.tag=" + rclone.Tag,
+	args := []string{"install", r.release, "deploy/helm/healer-refdriver", "--namespace", r.namespace,
+		"--set", "driverName=" + r.driver, "--set", "storageClass.name=" + r.class,
+		"--set", "images.refdriver.repository=" + driverImg.Repository, "--set", "images.refdriver.tag=" + driverImg.Tag,
 		"--set", "images.healerSidecar.repository=" + img["healer-sidecar"].Repository, "--set", "images.healerSidecar.tag=" + img["healer-sidecar"].Tag,
 		"--set", "images.csiProvisioner.repository=" + img["csi-provisioner"].Repository, "--set", "images.csiProvisioner.tag=" + img["csi-provisioner"].Tag,
 		"--set", "images.csiAttacher.repository=" + img["csi-attacher"].Repository, "--set", "images.csiAttacher.tag=" + img["csi-attacher"].Tag,
 		"--wait", "--timeout", "5m"}
+	for _, v := range r.values {
+		args = append(args, "--set", v)
+	}
 	for _, name := range []string{"refdriver", "healerSidecar", "csiProvisioner", "csiAttacher"} {
 		args = append(args, "--set", "images."+name+".pullPolicy=Never")
 	}
 	e.must(t, "helm", args...)
-	t.Logf("helm install %s (stock mode, rclone): %s", stockRelease, time.Since(begin).Round(100*time.Millisecond))
-	e.waitRegistered(stockDriver)
+	t.Logf("helm install %s (%s): %s", r.release, r.what, time.Since(begin).Round(100*time.Millisecond))
+	e.waitRegistered(r.driver)
 }
 
 // sidecarRBAC binds, for the node plugin ServiceAccount of a further release of the driver's
