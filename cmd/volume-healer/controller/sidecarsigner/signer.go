@@ -53,11 +53,8 @@ type Options struct {
 	// Client reads and updates the CertificateSigningRequests and reads the requesters' pods.
 	// Required.
 	Client kubernetes.Interface
-	// CA signs, when it never changes. CA or CAs is required.
+	// CA signs. Required.
 	CA *CA
-	// CAs, when set, gives the CA that signs each certificate (its Current one): the newest of a
-	// CA Secret renewed by someone else. It takes the place of CA.
-	CAs *CAReloader
 	// ServerName is the base of the sidecars' DNS names (the controller's sidecar.tls.serverName):
 	// the request of node N must name healerv1alpha1.SidecarDNSName(N, ServerName) alone. Required.
 	ServerName string
@@ -86,7 +83,7 @@ func New(opts Options) (*Signer, error) {
 	switch {
 	case opts.Client == nil:
 		return nil, fmt.Errorf("%w: no client", ErrInvalidOptions)
-	case opts.CA == nil && opts.CAs == nil:
+	case opts.CA == nil:
 		return nil, fmt.Errorf("%w: no CA", ErrInvalidOptions)
 	case opts.ServerName == "":
 		return nil, fmt.Errorf("%w: the sidecars' server name base (sidecar.tls.serverName) is empty; the names of each node's certificate are built on it", ErrInvalidOptions)
@@ -120,9 +117,7 @@ func New(opts Options) (*Signer, error) {
 	s := &Signer{
 		opts:  opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "sidecar-csr"}),
-		// As the generated informers do: a client without watch-list streams (a fake one) is
-		// listed and watched.
-		inf: toolscache.NewSharedIndexInformer(toolscache.ToListWatcherWithWatchListSemantics(lw, opts.Client), &certificatesv1.CertificateSigningRequest{}, 0, toolscache.Indexers{}),
+		inf:   toolscache.NewSharedIndexInformer(lw, &certificatesv1.CertificateSigningRequest{}, 0, toolscache.Indexers{}),
 	}
 	s.store = s.inf.GetStore()
 	enqueue := func(obj any) {
@@ -299,13 +294,9 @@ func (s *Signer) sign(csr *certificatesv1.CertificateSigningRequest, req *x509.C
 	if err != nil {
 		return nil, err
 	}
-	ca := s.opts.CA
-	if s.opts.CAs != nil {
-		ca = s.opts.CAs.Current()
-	}
 	notAfter := now.Add(validity)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
+	if notAfter.After(s.opts.CA.Cert.NotAfter) {
+		notAfter = s.opts.CA.Cert.NotAfter
 	}
 	usage := x509.KeyUsageDigitalSignature
 	if slices.Contains(csr.Spec.Usages, certificatesv1.UsageKeyEncipherment) {
@@ -321,7 +312,7 @@ func (s *Signer) sign(csr *certificatesv1.CertificateSigningRequest, req *x509.C
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 	}
-	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, req.PublicKey, ca.Key)
+	return x509.CreateCertificate(rand.Reader, tmpl, s.opts.CA.Cert, req.PublicKey, s.opts.CA.Key)
 }
 
 func (s *Signer) condition(t certificatesv1.RequestConditionType, reason, message string) certificatesv1.CertificateSigningRequestCondition {
