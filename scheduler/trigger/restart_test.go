@@ -67,26 +67,46 @@ func runRestarts(t *testing.T, debounce time.Duration) (*Restarts, *clocktesting
 	return r, fc, sweeps
 }
 
-func TestRestartsDebounceToOneSweep(t *testing.T) {
+// TestRestartsDebounce: a lone restart is swept at once, without waiting for the debounce window;
+// the restarts that follow within the window (a crash-looping plugin) are folded into one sweep
+// of the last marker at the window's end, and none is made when the marker did not change again.
+func TestRestartsDebounce(t *testing.T) {
 	r, fc, sweeps := runRestarts(t, 2*time.Second)
 	ctx := context.Background()
-	// A crash-looping plugin: three starts in quick succession.
-	for i, marker := range []string{"r1", "r2", "r3"} {
-		r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: marker}))
-		if i < 2 {
-			step(t, fc, time.Second)
-		}
-	}
-	expectNoSweep(t, sweeps)
-	step(t, fc, 2*time.Second)
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r1"}))
 	s := expectSweep(t, sweeps)
-	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r3" ||
-		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" {
-		t.Fatalf("sweep = %+v, want one restart sweep of rbd.csi.ceph.com on node-a for marker r3", s)
+	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r1" ||
+		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" || !s.Fired.Equal(epoch) {
+		t.Fatalf("sweep = %+v, want a restart sweep of rbd.csi.ceph.com on node-a for marker r1 at once", s)
+	}
+	// The plugin crash-loops: two more starts within the window. (Nothing is pending, so
+	// nothing waits on the clock.)
+	fc.Step(500 * time.Millisecond)
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r2"}))
+	step(t, fc, 500*time.Millisecond)
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r3"}))
+	expectNoSweep(t, sweeps)
+	step(t, fc, time.Second)
+	s = expectSweep(t, sweeps)
+	if s.Marker != "r3" || !s.Fired.Equal(epoch.Add(2*time.Second)) {
+		t.Fatalf("sweep = %+v, want one sweep of marker r3 at the window's end (2s)", s)
 	}
 	expectNoSweep(t, sweeps)
 	if r.Pending() != 0 {
 		t.Errorf("pending = %d after the sweep, want 0", r.Pending())
+	}
+	// Still within the window after that sweep, the object changes without a new marker (the
+	// handled marker written): nothing to sweep, now or at the window's end.
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r3"}))
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d for a marker already swept, want 0", r.Pending())
+	}
+	fc.Step(3 * time.Second)
+	expectNoSweep(t, sweeps)
+	// A restart long after the last is again swept at once.
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r4"}))
+	if s = expectSweep(t, sweeps); s.Marker != "r4" || !s.Fired.Equal(epoch.Add(5*time.Second)) {
+		t.Fatalf("sweep = %+v, want marker r4 at once (5s)", s)
 	}
 }
 
@@ -214,7 +234,7 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	ctx := context.Background()
 	n := csiAddonsNode(map[string]string{annotations.HealerRestart: "r1", annotations.Endpoint: "10.0.0.5:9070"})
 	r.Observe(ctx, n)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r1" {
 		t.Fatalf("sweep marker = %q, want r1", s.Marker)
 	}
@@ -227,20 +247,20 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 		r.Observe(ctx, update)
 		if r.Pending() != 0 {
 			t.Errorf("pending = %d while the marker's sweep runs, want 0", r.Pending())
-			step(t, fc, 2*time.Second)
+			fc.Step(2 * time.Second)
 		}
 	}
 	expectNoSweep(t, sweeps)
 
 	again := csiAddonsNode(map[string]string{annotations.HealerRestart: "r2"})
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 for the next restart", s.Marker)
 	}
 	r.Forget(types.NamespacedName{Namespace: again.Namespace, Name: again.Name})
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	second := expectSweep(t, sweeps)
 	if second.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 once more for the recreated object", second.Marker)
@@ -255,7 +275,7 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	}
 	r.Ended(second, false)
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 again after its sweep ended unrecorded", s.Marker)
 	}
