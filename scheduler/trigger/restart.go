@@ -87,7 +87,8 @@ type RestartOptions struct {
 	// Debounce is the shortest time between two restart sweeps of one CSIAddonsNode: the first
 	// change of a marker is swept at once, and the changes that follow within the window after
 	// a sweep (a crash-looping plugin) are folded into one sweep of the last marker at the
-	// window's end, made only when the marker changed again. Default: 0.
+	// window's end, made only when the marker changed again. An object without the healer
+	// sidecar's endpoint waits the window from its change, for the sidecar to write it. Default: 0.
 	Debounce time.Duration
 	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
 	// changed since the handled marker (a restart of that container alone). Default false: such
@@ -191,7 +192,12 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 	if last, ok := r.fired[key]; ok {
 		// A restart within the window after the last sweep waits for the window's end, with
 		// whatever else comes meanwhile.
-		p.due = maxTime(now, last.Add(r.opts.Debounce))
+		p.due = maxTime(p.due, last.Add(r.opts.Debounce))
+	}
+	if n.Annotations[annotations.Endpoint] == "" {
+		// No healer sidecar to call yet (an object the csi-addons sidecar recreated without the
+		// healer sidecar's annotations): the window gives it the time to write them back.
+		p.due = maxTime(p.due, now.Add(r.opts.Debounce))
 	}
 	if healerOfAnotherPod(n) {
 		// Sweeping now would call the old pod's dead sidecar: wait for the new one, counting

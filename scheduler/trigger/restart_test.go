@@ -73,7 +73,7 @@ func runRestarts(t *testing.T, debounce time.Duration) (*Restarts, *clocktesting
 func TestRestartsDebounce(t *testing.T) {
 	r, fc, sweeps := runRestarts(t, 2*time.Second)
 	ctx := context.Background()
-	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r1"}))
+	r.Observe(ctx, withEndpoint("r1"))
 	s := expectSweep(t, sweeps)
 	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r1" ||
 		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" || !s.Fired.Equal(epoch) {
@@ -82,9 +82,9 @@ func TestRestartsDebounce(t *testing.T) {
 	// The plugin crash-loops: two more starts within the window. (Nothing is pending, so
 	// nothing waits on the clock.)
 	fc.Step(500 * time.Millisecond)
-	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r2"}))
+	r.Observe(ctx, withEndpoint("r2"))
 	step(t, fc, 500*time.Millisecond)
-	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r3"}))
+	r.Observe(ctx, withEndpoint("r3"))
 	expectNoSweep(t, sweeps)
 	step(t, fc, time.Second)
 	s = expectSweep(t, sweeps)
@@ -97,17 +97,31 @@ func TestRestartsDebounce(t *testing.T) {
 	}
 	// Still within the window after that sweep, the object changes without a new marker (the
 	// handled marker written): nothing to sweep, now or at the window's end.
-	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r3"}))
+	r.Observe(ctx, withEndpoint("r3"))
 	if r.Pending() != 0 {
 		t.Errorf("pending = %d for a marker already swept, want 0", r.Pending())
 	}
 	fc.Step(3 * time.Second)
 	expectNoSweep(t, sweeps)
 	// A restart long after the last is again swept at once.
-	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r4"}))
+	r.Observe(ctx, withEndpoint("r4"))
 	if s = expectSweep(t, sweeps); s.Marker != "r4" || !s.Fired.Equal(epoch.Add(5*time.Second)) {
 		t.Fatalf("sweep = %+v, want marker r4 at once (5s)", s)
 	}
+	// An object without the healer sidecar's endpoint (recreated by the csi-addons sidecar) waits
+	// the window for the sidecar to write it back, even as a lone change.
+	r.Forget(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"})
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r5"}))
+	expectNoSweep(t, sweeps)
+	step(t, fc, 2*time.Second)
+	if s = expectSweep(t, sweeps); s.Marker != "r5" || !s.Fired.Equal(epoch.Add(7*time.Second)) {
+		t.Fatalf("sweep = %+v, want marker r5 after the window (7s)", s)
+	}
+}
+
+// withEndpoint is the CSIAddonsNode of a healer sidecar that registered with marker.
+func withEndpoint(marker string) *csiaddonsv1alpha1.CSIAddonsNode {
+	return csiAddonsNode(map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: "10.0.0.5:9070"})
 }
 
 func TestRestartsSkipHandledAndDeleted(t *testing.T) {
