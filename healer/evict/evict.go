@@ -223,6 +223,10 @@ type Evictor struct {
 	// noRestart holds the pods whose containers the sidecar could not restart in place: it is
 	// not tried again for them; entries expire with handled's.
 	noRestart map[types.UID]time.Time
+	// lastEviction holds, per volume and node (PV/node), when the evictor last evicted a pod of
+	// the volume there: a pod created in the same second as a heal may be its replacement
+	// (runsOnMount). Entries expire with handled's.
+	lastEviction map[string]time.Time
 	// evictPod evicts one pod: evict, or in tests the fake clientset's typed call, whose
 	// reactors stand for the API server.
 	evictPod func(ctx context.Context, pod *corev1.Pod) error
@@ -278,6 +282,8 @@ func New(opts Options) (*Evictor, error) {
 		handled:   map[types.UID]handledPod{},
 		progress:  map[string]*Progress{},
 		noRestart: map[types.UID]time.Time{},
+
+		lastEviction: map[string]time.Time{},
 	}
 	e.evictPod = e.evict
 	return e, nil
@@ -452,7 +458,7 @@ func (e *Evictor) processSurviving(ctx context.Context, req Request) (retry bool
 // stays on the dead mount (each was evicted, restarted in place, or is gone).
 func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after time.Duration, cleared bool) {
 	logger := klog.FromContext(ctx).WithValues("pv", req.PV, "node", req.Node, "driver", req.Driver, "pvc", req.Claim.String(), "remedy", req.remedy())
-	pods, err := findPods(ctx, e.opts.Client, req.Claim.Namespace, req.Claim.Name, req.Node, req.HealedAt, e.opts.CallTimeout)
+	pods, err := findPods(ctx, e.opts.Client, req.Claim.Namespace, req.Claim.Name, req.Node, req.HealedAt, e.lastEvictionOf(req), e.opts.CallTimeout)
 	if err != nil {
 		logger.Error(err, "Cannot find the pods that still see the volume's dead mount")
 		e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
@@ -564,6 +570,7 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 			tally.evicted++
 			e.budget.spend(pod.Namespace, now)
 			e.markHandled(pod.UID, now, true)
+			e.markEvicted(req, now)
 			e.opts.Metrics.eviction(ResultEvicted)
 			logger.Info("Evicted a pod that still saw the volume's dead mount", "pod", klog.KObj(pod))
 			e.event(pod, corev1.EventTypeNormal, reason, "Evicted: "+why, req.Claim.Name, req.heal())
@@ -760,6 +767,21 @@ func (e *Evictor) wasHandled(uid types.UID) (handledPod, bool) {
 	return h, ok
 }
 
+// lastEvictionOf returns when the evictor last evicted a pod of req's volume on req's node, or
+// the zero time.
+func (e *Evictor) lastEvictionOf(req Request) time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastEviction[req.PV+"/"+req.Node]
+}
+
+// markEvicted records that a pod of req's volume on req's node was evicted at now.
+func (e *Evictor) markEvicted(req Request, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lastEviction[req.PV+"/"+req.Node] = now
+}
+
 // markRestarted records that the pod's containers were restarted in place.
 func (e *Evictor) markRestarted(uid types.UID, now time.Time) {
 	e.mu.Lock()
@@ -792,6 +814,11 @@ func (e *Evictor) expireHandled(now time.Time) {
 	for uid, at := range e.noRestart {
 		if now.Sub(at) > time.Hour {
 			delete(e.noRestart, uid)
+		}
+	}
+	for key, at := range e.lastEviction {
+		if now.Sub(at) > time.Hour {
+			delete(e.lastEviction, key)
 		}
 	}
 	// The progress of a heal's pod restarts is kept an hour after its request was handled,

@@ -14,10 +14,10 @@ import (
 // findPods lists the pods of the claim's namespace on node (one LIST with a spec.nodeName field
 // selector: the API server filters, and nothing is cached between calls, so the controller's
 // memory does not grow with the cluster's pods; docs/performance.md has the measurements) and
-// returns those on node that use the claim and were created before since, that is, that mounted the
-// volume before the heal and still run on it. Pods that are terminating or have ended are left
-// out: they need no eviction.
-func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, node string, since time.Time, timeout time.Duration) ([]corev1.Pod, error) {
+// returns those on node that use the claim and may have mounted the volume before since (the heal)
+// and still run on it, as runsOnMount decides with lastEviction. Pods that are terminating or have
+// ended are left out: they need no eviction.
+func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, node string, since, lastEviction time.Time, timeout time.Duration) ([]corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	list, err := kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
@@ -30,7 +30,7 @@ func findPods(ctx context.Context, kube kubernetes.Interface, namespace, claim, 
 	for _, p := range list.Items {
 		// The field selector already keeps to node; the check stays so that a pod of another
 		// node is never restarted, whatever the list returned.
-		if p.Spec.NodeName == node && usesClaim(&p, claim) && runsOnMount(&p, since) {
+		if p.Spec.NodeName == node && usesClaim(&p, claim) && runsOnMount(&p, since, lastEviction) {
 			out = append(out, p)
 		}
 	}
@@ -49,11 +49,26 @@ func usesClaim(p *corev1.Pod, claim string) bool {
 
 // runsOnMount reports whether the pod may still hold the mount it got before since: it was
 // created before then, is not terminating, and has not ended. A pod created after since (a
-// replacement) got the repaired mount.
-func runsOnMount(p *corev1.Pod, since time.Time) bool {
+// replacement, a new pod) got the repaired mount.
+//
+// Creation times are whole seconds, so a pod created in since's own second may have come before
+// the heal or after it. It counts as on the dead mount (the heal found processes there, and
+// leaving a pod on a dead mount leaves it broken, while evicting a pod that has just started
+// costs it little) unless lastEviction, when the evictor last evicted a pod of the volume on the
+// node, is before that second ended: then the pod may be that pod's replacement, which the
+// ReplicaSet or StatefulSet created with the repaired mount.
+func runsOnMount(p *corev1.Pod, since, lastEviction time.Time) bool {
 	if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return false
 	}
-	// Creation times are whole seconds: a pod created in the heal's second may be its replacement.
-	return p.CreationTimestamp.Time.Before(since.Truncate(time.Second))
+	second := since.Truncate(time.Second)
+	created := p.CreationTimestamp.Time
+	switch {
+	case created.Before(second):
+		return true
+	case created.After(second):
+		return false
+	default:
+		return lastEviction.IsZero() || !lastEviction.Before(second.Add(time.Second))
+	}
 }
