@@ -2,6 +2,8 @@ package trigger
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -292,5 +294,93 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 again after its sweep ended unrecorded", s.Marker)
+	}
+}
+
+// TestRestartsBurstCoalesces: a plugin that restarts every 100ms for 5s (50 markers) is swept a
+// bounded number of times, at most once per debounce window after its first sweep, and the last
+// marker is always among them: no restart goes unswept. Another node's lone restart in the middle
+// of the burst is swept at once, without waiting for the first node's window.
+func TestRestartsBurstCoalesces(t *testing.T) {
+	const window, interval, restarts = 2 * time.Second, 100 * time.Millisecond, 50
+	r, fc, sweeps := runRestarts(t, window)
+	ctx := context.Background()
+	marker := func(i int) string { return fmt.Sprintf("r%02d", i) }
+	var got []scheduler.Sweep
+	// due is when the trailing sweep of the pending markers must fire: the first marker has none
+	// (it is swept at once), the ones after it wait for the window after the last sweep.
+	var due time.Time
+	for i := range restarts {
+		now := epoch.Add(time.Duration(i) * interval)
+		if i > 0 {
+			fc.Step(interval)
+		}
+		if !due.IsZero() && !now.Before(due) {
+			// The window ended with this step: its sweep comes before the next marker is seen.
+			s := expectSweep(t, sweeps)
+			if want := marker(i - 1); s.Marker != want || !s.Fired.Equal(due) {
+				t.Fatalf("sweep = %s at %s, want the window's last marker %s at %s", s.Marker, s.Fired.Sub(epoch), want, due.Sub(epoch))
+			}
+			got = append(got, s)
+			due = time.Time{}
+		}
+		r.Observe(ctx, withEndpoint(marker(i)))
+		switch {
+		case i == 0:
+			s := expectSweep(t, sweeps)
+			if s.Marker != marker(0) || !s.Fired.Equal(epoch) {
+				t.Fatalf("first sweep = %s at %s, want %s at once", s.Marker, s.Fired.Sub(epoch), marker(0))
+			}
+			got = append(got, s)
+		case due.IsZero():
+			due = got[len(got)-1].Fired.Add(window)
+		}
+		if i == restarts/2 {
+			// Another node's driver restarts once, now: its sweep does not wait.
+			other := csiAddonsNode(map[string]string{annotations.HealerRestart: "b1", annotations.Endpoint: "10.0.0.6:9070"})
+			other.Name, other.Spec.Driver.NodeID = "node-b-rbd", "node-b"
+			r.Observe(ctx, other)
+			if s := expectSweep(t, sweeps); s.Source.Name != "node-b-rbd" || s.Marker != "b1" || !s.Fired.Equal(now) {
+				t.Fatalf("sweep = %+v, want node-b's lone restart b1 at once (%s)", s, now.Sub(epoch))
+			}
+		}
+		expectNoSweep(t, sweeps)
+	}
+	// The burst is over: the last markers are swept at the end of their window, and nothing after.
+	if due.IsZero() {
+		t.Fatal("no marker pending after the burst; the test lost track of the windows")
+	}
+	for fc.Now().Before(due) {
+		expectNoSweep(t, sweeps)
+		step(t, fc, interval)
+	}
+	s := expectSweep(t, sweeps)
+	if want := marker(restarts - 1); s.Marker != want || !s.Fired.Equal(due) {
+		t.Fatalf("last sweep = %s at %s, want the burst's last marker %s at %s", s.Marker, s.Fired.Sub(epoch), want, due.Sub(epoch))
+	}
+	got = append(got, s)
+	// Nothing is pending, so nothing waits on the clock.
+	fc.Step(2 * window)
+	expectNoSweep(t, sweeps)
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d after the burst was swept, want 0", r.Pending())
+	}
+
+	// 50 restarts over 4.9s with a 2s window: the first at once, then one per window.
+	burst := time.Duration(restarts-1) * interval
+	if limit := 1 + int(burst/window) + 1; len(got) > limit {
+		t.Errorf("%d sweeps for %d restarts in %s, want at most %d (one at once, then one per %s window)", len(got), restarts, burst, limit, window)
+	}
+	for i := 1; i < len(got); i++ {
+		if gap := got[i].Fired.Sub(got[i-1].Fired); gap < window {
+			t.Errorf("sweeps %s and %s only %s apart, want at least the %s window", got[i-1].Marker, got[i].Marker, gap, window)
+		}
+	}
+	var markers []string
+	for _, s := range got {
+		markers = append(markers, s.Marker)
+	}
+	if want := []string{"r00", "r19", "r39", "r49"}; !slices.Equal(markers, want) {
+		t.Errorf("swept markers %v, want %v", markers, want)
 	}
 }
