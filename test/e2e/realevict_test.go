@@ -83,10 +83,15 @@ func TestRealHealEvictsPodOnDeadMount(t *testing.T) {
 		}
 		return got.DeletionTimestamp != nil, "not terminating"
 	})
-	evs, _ := f.Events(f.AppNS, "Pod", pod.Name, evict.ReasonEvictedForStaleMount)
-	if len(evs) == 0 || !strings.Contains(evs[0].Message, "heal of volume "+v.PV) {
-		t.Errorf("the evicted pod has no %s Event naming the heal of %s: %v", evict.ReasonEvictedForStaleMount, v.PV, evs)
-	}
+	// The controller's recorder posts the Event after the eviction, on its own goroutine: the pod
+	// may be seen terminating first.
+	harness.Eventually(t, harness.EventWait, "the evicted pod's "+evict.ReasonEvictedForStaleMount+" Event", func() (bool, string) {
+		evs, _ := f.Events(f.AppNS, "Pod", pod.Name, evict.ReasonEvictedForStaleMount)
+		if len(evs) == 0 {
+			return false, "none yet"
+		}
+		return strings.Contains(evs[0].Message, "heal of volume "+v.PV), fmt.Sprintf("it does not name the heal of %s: %s", v.PV, evs[0].Message)
+	})
 	if n, _ := f.Events(f.AppNS, "Pod", pod.Name, evict.ReasonEvictionBlocked); len(n) > 0 {
 		t.Errorf("the eviction was blocked: %s", n[0].Message)
 	}
