@@ -72,9 +72,9 @@ func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
 		// A local socket comes back within seconds of a driver restart; the default backoff of up
 		// to two minutes would leave the sidecar unavailable long after the driver is back, and
 		// its restart marker unwritten. Dialling a UNIX socket that is not there costs next to
-		// nothing, so the sidecar tries at least every driverRetryMax.
+		// nothing, so the sidecar tries at least every driverDialRetryMax.
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: driverRetryMax},
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: driverDialRetryMax},
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	)
@@ -92,9 +92,15 @@ func newDriverClient(o *Options, metrics *Metrics) (*driverClient, error) {
 	}, nil
 }
 
-// driverRetryMax is the longest the sidecar waits between two tries to reach the driver (connect
-// to its socket, or ask its identity and capabilities): the restart marker follows the driver's
-// readiness by at most this.
+// driverDialRetryMax is the longest the sidecar waits between two connection attempts to the
+// driver's socket: the restart marker follows the driver's readiness (its socket answers) by at
+// most this, its identity and capabilities calls and one write. A restarted driver is ready to
+// heal as soon as it answers, and the controller sweeps a lone restart as soon as it sees the
+// marker, so this wait is most of what the sidecar adds to a restart's outage.
+const driverDialRetryMax = 200 * time.Millisecond
+
+// driverRetryMax is the longest the sidecar waits between two tries to ask a driver that
+// accepted the connection for its identity and capabilities; each failure is logged.
 const driverRetryMax = time.Second
 
 func (d *driverClient) close() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -16,6 +17,8 @@ import (
 type DriverCalls struct {
 	mu   sync.Mutex
 	last map[string]proto.Message
+	// first is when each RPC was first received.
+	first map[string]time.Time
 }
 
 // Intercept records req under its RPC's name and passes the call on.
@@ -23,9 +26,13 @@ func (c *DriverCalls) Intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if m, ok := req.(proto.Message); ok {
 		c.mu.Lock()
 		if c.last == nil {
-			c.last = map[string]proto.Message{}
+			c.last, c.first = map[string]proto.Message{}, map[string]time.Time{}
 		}
-		c.last[path.Base(info.FullMethod)] = proto.Clone(m)
+		rpc := path.Base(info.FullMethod)
+		c.last[rpc] = proto.Clone(m)
+		if _, ok := c.first[rpc]; !ok {
+			c.first[rpc] = time.Now()
+		}
 		c.mu.Unlock()
 	}
 	return handler(ctx, req)
@@ -36,6 +43,13 @@ func (c *DriverCalls) Last(rpc string) proto.Message {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.last[rpc]
+}
+
+// First returns when the RPC rpc ("GetIdentity") was first received; zero before then.
+func (c *DriverCalls) First(rpc string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.first[rpc]
 }
 
 // Probe returns the last ProbeVolume request; nil before the first.
