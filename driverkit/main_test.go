@@ -121,15 +121,19 @@ func runWorkload() int {
 		fmt.Fprintln(os.Stderr, "make / a slave:", err)
 		return 1
 	}
-	if err := unix.Mount(target, dir, "", unix.MS_BIND, ""); err != nil {
+	if err := unix.Mount(target, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		fmt.Fprintln(os.Stderr, "bind the publish target:", err)
 		return 1
 	}
+	// runc applies a volumeMount's propagation to the bind: rprivate for None, rslave for
+	// HostToContainer.
+	flags := uintptr(unix.MS_REC | unix.MS_SLAVE)
 	if os.Getenv(workloadPrivateEnv) != "" {
-		if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-			fmt.Fprintln(os.Stderr, "make the folder private:", err)
-			return 1
-		}
+		flags = unix.MS_REC | unix.MS_PRIVATE
+	}
+	if err := unix.Mount("", dir, "", flags, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "set the propagation of the folder:", err)
+		return 1
 	}
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, readyLine)

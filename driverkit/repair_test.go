@@ -3,6 +3,7 @@ package driverkit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -420,5 +421,129 @@ func TestRepairLeavesMissingPublishTarget(t *testing.T) {
 	}
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Repair created the missing publish target: %v", err)
+	}
+}
+
+// TestRepairAgainAfterTheNewMounterDied repairs a volume twice, as after a node plugin that
+// crash-loops: the mounter the first repair started dies too (with the first repair done or
+// cut short), and the second repair must still reach a HostToContainer workload.
+func TestRepairAgainAfterTheNewMounterDied(t *testing.T) {
+	requireMounts(t, true)
+	tests := map[string]struct {
+		// cutShort ends the first repair once its mounter has mounted, before the publish
+		// target gets the new mount, as a node plugin killed then does.
+		cutShort bool
+	}{
+		"first repair done":      {},
+		"first repair cut short": {cutShort: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			root := sharedRoot(t)
+			staging := mkdir(t, root, "staging")
+			target := mkdir(t, root, "pods", "pod-1", "volume")
+			vol := newFUSEVolume(t, staging)
+			cleanupMounts(t, target)
+			if err := driverkit.BindMount(staging, target, false); err != nil {
+				t.Fatal(err)
+			}
+			w := startWorkload(t, target, false)
+			if line, ok := w.waitReads(true, 10*time.Second); !ok {
+				t.Fatalf("the workload cannot read the healthy volume: %q %s", line, w.errors())
+			}
+			vol.killDaemon()
+			if line, ok := w.waitReads(false, 10*time.Second); !ok {
+				t.Fatalf("the workload still reads after the mounter died: %q", line)
+			}
+
+			c := driverkit.NewChecker(driverkit.CheckerOptions{StatTimeout: 2 * time.Second})
+			repair := driverkit.Repair{
+				VolumeID: "vol-fuse", StagingPath: staging, Expect: driverkit.Expect{Source: testSource, FSType: fuseFSType},
+				PublishTargets: []driverkit.PublishTarget{{Path: target}},
+				Remount:        func(context.Context) error { return vol.remount() },
+			}
+			first := repair
+			if tc.cutShort {
+				first.Remount = func(context.Context) error {
+					if err := vol.remount(); err != nil {
+						return err
+					}
+					return errors.New("the node plugin was killed")
+				}
+			}
+			res, err := c.Repair(context.Background(), first)
+			t.Logf("first repair: actions %q, findings %+v, err %v", res.Actions, res.Findings, err)
+			vol.killDaemon()
+			if line, ok := w.waitReads(false, 10*time.Second); !ok {
+				t.Fatalf("the workload still reads after the second mounter died: %q", line)
+			}
+
+			res, err = c.Repair(context.Background(), repair)
+			t.Logf("second repair: actions %q", res.Actions)
+			if err != nil || len(res.Findings) > 0 {
+				t.Errorf("second Repair = findings %+v, error %v; want none", res.Findings, err)
+			}
+			if line, ok := w.waitReads(true, 10*time.Second); !ok {
+				t.Fatalf("the workload does not read the volume after the second repair: %q", line)
+			}
+		})
+	}
+}
+
+// TestRepairDoesNotTakeAReusedDeviceForDead repairs two volumes at once, as a restart sweep
+// does. The kernel numbers FUSE mounts from a pool and hands a number out again as soon as the
+// last mount of its filesystem is gone: detaching volume A's dead staging mount frees its
+// number, and volume B's new mounter, started while A's repair runs, may get it. A's search for
+// pods that still see its dead mount must not take B's live mount, which a HostToContainer
+// workload received, for A's dead one.
+func TestRepairDoesNotTakeAReusedDeviceForDead(t *testing.T) {
+	requireMounts(t, true)
+	root := sharedRoot(t)
+	stagingA := mkdir(t, root, "a", "staging")
+	volA := newFUSEVolume(t, stagingA)
+	stagingB := mkdir(t, root, "b", "staging")
+	targetB := mkdir(t, root, "pods", "pod-b", "volume")
+	volB := newFUSEVolume(t, stagingB)
+	cleanupMounts(t, targetB)
+	if err := driverkit.BindMount(stagingB, targetB, false); err != nil {
+		t.Fatal(err)
+	}
+	w := startWorkload(t, targetB, false)
+	if line, ok := w.waitReads(true, 10*time.Second); !ok {
+		t.Fatalf("the workload cannot read the healthy volume: %q %s", line, w.errors())
+	}
+	volA.killDaemon()
+	volB.killDaemon()
+	if line, ok := w.waitReads(false, 10*time.Second); !ok {
+		t.Fatalf("the workload still reads after the mounter died: %q", line)
+	}
+
+	c := driverkit.NewChecker(driverkit.CheckerOptions{StatTimeout: 2 * time.Second})
+	expect := driverkit.Expect{Source: testSource, FSType: fuseFSType}
+	deadA := topMount(t, stagingA)
+	var newB string
+	resA, errA := c.Repair(context.Background(), driverkit.Repair{
+		VolumeID: "vol-a", StagingPath: stagingA, Expect: expect,
+		Remount: func(ctx context.Context) error {
+			// Volume B is repaired while A's dead staging mount is already detached.
+			resB, err := c.Repair(ctx, driverkit.Repair{
+				VolumeID: "vol-b", StagingPath: stagingB, Expect: expect,
+				PublishTargets: []driverkit.PublishTarget{{Path: targetB}},
+				Remount:        func(context.Context) error { return volB.remount() },
+			})
+			if err != nil || len(resB.Findings) > 0 {
+				return fmt.Errorf("repair of volume B: findings %+v, error %v", resB.Findings, err)
+			}
+			m := topMount(t, stagingB)
+			newB = fmt.Sprintf("%d:%d", m.Major, m.Minor)
+			return volA.remount()
+		},
+	})
+	t.Logf("A's dead mount was device %d:%d, B's new one is %s", deadA.Major, deadA.Minor, newB)
+	if errA != nil || len(resA.Findings) > 0 {
+		t.Errorf("repair of volume A: findings %+v, error %v; want none", resA.Findings, errA)
+	}
+	if line, ok := w.waitReads(true, 10*time.Second); !ok {
+		t.Fatalf("the workload does not read volume B after its repair: %q", line)
 	}
 }
