@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -91,6 +92,13 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 		return res, fmt.Errorf("volume %s: the staging mount at %s could not be checked, so it is not repaired: %s",
 			r.VolumeID, staging, messages(findings))
 	default:
+		// The dead mount is known to the search by its device number, which the kernel hands
+		// to a new mount (another volume's new mounter, started by a repair beside this one)
+		// as soon as the last mount of the dead filesystem is gone: detaching the staging
+		// mount can be that. Holding the dead mount open keeps its number until the search
+		// is done, so that a mount found with it is the dead one.
+		unpin := c.pinMount(staging)
+		defer unpin()
 		if dev, err := c.MountDevice(staging); err == nil && dev != "" {
 			dead[dev] = true
 		}
@@ -166,6 +174,41 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// pinMount opens the top-most mount at path without reading it (O_PATH), which keeps that
+// mount and its filesystem, and so its device number, alive after it is detached, until the
+// returned function closes it. The open does not reach a FUSE mounter; should it still not
+// return within the stat timeout, or fail, nothing is pinned.
+func (c *Checker) pinMount(path string) (unpin func()) {
+	type opened struct {
+		fd  int
+		err error
+	}
+	ch := make(chan opened, 1)
+	abandoned := make(chan struct{})
+	go func() {
+		fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		select {
+		case ch <- opened{fd, err}:
+		case <-abandoned:
+			if err == nil {
+				_ = unix.Close(fd)
+			}
+		}
+	}()
+	timer := time.NewTimer(c.options().StatTimeout)
+	defer timer.Stop()
+	select {
+	case o := <-ch:
+		if o.err != nil {
+			return func() {}
+		}
+		return func() { _ = unix.Close(o.fd) }
+	case <-timer.C:
+		close(abandoned)
+		return func() {}
+	}
 }
 
 // staleFinding searches the mount namespaces of other processes for mounts of the dead devices
