@@ -62,7 +62,9 @@ type RepairResult struct {
 //     detach would not reach them;
 //  3. the mount namespaces under CheckerOptions.Proc are searched for mounts of the dead device
 //     that are still top-most at their mount point (pods with propagation None):
-//     ReasonStaleMountInPods, naming how many processes and namespaces.
+//     ReasonStaleMountInPods, naming how many processes and namespaces. The dead staging mount
+//     is held open from before it is detached until then, so that its device number cannot be
+//     given to another new mount meanwhile.
 //
 // The returned error is for failures of the repair itself (Remount failed, a mount call failed);
 // the result still lists the findings known at that point.
