@@ -156,8 +156,9 @@ type Schedule struct {
 
 // Restart configures sweeps triggered by a node plugin restart.
 type Restart struct {
-	// Debounce is how long to wait after a restart is seen before sweeping, so that a plugin
-	// that restarts several times in a row is swept once. Default 2s.
+	// Debounce is the shortest time between two restart sweeps of one node's driver: a restart
+	// is swept at once, and a plugin that restarts several times in a row within the window is
+	// swept once more at its end. Default 2s.
 	Debounce time.Duration
 	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
 	// changed (same pod, same healer sidecar start): a restart of that container alone, which

@@ -162,7 +162,7 @@ var settings = []setting{
 	{
 		path:    "restart.debounce",
 		field:   func(c *Config) any { return &c.Restart.Debounce },
-		help:    "Wait after a node plugin restart is seen before sweeping, so that repeated restarts cause one sweep.",
+		help:    "The shortest time between two restart sweeps of one node's driver: a restart is swept at once, and the restarts that follow within this window (a crash-looping plugin) are folded into one sweep at its end, made only when the marker changed again.",
 		allowed: "a duration >= 0",
 	},
 	{

@@ -84,7 +84,11 @@ const DefaultNewPodWait = 30 * time.Second
 
 // RestartOptions configure Restarts.
 type RestartOptions struct {
-	// Debounce folds marker changes that arrive within this window into one sweep. Default: 0.
+	// Debounce is the shortest time between two restart sweeps of one CSIAddonsNode: the first
+	// change of a marker is swept at once, and the changes that follow within the window after
+	// a sweep (a crash-looping plugin) are folded into one sweep of the last marker at the
+	// window's end, made only when the marker changed again. An object without the healer
+	// sidecar's endpoint waits the window from its change, for the sidecar to write it. Default: 0.
 	Debounce time.Duration
 	// SweepCSIAddonsSidecarRestarts sweeps when only the csi-addons sidecar's lastUpdatedAt
 	// changed since the handled marker (a restart of that container alone). Default false: such
@@ -106,11 +110,14 @@ type RestartOptions struct {
 }
 
 // Restarts turns CSIAddonsNode changes into restart sweeps: one sweep per restart of a driver's
-// node plugin on a node, after the marker has been still for the debounce window.
+// node plugin on a node, at once, and at most one per debounce window for the restarts that
+// follow it.
 type Restarts struct {
 	opts    RestartOptions
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingRestart
+	// fired is when the last restart sweep of each CSIAddonsNode was handed to Sweeps.
+	fired map[types.NamespacedName]time.Time
 	// swept is the marker of each CSIAddonsNode whose sweep was handed to Sweeps and has not
 	// ended (see Ended): further changes of the object with that marker (a status update, the
 	// healer sidecar writing its annotations back) do not start another sweep beside it.
@@ -147,12 +154,14 @@ func NewRestarts(opts RestartOptions) (*Restarts, error) {
 	if opts.NewPodWait <= 0 {
 		opts.NewPodWait = DefaultNewPodWait
 	}
-	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, swept: map[types.NamespacedName]string{}, wake: make(chan struct{}, 1)}, nil
+	return &Restarts{opts: opts, pending: map[types.NamespacedName]*pendingRestart{}, fired: map[types.NamespacedName]time.Time{},
+		swept: map[types.NamespacedName]string{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Observe takes a created or changed CSIAddonsNode into account. A marker that differs from the
-// handled one becomes a pending sweep, unless its sweep already started; a newer marker within the
-// debounce window replaces it and restarts the wait.
+// handled one becomes a pending sweep, unless its sweep already started: due at once, or, within
+// the debounce window after the object's last sweep, at the window's end; a newer marker before
+// then replaces it and keeps its due time.
 func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNode) {
 	key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
 	marker, unswept := Unswept(n, r.opts.SweepCSIAddonsSidecarRestarts)
@@ -178,7 +187,17 @@ func (r *Restarts) Observe(ctx context.Context, n *csiaddonsv1alpha1.CSIAddonsNo
 			Source:  key,
 			Marker:  marker,
 		},
-		due: now.Add(r.opts.Debounce),
+		due: now,
+	}
+	if last, ok := r.fired[key]; ok {
+		// A restart within the window after the last sweep waits for the window's end, with
+		// whatever else comes meanwhile.
+		p.due = maxTime(p.due, last.Add(r.opts.Debounce))
+	}
+	if n.Annotations[annotations.Endpoint] == "" {
+		// No healer sidecar to call yet (an object the csi-addons sidecar recreated without the
+		// healer sidecar's annotations): the window gives it the time to write them back.
+		p.due = maxTime(p.due, now.Add(r.opts.Debounce))
 	}
 	if healerOfAnotherPod(n) {
 		// Sweeping now would call the old pod's dead sidecar: wait for the new one, counting
@@ -210,6 +229,7 @@ func (r *Restarts) Forget(key types.NamespacedName) {
 	defer r.mu.Unlock()
 	delete(r.pending, key)
 	delete(r.swept, key)
+	delete(r.fired, key)
 }
 
 // Ended tells Restarts that the sweep s, handed to Sweeps, has ended, and whether it recorded its
@@ -273,6 +293,15 @@ func (r *Restarts) settled(now time.Time) ([]scheduler.Sweep, time.Time) {
 		ready = append(ready, s)
 		delete(r.pending, key)
 		r.swept[key] = s.Marker
+		r.fired[key] = now
+	}
+	// What fired longer than a window ago no longer delays anything.
+	for key, at := range r.fired {
+		if now.Sub(at) >= r.opts.Debounce {
+			if _, waiting := r.pending[key]; !waiting && !at.Equal(now) {
+				delete(r.fired, key)
+			}
+		}
 	}
 	sort.Slice(ready, func(i, j int) bool { return ready[i].Source.String() < ready[j].Source.String() })
 	return ready, next

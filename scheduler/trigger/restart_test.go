@@ -2,6 +2,8 @@ package trigger
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -67,27 +69,61 @@ func runRestarts(t *testing.T, debounce time.Duration) (*Restarts, *clocktesting
 	return r, fc, sweeps
 }
 
-func TestRestartsDebounceToOneSweep(t *testing.T) {
+// TestRestartsDebounce: a lone restart is swept at once, without waiting for the debounce window;
+// the restarts that follow within the window (a crash-looping plugin) are folded into one sweep
+// of the last marker at the window's end, and none is made when the marker did not change again.
+func TestRestartsDebounce(t *testing.T) {
 	r, fc, sweeps := runRestarts(t, 2*time.Second)
 	ctx := context.Background()
-	// A crash-looping plugin: three starts in quick succession.
-	for i, marker := range []string{"r1", "r2", "r3"} {
-		r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: marker}))
-		if i < 2 {
-			step(t, fc, time.Second)
-		}
-	}
-	expectNoSweep(t, sweeps)
-	step(t, fc, 2*time.Second)
+	r.Observe(ctx, withEndpoint("r1"))
 	s := expectSweep(t, sweeps)
-	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r3" ||
-		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" {
-		t.Fatalf("sweep = %+v, want one restart sweep of rbd.csi.ceph.com on node-a for marker r3", s)
+	if s.Trigger != scheduler.TriggerRestart || s.Driver != "rbd.csi.ceph.com" || s.Node != "node-a" || s.Marker != "r1" ||
+		s.Source.Name != "node-a-rbd" || s.Source.Namespace != "csi" || !s.Fired.Equal(epoch) {
+		t.Fatalf("sweep = %+v, want a restart sweep of rbd.csi.ceph.com on node-a for marker r1 at once", s)
+	}
+	// The plugin crash-loops: two more starts within the window. (Nothing is pending, so
+	// nothing waits on the clock.)
+	fc.Step(500 * time.Millisecond)
+	r.Observe(ctx, withEndpoint("r2"))
+	step(t, fc, 500*time.Millisecond)
+	r.Observe(ctx, withEndpoint("r3"))
+	expectNoSweep(t, sweeps)
+	step(t, fc, time.Second)
+	s = expectSweep(t, sweeps)
+	if s.Marker != "r3" || !s.Fired.Equal(epoch.Add(2*time.Second)) {
+		t.Fatalf("sweep = %+v, want one sweep of marker r3 at the window's end (2s)", s)
 	}
 	expectNoSweep(t, sweeps)
 	if r.Pending() != 0 {
 		t.Errorf("pending = %d after the sweep, want 0", r.Pending())
 	}
+	// Still within the window after that sweep, the object changes without a new marker (the
+	// handled marker written): nothing to sweep, now or at the window's end.
+	r.Observe(ctx, withEndpoint("r3"))
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d for a marker already swept, want 0", r.Pending())
+	}
+	fc.Step(3 * time.Second)
+	expectNoSweep(t, sweeps)
+	// A restart long after the last is again swept at once.
+	r.Observe(ctx, withEndpoint("r4"))
+	if s = expectSweep(t, sweeps); s.Marker != "r4" || !s.Fired.Equal(epoch.Add(5*time.Second)) {
+		t.Fatalf("sweep = %+v, want marker r4 at once (5s)", s)
+	}
+	// An object without the healer sidecar's endpoint (recreated by the csi-addons sidecar) waits
+	// the window for the sidecar to write it back, even as a lone change.
+	r.Forget(types.NamespacedName{Namespace: "csi", Name: "node-a-rbd"})
+	r.Observe(ctx, csiAddonsNode(map[string]string{annotations.HealerRestart: "r5"}))
+	expectNoSweep(t, sweeps)
+	step(t, fc, 2*time.Second)
+	if s = expectSweep(t, sweeps); s.Marker != "r5" || !s.Fired.Equal(epoch.Add(7*time.Second)) {
+		t.Fatalf("sweep = %+v, want marker r5 after the window (7s)", s)
+	}
+}
+
+// withEndpoint is the CSIAddonsNode of a healer sidecar that registered with marker.
+func withEndpoint(marker string) *csiaddonsv1alpha1.CSIAddonsNode {
+	return csiAddonsNode(map[string]string{annotations.HealerRestart: marker, annotations.Endpoint: "10.0.0.5:9070"})
 }
 
 func TestRestartsSkipHandledAndDeleted(t *testing.T) {
@@ -214,7 +250,7 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	ctx := context.Background()
 	n := csiAddonsNode(map[string]string{annotations.HealerRestart: "r1", annotations.Endpoint: "10.0.0.5:9070"})
 	r.Observe(ctx, n)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r1" {
 		t.Fatalf("sweep marker = %q, want r1", s.Marker)
 	}
@@ -227,20 +263,20 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 		r.Observe(ctx, update)
 		if r.Pending() != 0 {
 			t.Errorf("pending = %d while the marker's sweep runs, want 0", r.Pending())
-			step(t, fc, 2*time.Second)
+			fc.Step(2 * time.Second)
 		}
 	}
 	expectNoSweep(t, sweeps)
 
 	again := csiAddonsNode(map[string]string{annotations.HealerRestart: "r2"})
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 for the next restart", s.Marker)
 	}
 	r.Forget(types.NamespacedName{Namespace: again.Namespace, Name: again.Name})
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	second := expectSweep(t, sweeps)
 	if second.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 once more for the recreated object", second.Marker)
@@ -255,8 +291,96 @@ func TestRestartsOneSweepPerMarker(t *testing.T) {
 	}
 	r.Ended(second, false)
 	r.Observe(ctx, again)
-	step(t, fc, 2*time.Second)
+	fc.Step(2 * time.Second)
 	if s := expectSweep(t, sweeps); s.Marker != "r2" {
 		t.Fatalf("sweep marker = %q, want r2 again after its sweep ended unrecorded", s.Marker)
+	}
+}
+
+// TestRestartsBurstCoalesces: a plugin that restarts every 100ms for 5s (50 markers) is swept a
+// bounded number of times, at most once per debounce window after its first sweep, and the last
+// marker is always among them: no restart goes unswept. Another node's lone restart in the middle
+// of the burst is swept at once, without waiting for the first node's window.
+func TestRestartsBurstCoalesces(t *testing.T) {
+	const window, interval, restarts = 2 * time.Second, 100 * time.Millisecond, 50
+	r, fc, sweeps := runRestarts(t, window)
+	ctx := context.Background()
+	marker := func(i int) string { return fmt.Sprintf("r%02d", i) }
+	var got []scheduler.Sweep
+	// due is when the trailing sweep of the pending markers must fire: the first marker has none
+	// (it is swept at once), the ones after it wait for the window after the last sweep.
+	var due time.Time
+	for i := range restarts {
+		now := epoch.Add(time.Duration(i) * interval)
+		if i > 0 {
+			fc.Step(interval)
+		}
+		if !due.IsZero() && !now.Before(due) {
+			// The window ended with this step: its sweep comes before the next marker is seen.
+			s := expectSweep(t, sweeps)
+			if want := marker(i - 1); s.Marker != want || !s.Fired.Equal(due) {
+				t.Fatalf("sweep = %s at %s, want the window's last marker %s at %s", s.Marker, s.Fired.Sub(epoch), want, due.Sub(epoch))
+			}
+			got = append(got, s)
+			due = time.Time{}
+		}
+		r.Observe(ctx, withEndpoint(marker(i)))
+		switch {
+		case i == 0:
+			s := expectSweep(t, sweeps)
+			if s.Marker != marker(0) || !s.Fired.Equal(epoch) {
+				t.Fatalf("first sweep = %s at %s, want %s at once", s.Marker, s.Fired.Sub(epoch), marker(0))
+			}
+			got = append(got, s)
+		case due.IsZero():
+			due = got[len(got)-1].Fired.Add(window)
+		}
+		if i == restarts/2 {
+			// Another node's driver restarts once, now: its sweep does not wait.
+			other := csiAddonsNode(map[string]string{annotations.HealerRestart: "b1", annotations.Endpoint: "10.0.0.6:9070"})
+			other.Name, other.Spec.Driver.NodeID = "node-b-rbd", "node-b"
+			r.Observe(ctx, other)
+			if s := expectSweep(t, sweeps); s.Source.Name != "node-b-rbd" || s.Marker != "b1" || !s.Fired.Equal(now) {
+				t.Fatalf("sweep = %+v, want node-b's lone restart b1 at once (%s)", s, now.Sub(epoch))
+			}
+		}
+		expectNoSweep(t, sweeps)
+	}
+	// The burst is over: the last markers are swept at the end of their window, and nothing after.
+	if due.IsZero() {
+		t.Fatal("no marker pending after the burst; the test lost track of the windows")
+	}
+	for fc.Now().Before(due) {
+		expectNoSweep(t, sweeps)
+		step(t, fc, interval)
+	}
+	s := expectSweep(t, sweeps)
+	if want := marker(restarts - 1); s.Marker != want || !s.Fired.Equal(due) {
+		t.Fatalf("last sweep = %s at %s, want the burst's last marker %s at %s", s.Marker, s.Fired.Sub(epoch), want, due.Sub(epoch))
+	}
+	got = append(got, s)
+	// Nothing is pending, so nothing waits on the clock.
+	fc.Step(2 * window)
+	expectNoSweep(t, sweeps)
+	if r.Pending() != 0 {
+		t.Errorf("pending = %d after the burst was swept, want 0", r.Pending())
+	}
+
+	// 50 restarts over 4.9s with a 2s window: the first at once, then one per window.
+	burst := time.Duration(restarts-1) * interval
+	if limit := 1 + int(burst/window) + 1; len(got) > limit {
+		t.Errorf("%d sweeps for %d restarts in %s, want at most %d (one at once, then one per %s window)", len(got), restarts, burst, limit, window)
+	}
+	for i := 1; i < len(got); i++ {
+		if gap := got[i].Fired.Sub(got[i-1].Fired); gap < window {
+			t.Errorf("sweeps %s and %s only %s apart, want at least the %s window", got[i-1].Marker, got[i].Marker, gap, window)
+		}
+	}
+	var markers []string
+	for _, s := range got {
+		markers = append(markers, s.Marker)
+	}
+	if want := []string{"r00", "r19", "r39", "r49"}; !slices.Equal(markers, want) {
+		t.Errorf("swept markers %v, want %v", markers, want)
 	}
 }

@@ -29,8 +29,10 @@ type WorkloadOptions struct {
 	// Propagation is the mountPropagation of the pod's volumeMount. Default: None, as in
 	// Kubernetes, with which the workload never sees a mount that a heal stacks on Target.
 	Propagation corev1.MountPropagationMode
-	// Dir is the folder the workload mounts Target at, inside its own mount namespace: on the
-	// host it stays an empty folder. Default: a new temporary folder, removed by Stop.
+	// Dir is the folder the workload mounts its own root at (a tmpfs holding only the volume,
+	// which it then pivots into, as runc does into a container's rootfs), inside its own mount
+	// namespace: on the host it stays an empty folder. Default: a new temporary folder, removed by
+	// Stop.
 	Dir string
 	// Interval is the time between two iterations. Default: 50ms.
 	Interval time.Duration
@@ -218,9 +220,13 @@ func (w *Workload) Pid() int { return w.cmd.Process.Pid }
 // Name returns the workload's name.
 func (w *Workload) Name() string { return w.name }
 
-// Dir returns the folder the volume is mounted at inside the workload's mount namespace; from
-// outside, /proc/<Pid>/root/<Dir> shows what the workload sees there.
-func (w *Workload) Dir() string { return w.dir }
+// Dir returns the folder the volume is mounted at inside the workload's mount namespace, under
+// the root of its own that test/workload sets up; from outside, /proc/<Pid>/root/<Dir> shows what
+// the workload sees there.
+func (w *Workload) Dir() string { return workloadVolumeDir }
+
+// workloadVolumeDir is where test/workload mounts the volume in its own root.
+const workloadVolumeDir = "/volume"
 
 // DataFile returns the path of the file the workload writes, relative to the root of the volume.
 func (w *Workload) DataFile() string { return w.file }

@@ -173,11 +173,13 @@ func (h *runner) measureStorm(ctx context.Context) error {
 	}
 	s.RestartP50Seconds, s.RestartMaxSeconds = percentile(restartTimes, 50), percentile(restartTimes, 100)
 	// The best any dispatcher could do with these budgets, given when each node's work arrived
-	// (its marker plus the debounce) and the drivers' mean call time.
+	// (its marker: each node's plugin restarts once, and the controller sweeps a lone restart at
+	// once; the debounce spaces only the sweeps of restarts that follow one another) and the
+	// drivers' mean call time.
 	var arrivals []nodeArrival
 	var lags []float64
 	for _, p := range h.plugins {
-		arrivals = append(arrivals, nodeArrival{ready: p.markerAccepted().Add(l.StormDebounce), tasks: len(p.vols)})
+		arrivals = append(arrivals, nodeArrival{ready: p.markerAccepted(), tasks: len(p.vols)})
 		if at, end := h.ctrl.handledAt(sidecar.DefaultCSIAddonsNodeName(p.name, driverName)), p.calls.snapshot().lastEnd; !at.IsZero() && !end.IsZero() {
 			lags = append(lags, at.Sub(end).Seconds())
 		}

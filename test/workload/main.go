@@ -1,8 +1,8 @@
 // Command workload stands in for a container that uses a CSI volume. test/kubelet's StartWorkload
 // starts it in a new mount namespace (clone with CLONE_NEWNS); it sets that namespace up the way
-// runc sets up a container's, mounts the volume's publish path into it with the propagation a
-// pod asks for, then writes and reads a file on the volume every interval until it is killed or
-// gets SIGTERM. With -mode hold it opens its data file once and writes, syncs and reads back one
+// runc sets up a container's (a root of its own that holds only the volume), mounts the volume's
+// publish path into it with the propagation a pod asks for, then writes and reads a file on the
+// volume every interval until it is killed or gets SIGTERM. With -mode hold it opens its data file once and writes, syncs and reads back one
 // record at each iteration through that descriptor (as a database or a log writer does), so
 // that a mount which breaks under it shows as failed system calls on a descriptor opened before
 // the break; with -mode dirfd it holds the folder open and creates, stats and reads a file
@@ -80,15 +80,16 @@ func run() error {
 		return err
 	}
 	// In a container (no -target) the runtime has set up the namespace and mounted the volume.
+	volume := c.dir
 	if c.target != "" {
-		if err := setUpNamespace(c.target, c.dir, flags); err != nil {
+		if volume, err = setUpNamespace(c.target, c.dir, flags); err != nil {
 			return err
 		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	step, closeStep, err := newStep(c.mode, c.dir, c.name)
+	step, closeStep, err := newStep(c.mode, volume, c.name)
 	if err != nil {
 		return err
 	}
@@ -117,29 +118,57 @@ func propagationFlags(mode string) (uintptr, error) {
 
 // setUpNamespace makes this mount namespace a container's: "/" recursively slave, as runc's
 // prepareRoot does when the spec sets no rootfs propagation, so that no mount made here reaches
-// the host; then target bound at dir with the propagation flags.
+// the host; then a root of its own, as runc's pivot_root into the container's rootfs, holding
+// only target bound with the propagation flags, which it returns the path of.
+//
+// The root of its own matters: a namespace that kept copies of the host's mounts (the node's
+// staging mounts, other pods' publish targets) would hold mounts no container has, and a heal
+// that replaces them on the host would find those copies, stale, in this process's namespace,
+// as if a pod with propagation None still saw the dead mount. The new root is a tmpfs mounted on
+// dir in this namespace alone (on the host dir stays an empty folder); the volume is at /volume.
 //
 // For a Bidirectional mount containerd also sets the rootfs propagation to rshared, which would
 // let this bind appear in the host's namespace and outlive the process; the root stays slave
-// here. Dir still receives what the host mounts on target, which is what Bidirectional is used
-// for in these tests.
-func setUpNamespace(target, dir string, flags uintptr) error {
+// here. The volume still receives what the host mounts on target, which is what Bidirectional is
+// used for in these tests.
+func setUpNamespace(target, dir string, flags uintptr) (string, error) {
 	if err := mountns.RequireOwn("test/kubelet's StartWorkload"); err != nil {
-		return err
+		return "", err
 	}
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("make / rslave: %w", err)
+		return "", fmt.Errorf("make / rslave: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return "", err
 	}
-	if err := syscall.Mount(target, dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind %s at %s: %w", target, dir, err)
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "mode=0755,size=1m"); err != nil {
+		return "", fmt.Errorf("mount the new root at %s: %w", dir, err)
 	}
-	if err := syscall.Mount("", dir, "", flags, ""); err != nil {
-		return fmt.Errorf("set the propagation of %s: %w", dir, err)
+	volume, old := filepath.Join(dir, "volume"), filepath.Join(dir, "old-root")
+	for _, d := range []string{volume, old} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", err
+		}
 	}
-	return nil
+	if err := syscall.Mount(target, volume, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+		return "", fmt.Errorf("bind %s at %s: %w", target, volume, err)
+	}
+	if err := syscall.Mount("", volume, "", flags, ""); err != nil {
+		return "", fmt.Errorf("set the propagation of %s: %w", volume, err)
+	}
+	if err := syscall.PivotRoot(dir, old); err != nil {
+		return "", fmt.Errorf("pivot_root to %s: %w", dir, err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return "", err
+	}
+	if err := syscall.Unmount("/old-root", syscall.MNT_DETACH); err != nil {
+		return "", fmt.Errorf("detach the host's root: %w", err)
+	}
+	if err := os.Remove("/old-root"); err != nil {
+		return "", err
+	}
+	return "/volume", nil
 }
 
 // report is one line of output; test/kubelet's Result reads it.
