@@ -404,6 +404,21 @@ func (c *Client) Forget(endpoint string) {
 	c.dropCapabilitiesLocked(func(k capKey) bool { return k.endpoint == endpoint })
 }
 
+// Redial makes the connections to endpoint that wait out a reconnection backoff dial again at
+// once, and starts their backoff again from its first step: a sidecar announced a start there
+// (its restart marker). gRPC spaces the dials of a connection that keeps failing by up to two
+// minutes, and a sidecar down for a while (its node plugin's pod replaced) would otherwise be
+// reached only when that wait ends, long after it is back. Calls in flight are left alone.
+func (c *Client) Redial(endpoint string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, cc := range c.conns {
+		if k.endpoint == endpoint {
+			cc.ResetConnectBackoff()
+		}
+	}
+}
+
 // dropCapabilitiesLocked forgets the capabilities, and the remembered failures to read them, of
 // the keys that match.
 func (c *Client) dropCapabilitiesLocked(match func(capKey) bool) {

@@ -829,3 +829,49 @@ func (f *keepingSidecar) GetHealerCapabilities(ctx context.Context, req *healerv
 	}
 	return resp, err
 }
+
+// A sidecar that was down long enough for the connection to it to fail waits out gRPC's
+// reconnection backoff (about a second after the first failure, doubling towards two minutes):
+// calls fail fast meanwhile, although the sidecar is back. Redial, which the controller calls
+// when the sidecar's restart marker announces its start, reaches it at once.
+func TestRedialReachesARestartedSidecarAtOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := ln.Addr().String()
+	_ = ln.Close()
+	target := Target{Driver: "rbd.csi.ceph.com", Node: "node-a", Endpoint: endpoint}
+	c := New(Options{ProbeTimeout: 5 * time.Second})
+	defer c.Close()
+	ctx := t.Context()
+	if _, err := c.Probe(ctx, target, "pvc-1"); !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("a probe of a sidecar that is down: %v, want ErrUnreachable", err)
+	}
+
+	ln, err = net.Listen("tcp", endpoint)
+	if err != nil {
+		t.Skipf("the port of the stopped sidecar was taken meanwhile: %v", err)
+	}
+	f := &fakeSidecar{probe: &healerv1alpha1.NodeProbeVolumeResponse{VolumeId: "0001-abc"}}
+	srv := grpc.NewServer()
+	healerv1alpha1.RegisterNodeHealerServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+
+	// Without Redial, the connection is still waiting out its backoff (0.8s at least).
+	if _, err := c.Probe(ctx, target, "pvc-1"); err == nil {
+		t.Fatal("a probe right after the sidecar came back went through before the backoff ended; the test shows nothing")
+	}
+	start := time.Now()
+	c.Redial(endpoint)
+	var last error
+	for time.Since(start) < 500*time.Millisecond {
+		if _, last = c.Probe(ctx, target, "pvc-1"); last == nil {
+			t.Logf("reached the restarted sidecar %s after Redial", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("500ms after Redial the restarted sidecar is still not reached: %v", last)
+}

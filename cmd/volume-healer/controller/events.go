@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer"
 	"github.com/volume-healer/volume-healer/probe"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
@@ -42,7 +43,9 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 	// then, CSIAddonsNodes wait, so that none of a Node deleted before the controller started becomes
 	// a target or starts a restart sweep.
 	nodeInformer := factory.Core().V1().Nodes().Informer()
-	observeNode := func(obj any) {
+	// restarted is true for a new object and for one whose restart marker changed: a sidecar
+	// announced a start at its endpoint.
+	observeNode := func(obj any, restarted bool) {
 		n := csiAddonsNodeFrom(obj)
 		if n == nil {
 			return
@@ -62,12 +65,20 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			t.manual.Observe(ctx, n)
 			return
 		}
+		if target, err := probe.TargetFor(n); restarted && err == nil {
+			// The connection to the sidecar that was there may be waiting out gRPC's
+			// reconnection backoff: the restart sweep's first calls must reach the new one now.
+			sidecars.Redial(target.Endpoint)
+		}
 		t.restarts.Observe(ctx, n)
 		t.manual.Observe(ctx, n)
 	}
 	if err := add(nodes, toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    observeNode,
-		UpdateFunc: func(_, obj any) { observeNode(obj) },
+		AddFunc: func(obj any) { observeNode(obj, true) },
+		UpdateFunc: func(before, obj any) {
+			old, n := csiAddonsNodeFrom(before), csiAddonsNodeFrom(obj)
+			observeNode(obj, old == nil || n == nil || old.Annotations[annotations.HealerRestart] != n.Annotations[annotations.HealerRestart])
+		},
 		DeleteFunc: func(obj any) {
 			if n := csiAddonsNodeFrom(obj); n != nil {
 				key := types.NamespacedName{Namespace: n.Namespace, Name: n.Name}
@@ -157,7 +168,7 @@ func watchTriggers(ctx context.Context, factory informers.SharedInformerFactory,
 			}
 			for _, o := range nodes.GetStore().List() {
 				if n := csiAddonsNodeFrom(o); n != nil && n.Spec.Driver.NodeID == node.Name {
-					observeNode(n)
+					observeNode(n, false)
 				}
 			}
 		},
@@ -186,6 +197,7 @@ type forgetter interface {
 // connections closes the connection to a sidecar that moved or went away (*probe.Client).
 type connections interface {
 	Forget(endpoint string)
+	Redial(endpoint string)
 }
 
 var (

@@ -43,6 +43,8 @@ type recordingForgetter struct {
 	classes   []string
 	endpoints []string
 	nodes     []string
+	// redialled are the endpoints whose connections were told to dial again at once.
+	redialled []string
 }
 
 func (r *recordingForgetter) ForgetNode(driver, node string) {
@@ -63,8 +65,14 @@ func (r *recordingForgetter) ForgetStorageClass(name string) {
 	r.classes = append(r.classes, name)
 }
 
-// forgetConnection stands in for the sidecar client's Forget.
+// forgetConnection stands in for the sidecar client's Forget and Redial.
 type forgetConnection struct{ r *recordingForgetter }
+
+func (f forgetConnection) Redial(endpoint string) {
+	f.r.mu.Lock()
+	defer f.r.mu.Unlock()
+	f.r.redialled = append(f.r.redialled, endpoint)
+}
 
 func (f forgetConnection) Forget(endpoint string) {
 	f.r.mu.Lock()
@@ -202,12 +210,27 @@ func TestEventRoutingFeedsTheTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	poll.Eventually(t, routed, "the connection to a new CSIAddonsNode's sidecar is told to dial at once", poll.True(func() bool {
+		return forgot.seen(func() bool { return slices.Contains(forgot.redialled, "127.0.0.1:9071") })
+	}))
+
 	node.Annotations[annotations.Endpoint] = "127.0.0.1:9072"
 	if err := crClient.Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
 	poll.Eventually(t, routed, "the old endpoint's connection is closed when the sidecar moves", poll.True(func() bool {
 		return forgot.seen(func() bool { return slices.Equal(forgot.endpointsBut("127.0.0.1:9070"), []string{"127.0.0.1:9071"}) })
+	}))
+	// A sidecar that starts again at the same endpoint (a node plugin on the host's network)
+	// announces it by its restart marker alone: its connection, failing while the sidecar was
+	// down, must dial the new one at once rather than after gRPC's backoff.
+	forgot.seen(func() bool { forgot.redialled = nil; return true })
+	node.Annotations[annotations.HealerRestart] = "2026-12-01T10:05:00Z/pod-2"
+	if err := crClient.Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	poll.Eventually(t, routed, "the restarted sidecar's connection is told to dial at once", poll.True(func() bool {
+		return forgot.seen(func() bool { return slices.Equal(forgot.redialled, []string{"127.0.0.1:9072"}) })
 	}))
 	// The informer delivers in order: the gone Node's update was handled before node-1's.
 	if _, kept := targets.Object(client.ObjectKeyFromObject(leftBehind)); kept {
