@@ -7,6 +7,7 @@ import (
 	"path"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/sidecar/nodeprobe"
@@ -39,6 +41,11 @@ type nodeHealer struct {
 	// attachments is the node's status.volumesAttached; nil checks attachments with GETs of
 	// VolumeAttachments alone.
 	attachments *nodeAttachments
+	// started is when the sidecar was made; firstProbe logs the first probe asked of it, which
+	// after a node plugin restart tells how long the restart took to reach its volumes.
+	started    time.Time
+	clock      clock.PassiveClock
+	firstProbe sync.Once
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
@@ -57,6 +64,9 @@ func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha
 // does not advertise PROBE. The driver's kept is relayed only from a driver that advertises
 // volume keeping, as the protocol allows it from no other; the sidecar's own probe keeps nothing.
 func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
+	h.firstProbe.Do(func() {
+		klog.FromContext(ctx).Info("First probe since the sidecar started", "pv", req.GetPvName(), "sinceStart", h.clock.Since(h.started).Round(time.Millisecond))
+	})
 	info, err := h.driver.current(ctx)
 	if err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
 		return h.probeLocally(ctx, info, req)

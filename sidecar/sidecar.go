@@ -185,6 +185,8 @@ func New(opts Options) (*Sidecar, error) {
 		}),
 		runtime:        s.runtime,
 		restartTimeout: opts.ContainerStopGracePeriod + restartCallsTimeout,
+		started:        opts.Clock.Now(),
+		clock:          opts.Clock,
 	}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
