@@ -6,8 +6,11 @@
 // record at each iteration through that descriptor (as a database or a log writer does), so
 // that a mount which breaks under it shows as failed system calls on a descriptor opened before
 // the break; with -mode dirfd it holds the folder open and creates, stats and reads a file
-// through that descriptor. Run as a container's command instead (no -target), it only writes and reads on
-// -dir, where the container runtime mounted the volume.
+// through that descriptor. Run as a container's command instead (no -target), it only writes and
+// reads on -dir, where the container runtime mounted the volume, or on each -dir given, one loop
+// each, whose lines then carry "dir". With -report changes it prints only each loop's first line
+// and those whose outcome differs from the one before, so that a pod of many volumes says little
+// more than when each failed and when it came back.
 //
 // Each iteration writes one JSON line to standard output:
 //
@@ -37,6 +40,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,24 +58,52 @@ func main() {
 }
 
 type config struct {
-	target, dir, propagation, name, mode string
-	interval                             time.Duration
+	target, propagation, name, mode, report string
+	// dirs holds each -dir: one in a namespace of its own (-target), one or more in a container.
+	dirs     []string
+	interval time.Duration
+}
+
+// The values of -report.
+const (
+	reportEvery   = "every"
+	reportChanges = "changes"
+)
+
+// dirList collects each -dir given.
+type dirList []string
+
+func (d *dirList) String() string { return strings.Join(*d, ",") }
+
+func (d *dirList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty folder")
+	}
+	*d = append(*d, v)
+	return nil
 }
 
 func run() error {
 	var c config
 	fs := flag.NewFlagSet("workload", flag.ContinueOnError)
 	fs.StringVar(&c.target, "target", "", "host `path` to mount into the namespace: the volume's publish path; empty in a container, whose runtime mounted the volume at -dir")
-	fs.StringVar(&c.dir, "dir", "", "`folder` to mount it at inside the namespace, or where the container has its volume (required)")
+	fs.Var((*dirList)(&c.dirs), "dir", "`folder` to mount it at inside the namespace, or where the container has its volume (required); in a container it may be given once per volume, and each folder gets a loop of its own")
 	fs.StringVar(&c.propagation, "propagation", "None", "mount propagation of the pod's volumeMount: HostToContainer, None or Bidirectional")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "time between iterations")
 	fs.StringVar(&c.name, "name", "workload", "the data file is <dir>/<name>.data")
 	fs.StringVar(&c.mode, "mode", modeReopen, "how the volume is used: "+modeReopen+" (open, write, fsync, close and read the data file at each iteration), "+modeHold+" (open the data file once and write, fsync and read back one record through that descriptor at each iteration, as a database or a log writer does) or "+modeDirFD+" (open the folder once and create, write, stat and read a file through that descriptor at each iteration)")
+	fs.StringVar(&c.report, "report", reportEvery, "which iterations print their line: "+reportEvery+" or "+reportChanges+" (the first, and each whose outcome differs from the previous one's, so that many volumes print little)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
-	if c.dir == "" {
+	if len(c.dirs) == 0 {
 		return errors.New("-dir is required")
+	}
+	if len(c.dirs) > 1 && c.target != "" {
+		return fmt.Errorf("-dir given %d times with -target: a namespace of its own holds one volume", len(c.dirs))
+	}
+	if c.report != reportEvery && c.report != reportChanges {
+		return fmt.Errorf("-report %q: want %s or %s", c.report, reportEvery, reportChanges)
 	}
 	if c.interval <= 0 {
 		return fmt.Errorf("-interval %s: must be positive", c.interval)
@@ -79,22 +112,55 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	// In a container (no -target) the runtime has set up the namespace and mounted the volume.
-	volume := c.dir
+	// In a container (no -target) the runtime has set up the namespace and mounted the volumes.
+	volumes := c.dirs
 	if c.target != "" {
-		if volume, err = setUpNamespace(c.target, c.dir, flags); err != nil {
+		volume, err := setUpNamespace(c.target, c.dirs[0], flags)
+		if err != nil {
 			return err
 		}
+		volumes = []string{volume}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	step, closeStep, err := newStep(c.mode, volume, c.name)
-	if err != nil {
-		return err
+	out := &output{enc: json.NewEncoder(os.Stdout)}
+	// A line names its folder only where there are several.
+	named := len(volumes) > 1
+	errs := make(chan error, len(volumes))
+	for i, volume := range volumes {
+		step, closeStep, err := newStep(c.mode, volume, c.name)
+		if err != nil {
+			stop()
+			return err
+		}
+		defer closeStep()
+		dir := ""
+		if named {
+			dir = c.dirs[i]
+		}
+		go func() { errs <- loop(ctx, step, c.interval, out, dir, c.report == reportChanges) }()
 	}
-	defer closeStep()
-	return loop(ctx, step, c.interval)
+	var first error
+	for range volumes {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			stop()
+		}
+	}
+	return first
+}
+
+// output writes the loops' lines, one whole line at a time.
+type output struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+func (o *output) write(r report) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.enc.Encode(r)
 }
 
 // propagationFlags maps a pod's volumeMount mountPropagation to the flags that set a mount's
@@ -175,9 +241,11 @@ func setUpNamespace(target, dir string, flags uintptr) (string, error) {
 type report struct {
 	Seq  int64     `json:"seq"`
 	Time time.Time `json:"time"`
-	OK   bool      `json:"ok"`
-	Op   string    `json:"op,omitempty"`
-	Err  string    `json:"err,omitempty"`
+	// Dir is the folder of the volume, where the workload uses several.
+	Dir string `json:"dir,omitempty"`
+	OK  bool   `json:"ok"`
+	Op  string `json:"op,omitempty"`
+	Err string `json:"err,omitempty"`
 	// Took is how long the iteration's system calls took, in seconds: a write that waits for
 	// a mounter to come back shows here as a stall rather than as an error.
 	Took float64 `json:"took"`
@@ -187,12 +255,15 @@ type report struct {
 // and returns the step that failed.
 type step func(seq int64, line string) (op string, err error)
 
-func loop(ctx context.Context, do step, interval time.Duration) error {
-	enc := json.NewEncoder(os.Stdout)
+// loop runs do every interval until ctx is done and prints each iteration's line to out, with dir
+// when not empty; with changesOnly, only the first line and those whose outcome (ok, or the
+// failed step and its error) differs from the previous iteration's.
+func loop(ctx context.Context, do step, interval time.Duration, out *output, dir string, changesOnly bool) error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
+	var last *report
 	for seq := int64(1); ; seq++ {
-		r := report{Seq: seq, Time: time.Now()}
+		r := report{Seq: seq, Time: time.Now(), Dir: dir}
 		op, err := do(seq, Record(seq, r.Time))
 		r.Took = time.Since(r.Time).Seconds()
 		if err != nil {
@@ -200,10 +271,13 @@ func loop(ctx context.Context, do step, interval time.Duration) error {
 		} else {
 			r.OK = true
 		}
-		// One Write per line; an error means whoever reads the lines is gone.
-		if err := enc.Encode(r); err != nil {
-			return err
+		if !changesOnly || last == nil || last.OK != r.OK || last.Op != r.Op || last.Err != r.Err {
+			// One Write per line; an error means whoever reads the lines is gone.
+			if err := out.write(r); err != nil {
+				return err
+			}
 		}
+		last = &r
 		select {
 		case <-ctx.Done():
 			return nil

@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -90,5 +96,41 @@ func TestDirFDCreatesAndReadsThroughTheFolder(t *testing.T) {
 func TestUnknownModeIsRefused(t *testing.T) {
 	if _, _, err := newStep("sometimes", t.TempDir(), "w"); err == nil || !strings.Contains(err.Error(), `"sometimes"`) {
 		t.Errorf("mode sometimes: %v; want an error naming it", err)
+	}
+}
+
+// With -report changes a loop prints its first try and each try whose outcome differs from the
+// one before: a volume that failed three times in a row says when it failed and when it came
+// back, in three lines that name its folder.
+func TestReportChangesPrintsOnlyTransitions(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	do := func(seq int64, _ string) (string, error) {
+		if seq == 8 {
+			cancel()
+		}
+		if seq >= 3 && seq <= 5 {
+			return "open", syscall.ENOTCONN
+		}
+		return "", nil
+	}
+	var buf bytes.Buffer
+	if err := loop(ctx, do, time.Millisecond, &output{enc: json.NewEncoder(&buf)}, "/v1", true); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var r report
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if r.Dir != "/v1" {
+			t.Errorf("line %q names folder %q, want /v1", line, r.Dir)
+		}
+		got = append(got, fmt.Sprintf("%d %t %s", r.Seq, r.OK, r.Err))
+	}
+	want := []string{"1 true ", "3 false transport endpoint is not connected", "6 true "}
+	if !slices.Equal(got, want) {
+		t.Errorf("lines %q, want %q", got, want)
 	}
 }
