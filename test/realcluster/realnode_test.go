@@ -100,4 +100,12 @@ func TestRealNode(t *testing.T) {
 	// upgrade of the supervisor, must fail no system call of workloads that hold a file or a
 	// folder open, while today's heal path is measured beside it.
 	t.Run("mounts kept across restarts", func(t *testing.T) { e.ProveKeptMounts(t) })
+	// Last, as it leaves 100 more volumes on the node: the path from a rollout restart's new
+	// driver container to the workloads' first good writes, part by part, at the chart's
+	// defaults.
+	t.Run("restart to writes with 100 volumes", func(t *testing.T) {
+		many := e.ManyVolumes("many", manyPods, perPod)
+		many.WaitAllVolumesWriting(t, manyPods, perPod, 5*time.Minute)
+		e.MeasureRestartToIO(t, many, manyPods, perPod)
+	})
 }

@@ -166,6 +166,9 @@ type try struct {
 	Err  string    `json:"err"`
 	// Took is how long the try's system calls took, in seconds.
 	Took float64 `json:"took"`
+	// Dir is the try's folder, where the workload writes several volumes (-dir given more
+	// than once).
+	Dir string `json:"dir"`
 }
 
 // tries reads the tries of pod's writer through the API server and kubelet (as kubectl logs).

@@ -1,0 +1,348 @@
+package realcluster
+
+import (
+	"bufio"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/volume-healer/volume-healer/test/harness"
+)
+
+// The restart-to-I/O measurement's load: manyPods pods of perPod volumes each, 100 volumes of
+// the reference driver on the node besides the suite's others. One workload process per pod
+// writes, syncs and reads each of its volumes every 100ms (a loop per volume) and prints only the
+// tries whose outcome changed, so that 100 volumes cost the node 10 processes, 1,000 small
+// FUSE round trips a second and a few log lines, not 100 containers and 1,000 log lines a second.
+const (
+	manyPods   = 10
+	perPod     = 10
+	mainPlugin = "app.kubernetes.io/instance=healer-refdriver,app.kubernetes.io/component=node-plugin"
+)
+
+// ManyVolumes creates a StatefulSet of pods pods, each with volumes volumes of the reference
+// driver's StorageClass (claims v<j>-<name>-<i>) mounted HostToContainer at /v<j>, and one
+// workload process per pod that writes and reads all of them.
+func (e *Env) ManyVolumes(name string, pods, volumes int) *Workload {
+	e.t.Helper()
+	w := &Workload{e: e, name: name, propagation: corev1.MountPropagationHostToContainer, selector: labels.SelectorFromSet(labels.Set{"app": name}), statefulSet: true}
+	img := e.assets.Images["healer-test-workload"]
+	args := []string{"-interval", "100ms", "-name", name, "-report", "changes"}
+	var mounts []corev1.VolumeMount
+	var templates []corev1.PersistentVolumeClaim
+	for j := range volumes {
+		v := fmt.Sprintf("v%d", j)
+		args = append(args, "-dir", "/"+v)
+		mounts = append(mounts, corev1.VolumeMount{Name: v, MountPath: "/" + v, MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
+		templates = append(templates, corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: v}, Spec: pvcSpec(storageClass)})
+		for i := range pods {
+			w.claims = append(w.claims, fmt.Sprintf("%s-%s-%d", v, name, i))
+		}
+	}
+	ss := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:            ptr.To(int32(pods)),
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			Selector:            &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{
+						Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
+						Args: args, VolumeMounts: mounts,
+					}},
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+				},
+			},
+			VolumeClaimTemplates: templates,
+		},
+	}
+	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("%v", err)
+	}
+	return w
+}
+
+// volumeTries reads the tries of every pod of w by pod and folder.
+func (w *Workload) volumeTries(t harness.TB) (map[string]map[string][]try, error) {
+	pods, err := w.Pods(t.Context())
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string][]try{}
+	for _, p := range pods {
+		tries, err := w.tries(t.Context(), p.Name)
+		if err != nil {
+			return nil, err
+		}
+		byDir := map[string][]try{}
+		for _, r := range tries {
+			byDir[r.Dir] = append(byDir[r.Dir], r)
+		}
+		out[p.Name] = byDir
+	}
+	return out, nil
+}
+
+// WaitAllVolumesWriting waits until each of the pods pods of w writes and reads each of its
+// volumes volumes.
+func (w *Workload) WaitAllVolumesWriting(t harness.TB, pods, volumes int, timeout time.Duration) {
+	t.Helper()
+	harness.Eventually(t, timeout, fmt.Sprintf("%d pods of %s to write and read their %d volumes each", pods, w.name, volumes), func() (bool, string) {
+		all, err := w.volumeTries(t)
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(all) < pods {
+			return false, fmt.Sprintf("%d of %d pods run", len(all), pods)
+		}
+		for pod, byDir := range all {
+			for j := range volumes {
+				tries := byDir[fmt.Sprintf("/v%d", j)]
+				if len(tries) == 0 || !tries[len(tries)-1].OK {
+					return false, fmt.Sprintf("pod %s, /v%d: %s", pod, j, lastTry(tries))
+				}
+			}
+		}
+		return true, ""
+	})
+}
+
+// restartPath is what the restart-to-I/O measurement saw of one node plugin restart, each time
+// taken where it happens: the kernel's start time of the new driver container's first process,
+// the container runtime's timestamp of the lines that the driver and the healer sidecar log, and
+// the workloads' own clock of their tries (one host, one clock).
+type restartPath struct {
+	containerStart time.Time
+	driverServing  time.Time
+	marker         time.Time
+	firstProbe     time.Time
+	// heals are the sidecar's answers to the heals of the restart, one per volume healed.
+	heals []time.Time
+	// failed and resumed are each volume's first failed try after the restart began and its
+	// first good try after that, by pod and folder.
+	failed, resumed map[string]time.Time
+}
+
+// MeasureRestartToIO restarts the reference driver's node plugin (kubectl rollout restart) under
+// w's pods and volumes, waits until every volume's writes failed and came back in the same pod,
+// and logs the path from the new driver container's start to the workloads' first good writes,
+// part by part, with p50, p99 and max over the volumes.
+func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
+	t.Helper()
+	ctx := t.Context()
+	old, _ := e.runningContainer(ctx, t, driverNS, mainPlugin, "refdriver")
+	before, err := w.Pods(ctx)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	at := time.Now()
+	e.RolloutRestart(t)
+
+	var p restartPath
+	var plugin *corev1.Pod
+	harness.Eventually(t, 3*time.Minute, "the new node plugin's driver container to run", func() (bool, string) {
+		list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: mainPlugin})
+		if err != nil {
+			return false, err.Error()
+		}
+		for i := range list.Items {
+			np := &list.Items[i]
+			if np.UID == old.UID || np.DeletionTimestamp != nil {
+				continue
+			}
+			s := containerStatus(np, "refdriver")
+			if s == nil || s.ContainerID == "" || s.State.Running == nil {
+				return false, "the new pod's driver container does not run yet"
+			}
+			pid, err := containerFirstPID(strings.TrimPrefix(s.ContainerID, "containerd://"))
+			if err != nil {
+				return false, err.Error()
+			}
+			if p.containerStart, err = processStart(pid); err != nil {
+				return false, err.Error()
+			}
+			plugin = np
+			return true, ""
+		}
+		return false, "no new node plugin pod yet"
+	})
+
+	total := pods * volumes
+	harness.Eventually(t, 3*time.Minute, fmt.Sprintf("the %d volumes of %s to fail and come back in the same pods", total, w.name), func() (bool, string) {
+		all, err := w.volumeTries(t)
+		if err != nil {
+			return false, err.Error()
+		}
+		p.failed, p.resumed = map[string]time.Time{}, map[string]time.Time{}
+		waiting := []string{}
+		for pod, byDir := range all {
+			for dir, tries := range byDir {
+				key := pod + ":" + dir
+				for _, r := range tries {
+					switch {
+					case r.Time.Before(at):
+					case !r.OK && p.failed[key].IsZero():
+						p.failed[key] = r.Time
+					case r.OK && !p.failed[key].IsZero() && p.resumed[key].IsZero():
+						p.resumed[key] = r.Time
+					}
+				}
+				if p.resumed[key].IsZero() {
+					waiting = append(waiting, key+" "+lastTry(tries))
+				}
+			}
+		}
+		if len(p.resumed) < total {
+			slices.Sort(waiting)
+			return false, fmt.Sprintf("%d of %d volumes back; waiting: %s", len(p.resumed), total, strings.Join(waiting[:min(len(waiting), 5)], "; "))
+		}
+		return true, ""
+	})
+	after, err := w.Pods(ctx)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if !slices.EqualFunc(before, after, func(a, b corev1.Pod) bool { return a.UID == b.UID }) {
+		t.Errorf("the pods of %s changed across the restart (%d before, %d after): HostToContainer pods must see their volumes healed in place", w.name, len(before), len(after))
+	}
+
+	// The lines logged by the new pod's driver and sidecar, with the runtime's timestamps.
+	driverLines := e.timedLines(t, plugin, "refdriver")
+	sidecarLines := e.timedLines(t, plugin, "healer-sidecar")
+	p.driverServing = firstLine(driverLines, `"Serving"`)
+	p.marker = firstLine(sidecarLines, `"CSIAddonsNode registered"`)
+	p.firstProbe = firstLine(sidecarLines, `"First probe since the sidecar started"`)
+	for _, l := range sidecarLines {
+		if strings.Contains(l.text, `"Heal done"`) {
+			p.heals = append(p.heals, l.at)
+		}
+	}
+	for what, at := range map[string]time.Time{"the driver's Serving line": p.driverServing, "the sidecar's registration line": p.marker, "the sidecar's first probe line": p.firstProbe} {
+		if at.IsZero() {
+			t.Errorf("the new node plugin pod %s logged no %s", plugin.Name, what)
+		}
+	}
+	if len(p.heals) < total {
+		t.Errorf("the new node plugin's sidecar logged %d heals, want at least the %d volumes of %s", len(p.heals), total, w.name)
+	}
+	t.Logf("restart to I/O, %d volumes of %s (%d pods of %d volumes, HostToContainer) on the node plugin, kubectl rollout restart at %s; times from the new driver container's start (%s after the rollout began):\n%s",
+		total, w.name, pods, volumes, at.Format("15:04:05.000"), p.containerStart.Sub(at).Round(time.Millisecond), p.table())
+}
+
+// table is the path of the restart part by part, from the new driver container's start.
+func (p *restartPath) table() string {
+	var b strings.Builder
+	b.WriteString("| part | count | p50 | p99 | max |\n|---|---|---|---|---|\n")
+	one := func(name string, at time.Time) {
+		d := at.Sub(p.containerStart)
+		fmt.Fprintf(&b, "| %s | 1 | %s | %s | %s |\n", name, fmtMillis(d), fmtMillis(d), fmtMillis(d))
+	}
+	many := func(name string, times []time.Time, from func(int) time.Time) {
+		ds := make([]time.Duration, len(times))
+		for i, at := range times {
+			ds[i] = at.Sub(from(i))
+		}
+		slices.Sort(ds)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, len(ds), fmtMillis(percentile(ds, 0.50)), fmtMillis(percentile(ds, 0.99)), fmtMillis(ds[len(ds)-1]))
+	}
+	start := func(int) time.Time { return p.containerStart }
+	one("driver container started", p.containerStart)
+	one("driver serving (its log)", p.driverServing)
+	one("restart marker written (sidecar's log)", p.marker)
+	one("first probe reached the sidecar", p.firstProbe)
+	if len(p.heals) > 0 {
+		many("heal answered by the sidecar", p.heals, start)
+	}
+	var resumed, failedAt []time.Time
+	for key, r := range p.resumed {
+		resumed = append(resumed, r)
+		failedAt = append(failedAt, p.failed[key])
+	}
+	many("**workload's first good write**", resumed, start)
+	many("workload's outage (first failed to first good try)", resumed, func(i int) time.Time { return failedAt[i] })
+	return b.String()
+}
+
+// percentile is the q-quantile of sorted ds (nearest rank).
+func percentile(ds []time.Duration, q float64) time.Duration {
+	i := int(float64(len(ds))*q+0.5) - 1
+	return ds[max(0, min(i, len(ds)-1))]
+}
+
+// timedLine is a line of a container's log with the container runtime's timestamp.
+type timedLine struct {
+	at   time.Time
+	text string
+}
+
+// timedLines reads the log of container in pod p with the runtime's timestamps (kubectl logs
+// --timestamps).
+func (e *Env) timedLines(t harness.TB, p *corev1.Pod, container string) []timedLine {
+	t.Helper()
+	raw, err := e.c.Clientset.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: container, Timestamps: true}).DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("the log of %s in pod %s: %v", container, p.Name, err)
+	}
+	var out []timedLine
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		stamp, text, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, stamp)
+		if err != nil {
+			continue
+		}
+		out = append(out, timedLine{at: at, text: text})
+	}
+	return out
+}
+
+// firstLine is the time of the first line that contains s, or zero.
+func firstLine(lines []timedLine, s string) time.Time {
+	for _, l := range lines {
+		if strings.Contains(l.text, s) {
+			return l.at
+		}
+	}
+	return time.Time{}
+}
+
+// processStart is when process pid started, to the kernel's clock tick: its start time since
+// boot (/proc/<pid>/stat) placed on the wall clock by CLOCK_BOOTTIME, which counts from boot as
+// that start time does (the boot time that /proc/stat gives is whole seconds).
+func processStart(pid int) (time.Time, error) {
+	proc, err := procfs.NewProc(pid)
+	if err != nil {
+		return time.Time{}, err
+	}
+	st, err := proc.Stat()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("process %d: %w", pid, err)
+	}
+	var boot unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot); err != nil {
+		return time.Time{}, err
+	}
+	now := time.Now()
+	sinceBoot := time.Duration(boot.Nano())
+	started := time.Duration(st.Starttime) * time.Second / userHZ
+	return now.Add(started - sinceBoot), nil
+}
+
+// userHZ is the unit of a process's start time in /proc: USER_HZ, which the kernel's ABI fixes at
+// 100 on the architectures the node runs on (x86-64, arm64).
+const userHZ = 100
