@@ -55,6 +55,14 @@ type Checker struct {
 	stats map[string]*statCall
 	// statsStarted counts the stat goroutines ever started, for tests.
 	statsStarted atomic.Int64
+
+	// scanMu guards scanning, the search of the mount namespaces in flight, and nextScan, the
+	// one that follows it for the calls that came meanwhile (scanNamespaces).
+	scanMu   sync.Mutex
+	scanning *scanRun
+	nextScan *scanRun
+	// scansRun counts the searches ever run, for tests.
+	scansRun atomic.Int64
 }
 
 // statCall is one stat running in its own goroutine; err is set before done is closed.

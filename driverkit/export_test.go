@@ -5,3 +5,9 @@ package driverkit
 func StatsStarted(c *Checker) int64 {
 	return c.statsStarted.Load()
 }
+
+// ScansRun returns how many searches of the mount namespaces c has run, so that a test can tell
+// that calls at once shared them.
+func ScansRun(c *Checker) int64 {
+	return c.scansRun.Load()
+}

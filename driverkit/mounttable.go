@@ -59,6 +59,28 @@ func hasChildAt(infos []*mountInfo, m *mountInfo) bool {
 	return false
 }
 
+// topMounts returns the mounts of infos that no other mount is stacked on (hasChildAt), in one
+// pass over the table.
+func topMounts(infos []*mountInfo) []*mountInfo {
+	type at struct {
+		parent     int
+		mountpoint string
+	}
+	covered := make(map[at]bool, len(infos))
+	for _, c := range infos {
+		if c.Parent != c.ID {
+			covered[at{c.Parent, c.Mountpoint}] = true
+		}
+	}
+	top := make([]*mountInfo, 0, len(infos))
+	for _, m := range infos {
+		if !covered[at{m.ID, m.Mountpoint}] {
+			top = append(top, m)
+		}
+	}
+	return top
+}
+
 // device formats a mount's device as mountinfo field 3 shows it.
 func device(m *mountInfo) string {
 	return strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor)

@@ -427,16 +427,105 @@ func deviceIn(devices []string) func(*mountInfo) bool {
 }
 
 // scanStale searches every mount namespace for the mounts match selects that nothing is stacked
-// on.
+// on, in a search of the namespaces begun after the call (scanNamespaces).
 func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
+	found := c.scanNamespaces()
+	s := staleScan{procs: map[string]int{}, hidden: found.hidden}
+	for _, n := range found.namespaces {
+		points := map[string]bool{}
+		for _, m := range n.top {
+			if !match(m) || points[m.Mountpoint] {
+				continue
+			}
+			points[m.Mountpoint] = true
+			s.mounts = append(s.mounts, StaleMount{PID: n.pid, Namespace: n.ns, MountPoint: m.Mountpoint, Device: device(m)})
+		}
+	}
+	for _, m := range s.mounts {
+		s.procs[m.Namespace] = found.procs[m.Namespace]
+	}
+	slices.SortFunc(s.mounts, func(a, b StaleMount) int {
+		return strings.Compare(a.Namespace+"\x00"+a.MountPoint, b.Namespace+"\x00"+b.MountPoint)
+	})
+	return s, found.err
+}
+
+// namespaceScan is one search of the machine's mount namespaces: in each, the mounts nothing is
+// stacked on, read through one of its processes.
+type namespaceScan struct {
+	namespaces []namespaceMounts
+	// procs counts the processes of each namespace.
+	procs  map[string]int
+	hidden int
+	err    error
+}
+
+type namespaceMounts struct {
+	pid int
+	ns  string
+	top []*mountInfo
+}
+
+// scanRun is a search in flight; res is set before done closes.
+type scanRun struct {
+	done chan struct{}
+	res  namespaceScan
+}
+
+// scanNamespaces returns a search of every mount namespace begun after the call. A search reads
+// the mount table of each namespace of the machine, which costs as much as the node has pods and
+// mounts, and the probes and repairs of a node plugin's restart all ask for one at once: a call
+// that comes while a search runs waits for it to end and joins the next one, which serves every
+// call that came meanwhile, so that at most two run back to back whatever the number of calls.
+func (c *Checker) scanNamespaces() namespaceScan {
+	c.scanMu.Lock()
+	if c.scanning == nil {
+		r := &scanRun{done: make(chan struct{})}
+		c.scanning = r
+		c.scanMu.Unlock()
+		c.runScan(r)
+		return r.res
+	}
+	if next := c.nextScan; next != nil {
+		c.scanMu.Unlock()
+		<-next.done
+		return next.res
+	}
+	next := &scanRun{done: make(chan struct{})}
+	c.nextScan = next
+	running := c.scanning
+	c.scanMu.Unlock()
+	<-running.done
+	c.scanMu.Lock()
+	c.scanning, c.nextScan = next, nil
+	c.scanMu.Unlock()
+	c.runScan(next)
+	return next.res
+}
+
+// runScan searches the namespaces for r and ends it.
+func (c *Checker) runScan(r *scanRun) {
+	c.scansRun.Add(1)
+	r.res = c.readNamespaces()
+	c.scanMu.Lock()
+	if c.scanning == r {
+		c.scanning = nil
+	}
+	c.scanMu.Unlock()
+	close(r.done)
+}
+
+// readNamespaces reads the mount table of each mount namespace under CheckerOptions.Proc once,
+// through the first of its processes that shows one.
+func (c *Checker) readNamespaces() namespaceScan {
 	proc := c.options().Proc
-	s := staleScan{procs: map[string]int{}}
+	s := namespaceScan{procs: map[string]int{}}
 	entries, err := os.ReadDir(proc)
 	if err != nil {
-		return s, fmt.Errorf("list processes: %w", err)
+		s.err = fmt.Errorf("list processes: %w", err)
+		return s
 	}
 	scanned := map[string]bool{}
-	procs := map[string]int{}
 	var errs []error
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -454,7 +543,7 @@ func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
 			}
 			continue
 		}
-		procs[ns]++
+		s.procs[ns]++
 		if scanned[ns] {
 			continue
 		}
@@ -475,22 +564,10 @@ func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
 			continue
 		}
 		scanned[ns] = true
-		points := map[string]bool{}
-		for _, m := range infos {
-			if !match(m) || points[m.Mountpoint] || hasChildAt(infos, m) {
-				continue
-			}
-			points[m.Mountpoint] = true
-			s.mounts = append(s.mounts, StaleMount{PID: pid, Namespace: ns, MountPoint: m.Mountpoint, Device: device(m)})
-		}
+		s.namespaces = append(s.namespaces, namespaceMounts{pid: pid, ns: ns, top: topMounts(infos)})
 	}
-	for _, m := range s.mounts {
-		s.procs[m.Namespace] = procs[m.Namespace]
-	}
-	slices.SortFunc(s.mounts, func(a, b StaleMount) int {
-		return strings.Compare(a.Namespace+"\x00"+a.MountPoint, b.Namespace+"\x00"+b.MountPoint)
-	})
-	return s, errors.Join(errs...)
+	s.err = errors.Join(errs...)
+	return s
 }
 
 // denied reports whether err says the checker may not read the process.

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -545,5 +547,64 @@ func TestRepairDoesNotTakeAReusedDeviceForDead(t *testing.T) {
 	}
 	if line, ok := w.waitReads(true, 10*time.Second); !ok {
 		t.Fatalf("the workload does not read volume B after its repair: %q", line)
+	}
+}
+
+// TestStaleMountsShareSearches: the probes and repairs of a node plugin's restart each search the
+// machine's mount namespaces, a read of every process's namespace; calls at once share the
+// searches (one running, one for all that came meanwhile) and each still gets its own answer.
+func TestStaleMountsShareSearches(t *testing.T) {
+	proc := t.TempDir()
+	// 500 processes in the host's namespace, and one pod's process that keeps device 0:77.
+	writeProc := func(pid int, ns, table string) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(ns, filepath.Join(dir, "ns", "mnt")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(table), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := "22 1 0:21 / / rw - ext4 /dev/root rw\n"
+	for pid := 1; pid <= 500; pid++ {
+		writeProc(pid, "mnt:[4026531840]", host)
+	}
+	writeProc(5000, "mnt:[4026532999]", host+"30 22 0:77 / /data rw - fuse.refdriver vol-a rw\n31 22 0:78 / /other rw - fuse.refdriver vol-b rw\n")
+	c := driverkit.NewChecker(driverkit.CheckerOptions{Proc: proc})
+
+	const calls = 16
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	results := make([][]driverkit.StaleMount, calls)
+	errs := make([]error, calls)
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			dev := []string{"0:77", "0:78"}[i%2]
+			results[i], errs[i] = c.StaleMounts([]string{dev})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i := range calls {
+		want := []string{"/data", "/other"}[i%2]
+		if errs[i] != nil || len(results[i]) != 1 || results[i][0].MountPoint != want || results[i][0].PID != 5000 {
+			t.Errorf("call %d: %+v, %v; want %s in process 5000", i, results[i], errs[i], want)
+		}
+	}
+	if n := driverkit.ScansRun(c); n > 3 {
+		t.Errorf("%d calls at once ran %d searches of the namespaces, want them shared (at most 3)", calls, n)
+	}
+	// A call after those sees the namespaces as they are now.
+	if err := os.WriteFile(filepath.Join(proc, "5000", "mountinfo"), []byte(host), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.StaleMounts([]string{"0:77"}); err != nil || len(got) != 0 {
+		t.Errorf("after the pod let go of the mount: %+v, %v; want none", got, err)
 	}
 }
