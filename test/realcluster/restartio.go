@@ -2,24 +2,34 @@ package realcluster
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // The restart-to-I/O measurement's load: manyPods pods of perPod volumes each, 100 volumes of
-// the reference driver on the node besides the suite's others. One workload process per pod
+// the reference driver on the node besides the suite's others, of a StorageClass of its own that
+// carries no schedule annotation: the chart's default periodic sweep (every 6 hours) applies to
+// them, not the 10-second one of the suite's StorageClass, which would probe them all the time. One workload process per pod
 // writes, syncs and reads each of its volumes every 100ms (a loop per volume) and prints only the
 // tries whose outcome changed, so that 100 volumes cost the node 10 processes, 1,000 small
 // FUSE round trips a second and a few log lines, not 100 containers and 1,000 log lines a second.
@@ -27,6 +37,7 @@ const (
 	manyPods   = 10
 	perPod     = 10
 	mainPlugin = "app.kubernetes.io/instance=healer-refdriver,app.kubernetes.io/component=node-plugin"
+	manyClass  = "healer-fuse-unscheduled"
 )
 
 // ManyVolumes creates a StatefulSet of pods pods, each with volumes volumes of the reference
@@ -35,6 +46,15 @@ const (
 func (e *Env) ManyVolumes(name string, pods, volumes int) *Workload {
 	e.t.Helper()
 	w := &Workload{e: e, name: name, propagation: corev1.MountPropagationHostToContainer, selector: labels.SelectorFromSet(labels.Set{"app": name}), statefulSet: true}
+	class := &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: manyClass},
+		Provisioner:       driverName,
+		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
+	}
+	if _, err := e.c.Clientset.StorageV1().StorageClasses().Create(e.t.Context(), class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatalf("%v", err)
+	}
 	img := e.assets.Images["healer-test-workload"]
 	args := []string{"-interval", "100ms", "-name", name, "-report", "changes"}
 	var mounts []corev1.VolumeMount
@@ -43,7 +63,7 @@ func (e *Env) ManyVolumes(name string, pods, volumes int) *Workload {
 		v := fmt.Sprintf("v%d", j)
 		args = append(args, "-dir", "/"+v)
 		mounts = append(mounts, corev1.VolumeMount{Name: v, MountPath: "/" + v, MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
-		templates = append(templates, corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: v}, Spec: pvcSpec(storageClass)})
+		templates = append(templates, corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: v}, Spec: pvcSpec(manyClass)})
 		for i := range pods {
 			w.claims = append(w.claims, fmt.Sprintf("%s-%s-%d", v, name, i))
 		}
@@ -146,6 +166,8 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
+	timeline := e.watchPluginPods(t, mainPlugin)
+	load := loadAverage()
 	at := time.Now()
 	e.RolloutRestart(t)
 
@@ -236,8 +258,9 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	if len(p.heals) < total {
 		t.Errorf("the new node plugin's sidecar logged %d heals, want at least the %d volumes of %s", len(p.heals), total, w.name)
 	}
-	t.Logf("restart to I/O, %d volumes of %s (%d pods of %d volumes, HostToContainer) on the node plugin, kubectl rollout restart at %s; times from the new driver container's start (%s after the rollout began):\n%s",
-		total, w.name, pods, volumes, at.Format("15:04:05.000"), p.containerStart.Sub(at).Round(time.Millisecond), p.table())
+	t.Logf("the node plugin's pods during the restart, from kubectl rollout restart:\n%s", timeline.stop(at))
+	t.Logf("restart to I/O, %d volumes of %s (%d pods of %d volumes, HostToContainer) on the node plugin, kubectl rollout restart at %s (load average %s, %d CPUs); times from the new driver container's start (%s after the rollout began):\n%s",
+		total, w.name, pods, volumes, at.Format("15:04:05.000"), load, runtime.NumCPU(), p.containerStart.Sub(at).Round(time.Millisecond), p.table())
 }
 
 // table is the path of the restart part by part, from the new driver container's start.
@@ -346,3 +369,95 @@ func processStart(pid int) (time.Time, error) {
 // userHZ is the unit of a process's start time in /proc: USER_HZ, which the kernel's ABI fixes at
 // 100 on the architectures the node runs on (x86-64, arm64).
 const userHZ = 100
+
+// podTimeline notes when the watch of the node plugin's pods saw each change of their lifecycle:
+// a pod added, marked for deletion, deleted; a container started or terminated.
+type podTimeline struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	lines  []timedLine
+}
+
+// watchPluginPods starts a podTimeline of the pods that selector finds in the driver's namespace.
+func (e *Env) watchPluginPods(t harness.TB, selector string) *podTimeline {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	list, err := e.c.Clientset.CoreV1().Pods(driverNS).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		cancel()
+		t.Fatalf("%v", err)
+	}
+	w, err := e.c.Clientset.CoreV1().Pods(driverNS).Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		cancel()
+		t.Fatalf("%v", err)
+	}
+	tl := &podTimeline{cancel: cancel, done: make(chan struct{})}
+	seen := map[types.UID]*corev1.Pod{}
+	for i := range list.Items {
+		seen[list.Items[i].UID] = &list.Items[i]
+	}
+	note := func(format string, args ...any) {
+		tl.mu.Lock()
+		defer tl.mu.Unlock()
+		tl.lines = append(tl.lines, timedLine{at: time.Now(), text: fmt.Sprintf(format, args...)})
+	}
+	go func() {
+		defer close(tl.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			before := seen[p.UID]
+			switch {
+			case ev.Type == watch.Deleted:
+				note("pod %s deleted", p.Name)
+				delete(seen, p.UID)
+				continue
+			case before == nil:
+				note("pod %s added", p.Name)
+			case before.DeletionTimestamp == nil && p.DeletionTimestamp != nil:
+				note("pod %s marked for deletion (grace %ds)", p.Name, ptr.Deref(p.DeletionGracePeriodSeconds, 0))
+			}
+			for _, c := range p.Status.ContainerStatuses {
+				var was *corev1.ContainerStatus
+				if before != nil {
+					was = containerStatus(before, c.Name)
+				}
+				switch {
+				case c.State.Running != nil && (was == nil || was.State.Running == nil || was.ContainerID != c.ContainerID):
+					note("pod %s: container %s running", p.Name, c.Name)
+				case c.State.Terminated != nil && (was == nil || was.State.Terminated == nil):
+					note("pod %s: container %s terminated (exit %d, %s)", p.Name, c.Name, c.State.Terminated.ExitCode, c.State.Terminated.Reason)
+				}
+			}
+			seen[p.UID] = p
+		}
+	}()
+	return tl
+}
+
+// stop ends the watch and returns what it saw, each change timed from at.
+func (tl *podTimeline) stop(at time.Time) string {
+	tl.cancel()
+	<-tl.done
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var b strings.Builder
+	for _, l := range tl.lines {
+		fmt.Fprintf(&b, "  %+8.3fs %s\n", l.at.Sub(at).Seconds(), l.text)
+	}
+	return b.String()
+}
+
+// loadAverage is the machine's load average over 1, 5 and 15 minutes, as /proc/loadavg says.
+func loadAverage() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(raw)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
+}
