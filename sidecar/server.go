@@ -65,7 +65,9 @@ func (h *nodeHealer) GetHealerCapabilities(ctx context.Context, _ *healerv1alpha
 // volume keeping, as the protocol allows it from no other; the sidecar's own probe keeps nothing.
 func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodeProbeVolumeRequest) (*healerv1alpha1.NodeProbeVolumeResponse, error) {
 	h.firstProbe.Do(func() {
-		klog.FromContext(ctx).Info("First probe since the sidecar started", "pv", req.GetPvName(), "sinceStart", h.clock.Since(h.started).Round(time.Millisecond))
+		if h.clock != nil {
+			klog.FromContext(ctx).Info("First probe since the sidecar started", "pv", req.GetPvName(), "sinceStart", h.clock.Since(h.started).Round(time.Millisecond))
+		}
 	})
 	info, err := h.driver.current(ctx)
 	if err == nil && !info.serves(healerv1alpha1.HealerCapability_RPC_PROBE) {
