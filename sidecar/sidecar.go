@@ -185,6 +185,7 @@ func New(opts Options) (*Sidecar, error) {
 		}),
 		runtime:        s.runtime,
 		restartTimeout: opts.ContainerStopGracePeriod + restartCallsTimeout,
+		podVolumes:     nodeprobe.NewPodVolumes(opts.KubeletDir, publishTargetsMaxAge, opts.Clock.Now),
 	}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 
