@@ -190,8 +190,9 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 }
 
 // RunStorm measures figure 3 alone with layout l, for work on the storm without the other
-// figures' minutes: the big node and every other node of the layout created at once, a controller
-// started with the storm's debounce, every restart marker swept, then the storm as Run measures it.
+// figures' minutes: the big node and every other node of the layout created at once, every
+// restart marker swept, then, as in Run, a fresh controller with the storm's debounce (its memory
+// read) and the storm.
 func RunStorm(ctx context.Context, l Layout, dir string, logf func(format string, args ...any)) (*Results, error) {
 	start := time.Now()
 	res := &Results{Schema: resultsSchema, Mode: "storm", Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU()),
@@ -211,10 +212,13 @@ func RunStorm(ctx context.Context, l Layout, dir string, logf func(format string
 		if err := h.addNodes(ctx, "storm", nodeNames(1, l.GrowNodes+l.StormNodes), l.VolumesPerNode); err != nil {
 			return err
 		}
-		if err := h.restartController(ctx, "controller-storm", l.StormDebounce); err != nil {
+		if err := h.restartController(ctx, "controller-1", l.Debounce); err != nil {
 			return err
 		}
 		if err := h.waitHandled(ctx, 10*time.Minute); err != nil {
+			return err
+		}
+		if err := h.measureMemory(ctx, "controller-2", l.StormDebounce); err != nil {
 			return err
 		}
 		return h.measureStorm(ctx)
