@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -95,23 +96,41 @@ func (h *nodeHealer) recordedHere(driverName string, vol *volume) bool {
 }
 
 // records returns what kubelet's records on this node show of vol: its filesystem layout, or
-// for a raw block volume its volumeDevices layout.
+// for a raw block volume its volumeDevices layout. They are read now.
 func (h *nodeHealer) records(driverName string, vol *volume) (*nodeprobe.Volume, error) {
+	return h.findRecords(driverName, vol, false)
+}
+
+// findRecords is records; with recent set, the pods a filesystem volume is published for may be
+// looked up in the read of the pods' folders made up to publishTargetsMaxAge ago (h.podVolumes).
+func (h *nodeHealer) findRecords(driverName string, vol *volume, recent bool) (*nodeprobe.Volume, error) {
 	if h.local == nil {
 		return nil, fmt.Errorf("%w: the sidecar reads no kubelet records", nodeprobe.ErrNotOnNode)
 	}
+	r := h.local.Records()
 	if vol.block {
-		return h.local.Records().FindBlock(driverName, vol.volumeID, vol.pvName)
+		return r.FindBlock(driverName, vol.volumeID, vol.pvName)
 	}
-	return h.local.Records().Find(driverName, vol.volumeID, vol.pvName)
+	if recent {
+		r.Pods = h.podVolumes
+	}
+	return r.Find(driverName, vol.volumeID, vol.pvName)
 }
 
+// publishTargetsMaxAge is how old the read of the pods' folders may be that a probe's publish
+// target paths come from (nodeprobe.PodVolumes): a sweep probes a node's volumes tens a second,
+// and each read of the folders looks into every pod on the node. A pod published in the last
+// second may be missing from a probe's paths, which are optional (the driver then goes by its own
+// records); a heal's are read at the call.
+const publishTargetsMaxAge = time.Second
+
 // publishTargets returns the paths kubelet's records on this node show vol published at, for the
-// driver's ProbeVolume and HealVolume (publish_target_paths). It returns none when kubelet records
-// none, or when its records cannot be read (logged): the field is optional, and the driver then
-// goes by its own records.
-func (h *nodeHealer) publishTargets(ctx context.Context, driverName string, vol *volume) []string {
-	rec, err := h.records(driverName, vol)
+// driver's ProbeVolume and HealVolume (publish_target_paths): for a heal as read now, for a
+// probe from a read of the pods' folders at most publishTargetsMaxAge old. It returns none when
+// kubelet records none, or when its records cannot be read (logged): the field is optional, and
+// the driver then goes by its own records.
+func (h *nodeHealer) publishTargets(ctx context.Context, driverName string, vol *volume, rpc healerv1alpha1.HealerCapability_RPC_Type) []string {
+	rec, err := h.findRecords(driverName, vol, rpc != healerv1alpha1.HealerCapability_RPC_HEAL && h.podVolumes != nil)
 	switch {
 	case errors.Is(err, nodeprobe.ErrNotOnNode):
 		return nil

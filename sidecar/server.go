@@ -46,6 +46,9 @@ type nodeHealer struct {
 	started    time.Time
 	clock      clock.PassiveClock
 	firstProbe sync.Once
+	// podVolumes is the recent read of kubelet's pods' folders that probes take their publish
+	// target paths from (publishTargetsMaxAge); nil reads them at each call.
+	podVolumes *nodeprobe.PodVolumes
 }
 
 var _ healerv1alpha1.NodeHealerServer = (*nodeHealer)(nil)
@@ -199,7 +202,7 @@ func (h *nodeHealer) prepare(ctx context.Context, pvName string, facts *healerv1
 	}
 	// The driver may check the pods' mounts too: kubelet's records on this node say where they
 	// are.
-	vol.publishTargets = h.publishTargets(ctx, info.name, vol)
+	vol.publishTargets = h.publishTargets(ctx, info.name, vol, rpc)
 	// A probe looks at the node's mount and needs no credentials: only a heal, which may stage
 	// the volume again, reads the node-stage Secret, so that a sweep's probes read nothing per
 	// volume.

@@ -187,6 +187,7 @@ func New(opts Options) (*Sidecar, error) {
 		restartTimeout: opts.ContainerStopGracePeriod + restartCallsTimeout,
 		started:        opts.Clock.Now(),
 		clock:          opts.Clock,
+		podVolumes:     nodeprobe.NewPodVolumes(opts.KubeletDir, publishTargetsMaxAge, opts.Clock.Now),
 	}
 	s.grpc.RegisterService(s.authenticatedFirst(&healerv1alpha1.NodeHealer_ServiceDesc), s.healer)
 

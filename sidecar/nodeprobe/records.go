@@ -78,6 +78,9 @@ type Volume struct {
 type Records struct {
 	// KubeletDir is kubelet's root folder as this process sees it, such as /var/lib/kubelet.
 	KubeletDir string
+	// Pods, when set, is where Find looks up which pods a volume is published for, instead of
+	// reading the pods folder at each call; it must read the same KubeletDir.
+	Pods *PodVolumes
 }
 
 // StagingDir returns the folder of a volume's staging record: its staging path is the
@@ -117,7 +120,7 @@ func (r Records) Find(driver, handle, pv string) (*Volume, error) {
 	if staged != nil {
 		v.StagingPath, v.PV = staged.StagingPath, staged.PV
 	}
-	dirs, err := filepath.Glob(filepath.Join(r.KubeletDir, podsDir, "*", podVolumesDir, pv))
+	dirs, err := r.publishDirs(pv)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +141,15 @@ func (r Records) Find(driver, handle, pv string) (*Volume, error) {
 	}
 	slices.Sort(v.Targets)
 	return v, nil
+}
+
+// publishDirs returns the folders of the volume named pv in the pods' CSI volume folders: from
+// r.Pods when set, else from a read of every pod's folder now.
+func (r Records) publishDirs(pv string) ([]string, error) {
+	if r.Pods != nil {
+		return r.Pods.dirs(pv)
+	}
+	return filepath.Glob(filepath.Join(r.KubeletDir, podsDir, "*", podVolumesDir, pv))
 }
 
 // FindBlock returns what kubelet records of the raw block volume pv (a PersistentVolume's name),

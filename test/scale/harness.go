@@ -16,6 +16,7 @@ import (
 	"github.com/volume-healer/volume-healer/policy"
 	"github.com/volume-healer/volume-healer/refdriver/control"
 	"github.com/volume-healer/volume-healer/scheduler/planner"
+	"github.com/volume-healer/volume-healer/test/fixtures"
 	"github.com/volume-healer/volume-healer/test/harness"
 )
 
@@ -33,6 +34,17 @@ type Layout struct {
 	// the same restarts. GrownRestarts is how often figure 1 restarts it at the second size.
 	Restarts      int `json:"restarts"`
 	GrownRestarts int `json:"grownRestarts"`
+	// RestartBroken is how many of the restarted node's volumes lose their mount before each
+	// restart of figure 1 at its second and its large size, for the sweep to heal (the restarts
+	// at the first size, figure 2's, break none).
+	RestartBroken int `json:"restartBroken"`
+	// LargeNodeVolumes are the volumes of figure 1's large size: a node of its own, written into
+	// etcd with the volumes of figure 4's point at LargeNodeClusterVolumes (one of
+	// MemoryVolumes, these volumes counted in it) and restarted LargeNodeRestarts times once
+	// that point's memory is read. 0: figure 1 has no large size.
+	LargeNodeVolumes        int `json:"largeNodeVolumes"`
+	LargeNodeClusterVolumes int `json:"largeNodeClusterVolumes"`
+	LargeNodeRestarts       int `json:"largeNodeRestarts"`
 	// Debounce is the controller's restart debounce for figures 1 and 2.
 	Debounce time.Duration `json:"debounce"`
 	// StormDebounce is the debounce during the storm: the default, as shipped.
@@ -71,6 +83,7 @@ func ShortLayout() Layout {
 	return Layout{
 		BigNodeVolumes: 40, VolumesPerNode: 40, GrowNodes: 2, StormNodes: 2,
 		Restarts: 5, GrownRestarts: 2,
+		RestartBroken: 10, LargeNodeVolumes: 100, LargeNodeClusterVolumes: 400, LargeNodeRestarts: 2,
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 8, PerDriver: 8, PerNode: 4,
 		CallDelay:           20 * time.Millisecond,
@@ -88,6 +101,7 @@ func FullLayout() Layout {
 	return Layout{
 		BigNodeVolumes: 1000, VolumesPerNode: 100, GrowNodes: 90, StormNodes: 110,
 		Restarts: 40, GrownRestarts: 5,
+		RestartBroken: 10, LargeNodeVolumes: 10000, LargeNodeClusterVolumes: 100000, LargeNodeRestarts: 3,
 		Debounce: 0, StormDebounce: 2 * time.Second,
 		Global: 64, PerDriver: 64, PerNode: 4,
 		CallDelay:           50 * time.Millisecond,
@@ -175,6 +189,44 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 	return res, nil
 }
 
+// RunStorm measures figure 3 alone with layout l, for work on the storm without the other
+// figures' minutes: the big node and every other node of the layout created at once, every
+// restart marker swept, then, as in Run, a fresh controller with the storm's debounce (its memory
+// read) and the storm.
+func RunStorm(ctx context.Context, l Layout, dir string, logf func(format string, args ...any)) (*Results, error) {
+	start := time.Now()
+	res := &Results{Schema: resultsSchema, Mode: "storm", Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU()),
+		LoadAverage: loadAverage()}
+	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
+		log: textLogger(logFile)}
+	err = h.onCluster(ctx, func(ctx context.Context) error {
+		if err := h.addNodes(ctx, "first", []string{"node-big"}, l.BigNodeVolumes); err != nil {
+			return err
+		}
+		h.big = h.plugins[0]
+		if err := h.addNodes(ctx, "storm", nodeNames(1, l.GrowNodes+l.StormNodes), l.VolumesPerNode); err != nil {
+			return err
+		}
+		if err := h.restartController(ctx, "controller-1", l.Debounce); err != nil {
+			return err
+		}
+		if err := h.waitHandled(ctx, 10*time.Minute); err != nil {
+			return err
+		}
+		if err := h.measureMemory(ctx, "controller-2", l.StormDebounce); err != nil {
+			return err
+		}
+		return h.measureStorm(ctx)
+	})
+	res.WallSeconds = time.Since(start).Seconds()
+	return res, err
+}
+
 // onCluster starts the control plane in h.dir and builds the controller into h.bin, runs measure,
 // then stops every process the runner started and the control plane. The start and the build
 // take about as long: they overlap. The controller is built without the race detector (its speed
@@ -246,9 +298,11 @@ func (h *runner) measureCluster(ctx context.Context) error {
 	if err := h.measureMemory(ctx, "controller-3", l.Debounce); err != nil {
 		return err
 	}
+	h.brokenPerRestart = l.RestartBroken
 	if err := h.measureRestarts(ctx, l.GrownRestarts, false); err != nil {
 		return err
 	}
+	h.brokenPerRestart = 0
 
 	// Phase 3: every node, then the storm.
 	if err := h.addNodes(ctx, "storm", nodeNames(1+l.GrowNodes, l.StormNodes), l.VolumesPerNode); err != nil {
@@ -266,14 +320,27 @@ func (h *runner) measureCluster(ctx context.Context) error {
 
 	// Phase 4: the node plugins stop; volumes on nodes without one are added for more memory
 	// points, and at the first the controller's caches are rebuilt in this process to see what
-	// they hold.
+	// they hold. At figure 1's large size, a node with its volumes is written with them, and
+	// restarted once the point's memory is read.
 	_ = forEachPlugin(h.plugins, 32, func(p *nodePlugin) error { p.stop(); return nil })
 	for i, size := range l.MemoryVolumes {
+		var large *nodePlugin
+		if l.LargeNodeVolumes > 0 && size == l.LargeNodeClusterVolumes {
+			var err error
+			if large, err = h.writeLargeNode(ctx, "node-large", l.LargeNodeVolumes); err != nil {
+				return err
+			}
+		}
 		if extra := size - h.clusterVolumes; extra > 0 {
 			if err := h.addVolumesOnly(ctx, extra); err != nil {
 				return err
 			}
 			if err := h.measureMemory(ctx, fmt.Sprintf("controller-%d", 5+i), l.StormDebounce); err != nil {
+				return err
+			}
+		}
+		if large != nil {
+			if err := h.measureLargeNode(ctx, large); err != nil {
 				return err
 			}
 		}
@@ -337,11 +404,6 @@ func (h *runner) measureCaches(ctx context.Context) error {
 // addVolumesOnly writes n volumes on nodes that run no node plugin, 100 to a node, straight
 // into the apiserver's etcd, and waits until the apiserver lists them.
 func (h *runner) addVolumesOnly(ctx context.Context, n int) error {
-	before, err := h.c.count(ctx)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
 	var names []string
 	var vols []volume
 	for len(vols) < n {
@@ -351,6 +413,62 @@ func (h *runner) addVolumesOnly(ctx context.Context, n int) error {
 		vols = append(vols, h.c.newVolumes(name, min(100, n-len(vols)))...)
 	}
 	h.logf("memory: writing %d nodes without a node plugin, with %d volumes, into etcd (%d in the cluster after)", len(names), len(vols), h.clusterVolumes+len(vols))
+	return h.writeIntoEtcd(ctx, "memory", names, vols)
+}
+
+// writeLargeNode writes a node named name with n volumes straight into the apiserver's etcd (as
+// addVolumesOnly), lists them attached in its Node's status (as the attach/detach controller
+// does), and returns its node plugin, not started: figure 1's large size.
+func (h *runner) writeLargeNode(ctx context.Context, name string, n int) (*nodePlugin, error) {
+	vols := h.c.newVolumes(name, n)
+	h.logf("figure 1: writing %s with %d volumes into etcd (%d in the cluster after)", name, n, h.clusterVolumes+n)
+	if err := h.writeIntoEtcd(ctx, "large node", []string{name}, vols); err != nil {
+		return nil, err
+	}
+	handles := make([]string, len(vols))
+	for i, v := range vols {
+		handles[i] = v.handle
+	}
+	if err := fixtures.ReportAttached(ctx, h.c.kube, name, driverName, handles...); err != nil {
+		return nil, fmt.Errorf("report %s's volumes attached: %w", name, err)
+	}
+	return newNodePlugin(h.c, name, vols, h.calls, h.log)
+}
+
+// measureLargeNode starts p's node plugin, waits for its first sweep (starting a controller if
+// none runs), and measures figure 1 with p as the restarted node, h.layout.RestartBroken of its
+// volumes broken before each of h.layout.LargeNodeRestarts restarts; then p stops.
+func (h *runner) measureLargeNode(ctx context.Context, p *nodePlugin) error {
+	l := h.layout
+	start := time.Now()
+	if err := p.start(ctx); err != nil {
+		return err
+	}
+	h.plugins = append(h.plugins, p)
+	defer p.stop()
+	h.logf("figure 1: %s's node plugin (%d volumes) started in %s", p.name, len(p.vols), time.Since(start).Round(time.Millisecond))
+	if h.ctrl == nil {
+		if err := h.restartController(ctx, "controller-large", l.Debounce); err != nil {
+			return err
+		}
+	}
+	if err := h.waitHandled(ctx, 10*time.Minute); err != nil {
+		return err
+	}
+	big, broken := h.big, h.brokenPerRestart
+	h.big, h.brokenPerRestart = p, l.RestartBroken
+	defer func() { h.big, h.brokenPerRestart = big, broken }()
+	return h.measureRestarts(ctx, l.LargeNodeRestarts, false)
+}
+
+// writeIntoEtcd writes the Nodes names and vols straight into the apiserver's etcd, waits until
+// the apiserver lists them, counts them in the cluster and records the setup step as phase.
+func (h *runner) writeIntoEtcd(ctx context.Context, phase string, names []string, vols []volume) error {
+	before, err := h.c.count(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
 	f, err := h.c.newEtcdFiller(ctx)
 	if err != nil {
 		return err
@@ -370,11 +488,11 @@ func (h *runner) addVolumesOnly(ctx context.Context, n int) error {
 	}
 	h.clusterVolumes += len(vols)
 	h.clusterNodes += len(names)
-	step := setupStep{Phase: "memory", Nodes: len(names), Volumes: len(vols), Method: "etcd", Seconds: written.Seconds(),
+	step := setupStep{Phase: phase, Nodes: len(names), Volumes: len(vols), Method: "etcd", Seconds: written.Seconds(),
 		VolumesPerSec: float64(len(vols)) / written.Seconds(), ServedSeconds: (time.Since(start) - written).Seconds()}
 	h.res.Setup = append(h.res.Setup, step)
-	h.logf("memory: %d volumes written into etcd in %s (%.0f/s); the apiserver listed all %d PVs %s later",
-		len(vols), written.Round(time.Millisecond), step.VolumesPerSec, want.pvs, time.Duration(step.ServedSeconds*float64(time.Second)).Round(time.Millisecond))
+	h.logf("%s: %d volumes written into etcd in %s (%.0f/s); the apiserver listed all %d PVs %s later",
+		phase, len(vols), written.Round(time.Millisecond), step.VolumesPerSec, want.pvs, time.Duration(step.ServedSeconds*float64(time.Second)).Round(time.Millisecond))
 	return nil
 }
 
@@ -536,7 +654,7 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 			i+1, n, h.big.name, len(h.big.vols), lat[len(lat)-1], allProbed[len(allProbed)-1], sweepEnd.Sub(marker).Round(time.Millisecond), ctrl.describe())
 	}
 	fig := apiRequests{
-		ClusterVolumes: h.volumes(), NodeVolumes: len(h.big.vols), Sweeps: n,
+		ClusterVolumes: h.clusterVolumes, NodeVolumes: len(h.big.vols), Sweeps: n, BrokenPerRestart: h.brokenPerRestart,
 		Controller: figureOf(ctrlSum, n), ControllerListGetMax: lgMax, ControllerRequestsMin: ctrlMin, ControllerRequestsMax: ctrlMax,
 		Sidecar: figureOf(sidecarSum, n), APIServer: figureOf(apiSum, n), SweepSeconds: sweepTotal.Seconds() / float64(n),
 		Heals: float64(heals) / float64(n), APIServerWithWatches: float64(apiSum.total("GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION")) / float64(n),
@@ -566,7 +684,7 @@ func (h *runner) measureRestarts(ctx context.Context, n int, withLatency bool) e
 
 	if withLatency {
 		h.res.Latency = &latency{
-			NodeVolumes: len(h.big.vols), ClusterVolumes: h.volumes(), Restarts: n, DebounceSeconds: h.layout.Debounce.Seconds(),
+			NodeVolumes: len(h.big.vols), ClusterVolumes: h.clusterVolumes, Restarts: n, DebounceSeconds: h.layout.Debounce.Seconds(),
 			P50Ms: percentile(lat, 50), P99Ms: percentile(lat, 99), MinMs: percentile(lat, 0), MaxMs: percentile(lat, 100),
 			SamplesMs: lat, AllProbedP50Ms: percentile(allProbed, 50), AllProbedP99Ms: percentile(allProbed, 99),
 		}

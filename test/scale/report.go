@@ -32,8 +32,9 @@ func (r *Results) markdown() string {
 		}
 	}
 	for _, a := range r.APIRequests {
-		p("\nAt %d volumes, the restarted sidecar per restart: %s\n", a.ClusterVolumes, verbs(a.Sidecar.ByVerbResource))
-		p("\nAt %d volumes, apiserver_request_total per sweep: %s\n", a.ClusterVolumes, verbs(a.APIServer.ByVerbResource))
+		at := fmt.Sprintf("At %d volumes on the node, %d in the cluster, %d broken before each restart", a.NodeVolumes, a.ClusterVolumes, a.BrokenPerRestart)
+		p("\n%s, the restarted sidecar per restart: %s\n", at, verbs(a.Sidecar.ByVerbResource))
+		p("\n%s, apiserver_request_total per sweep: %s\n", at, verbs(a.APIServer.ByVerbResource))
 	}
 
 	if c := r.ControllerStart; c != nil {

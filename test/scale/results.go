@@ -94,6 +94,9 @@ type apiRequests struct {
 	NodeVolumes    int `json:"nodeVolumes"`
 	// Sweeps is how many restart sweeps the per-sweep figures average.
 	Sweeps int `json:"sweeps"`
+	// BrokenPerRestart is how many of the node's volumes lost their mount before each restart,
+	// for its sweep to heal.
+	BrokenPerRestart int `json:"brokenPerRestart"`
 	// Controller are the controller's requests per sweep, counted at its API endpoint.
 	Controller requestFigure `json:"controller"`
 	// ControllerListGetMax is the most LIST and GET requests the controller made in one sweep.

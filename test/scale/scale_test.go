@@ -16,6 +16,7 @@ import (
 var (
 	full        = flag.Bool("full", false, "run the full-size harness (21,000 volumes over 201 nodes; about 15 minutes on 2 cores) and write bench/results.json; SCALE_FULL=1 does the same")
 	resultsPath = flag.String("results", "", "write the results here instead of bench/results.json (full) or a temporary file (short)")
+	only        = flag.String("only", "", "run one figure of the layout alone and write its results to -results or a temporary file, never to bench/: \"storm\" (figure 3, the rollout storm, with every node created at once; about 5 minutes with -full)")
 )
 
 // TestScale runs the scale harness. Without -full it runs the small layout, so that the harness
@@ -32,6 +33,14 @@ func TestScale(t *testing.T) {
 	}
 	dir := t.TempDir()
 	klogToFile(t, dir)
+	switch *only {
+	case "":
+	case "storm":
+		runStormOnly(t, layout, dir)
+		return
+	default:
+		t.Fatalf("-only=%q: no such figure; the one figure that runs alone is \"storm\"", *only)
+	}
 
 	res, err := Run(t.Context(), layout, dir, t.Logf)
 	if res != nil {
@@ -65,6 +74,42 @@ func TestScale(t *testing.T) {
 	checkResults(t, layout, res)
 }
 
+// runStormOnly runs figure 3 alone (-only=storm) and checks it as checkResults does; its results
+// go to -results, or to dir, with the report and the storm's CPU profiles beside them.
+func runStormOnly(t *testing.T, l Layout, dir string) {
+	t.Helper()
+	res, err := RunStorm(t.Context(), l, dir, t.Logf)
+	if res != nil {
+		path := *resultsPath
+		if path == "" {
+			path = filepath.Join(dir, "results.json")
+		}
+		if werr := res.write(path); werr != nil {
+			t.Error(werr)
+		}
+		md := strings.TrimSuffix(path, filepath.Ext(path)) + ".md"
+		if werr := os.WriteFile(md, []byte(res.markdown()), 0o644); werr != nil {
+			t.Error(werr)
+		}
+		// The storm's CPU profiles go beside them, for go tool pprof.
+		for _, name := range []string{"storm-controller.pprof", "storm-harness.pprof"} {
+			if b, rerr := os.ReadFile(filepath.Join(dir, name)); rerr == nil {
+				if werr := os.WriteFile(filepath.Join(filepath.Dir(path), name), b, 0o644); werr != nil {
+					t.Error(werr)
+				}
+			}
+		}
+		t.Logf("results written to %s and %s, the storm's CPU profiles beside them", path, md)
+	}
+	if err != nil {
+		t.Fatalf("storm: %v (files kept in %s until the test ends)", err, dir)
+	}
+	checkRolloutStorm(t, res.Storm)
+	s := res.Storm
+	t.Logf("storm: finished %.1fs after the first marker; the arrivals allowed %.1fs: efficiency against that %.0f%% (ideal %.1fs: %.0f%%); mean controller call %.1fms, mean driver call %.1fms; %d violations; load average at start %s",
+		s.FinishSeconds, s.ArrivalIdealSeconds, 100*s.ArrivalEfficiency, s.IdealSeconds, 100*s.Efficiency, s.MeanControllerCallMs, s.MeanDriverCallMs, s.BudgetViolations, res.LoadAverage)
+}
+
 // checkWritten reads the results file back: another tool must be able to load it.
 func checkWritten(t *testing.T, path string) {
 	t.Helper()
@@ -84,10 +129,22 @@ func checkWritten(t *testing.T, path string) {
 // checkResults asserts what holds at any size.
 func checkResults(t *testing.T, l Layout, r *Results) {
 	t.Helper()
-	if len(r.APIRequests) != 2 {
-		t.Fatalf("figure 1 measured at %d sizes, want 2", len(r.APIRequests))
+	sizes := 2
+	if l.LargeNodeVolumes > 0 {
+		sizes++
+	}
+	if len(r.APIRequests) != sizes {
+		t.Fatalf("figure 1 measured at %d sizes, want %d", len(r.APIRequests), sizes)
+	}
+	if l.LargeNodeVolumes > 0 {
+		if a := r.APIRequests[2]; a.NodeVolumes != l.LargeNodeVolumes || a.ClusterVolumes != l.LargeNodeClusterVolumes {
+			t.Errorf("figure 1's large size: %d volumes on the node, %d in the cluster; want %d and %d", a.NodeVolumes, a.ClusterVolumes, l.LargeNodeVolumes, l.LargeNodeClusterVolumes)
+		}
 	}
 	for _, a := range r.APIRequests {
+		if want := float64(min(a.BrokenPerRestart, a.NodeVolumes)); a.Heals < want {
+			t.Errorf("at %d volumes on the node a restart sweep healed %.1f volumes, want the %.0f broken before each restart", a.NodeVolumes, a.Heals, want)
+		}
 		if a.ControllerListGetMax != 0 {
 			t.Errorf("at %d volumes a restart sweep made up to %d LIST/GET requests from the controller, want 0: %v",
 				a.ClusterVolumes, a.ControllerListGetMax, a.Controller.ByVerbResource)
@@ -122,24 +179,7 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		}
 	}
 
-	s := r.Storm
-	if s == nil {
-		t.Fatal("figure 3: no storm results")
-	}
-	if s.BudgetViolations != 0 {
-		t.Errorf("storm: %d budgets exceeded: in flight %d (global %d), per node %d/%d (driver counters %d), per volume %d/%d (driver counters %d)",
-			s.BudgetViolations, s.MaxInFlight, s.Global, s.MaxInFlightPerNode, s.PerNode, s.DriverMaxConcurrentPerNode,
-			s.MaxInFlightPerVolume, 1, s.DriverMaxConcurrentPerVolume)
-	}
-	if s.VolumesProbed != s.Volumes {
-		t.Errorf("storm: %d of %d volumes probed", s.VolumesProbed, s.Volumes)
-	}
-	if len(s.ControllerProfileTop) == 0 {
-		t.Error("storm: no CPU profile of the controller")
-	}
-	if s.Efficiency <= 0 || s.Efficiency > 1.05 {
-		t.Errorf("storm: efficiency %.2f is outside (0, 1]: the measurement is broken", s.Efficiency)
-	}
+	checkRolloutStorm(t, r.Storm)
 
 	m := r.Memory
 	if m == nil {
@@ -200,6 +240,29 @@ func checkResults(t *testing.T, l Layout, r *Results) {
 		if d.DecisionsPerSecond <= 0 {
 			t.Errorf("figure 6: %s: %.0f decisions/s", d.Name, d.DecisionsPerSecond)
 		}
+	}
+}
+
+// checkRolloutStorm asserts what holds of figure 3 at any size: no budget exceeded, every volume
+// probed, the controller profiled, an efficiency that is a fraction.
+func checkRolloutStorm(t *testing.T, s *storm) {
+	t.Helper()
+	if s == nil {
+		t.Fatal("figure 3: no storm results")
+	}
+	if s.BudgetViolations != 0 {
+		t.Errorf("storm: %d budgets exceeded: in flight %d (global %d), per node %d/%d (driver counters %d), per volume %d/%d (driver counters %d)",
+			s.BudgetViolations, s.MaxInFlight, s.Global, s.MaxInFlightPerNode, s.PerNode, s.DriverMaxConcurrentPerNode,
+			s.MaxInFlightPerVolume, 1, s.DriverMaxConcurrentPerVolume)
+	}
+	if s.VolumesProbed != s.Volumes {
+		t.Errorf("storm: %d of %d volumes probed", s.VolumesProbed, s.Volumes)
+	}
+	if len(s.ControllerProfileTop) == 0 {
+		t.Error("storm: no CPU profile of the controller")
+	}
+	if s.Efficiency <= 0 || s.Efficiency > 1.05 {
+		t.Errorf("storm: efficiency %.2f is outside (0, 1]: the measurement is broken", s.Efficiency)
 	}
 }
 
