@@ -234,7 +234,7 @@ var settings = []setting{
 	{
 		path:    "backoff.base",
 		field:   func(c *Config) any { return &c.Backoff.Base },
-		help:    "Delay before retrying a volume after its first failure; it doubles with each further failure.",
+		help:    "Delay before retrying a volume after its first failure; it doubles with each further failure. A restart sweep is not held by the failures of calls made before the node plugin restarted.",
 		allowed: "a duration > 0",
 	},
 	{
