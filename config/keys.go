@@ -234,7 +234,7 @@ var settings = []setting{
 	{
 		path:    "backoff.base",
 		field:   func(c *Config) any { return &c.Backoff.Base },
-		help:    "Delay before retrying a volume after its first failure; it doubles with each further failure.",
+		help:    "Delay before retrying a volume after its first failure; it doubles with each further failure. A restart sweep is not held by the failures of calls made before the node plugin restarted.",
 		allowed: "a duration > 0",
 	},
 	{
@@ -324,7 +324,7 @@ var settings = []setting{
 	{
 		path:    "sidecar.tls.signer.caSecret",
 		field:   func(c *Config) any { return &c.Sidecar.TLS.Signer.CASecret },
-		help:    "The kubernetes.io/tls Secret holding the signer's CA; created with a new CA when missing.",
+		help:    "The kubernetes.io/tls Secret holding the signer's CA; created with a new CA when missing (unless cert-manager issues it), and read again every minute: a renewed CA signs from then on, and the replaced one stays trusted while its certificates may be valid.",
 		allowed: "<namespace>/<name>; required when sidecar.tls.signer.enabled is true",
 	},
 	{

@@ -170,6 +170,12 @@ type fixture struct {
 // behind fake sidecars, with the real default policy and the real dispatcher.
 func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	t.Helper()
+	return newFixtureDispatching(t, n, dryRun, dispatch.Options{Global: 4, PerDriver: 4, PerNode: 2, BackoffBase: time.Millisecond, BackoffMax: 4 * time.Millisecond, MaxAttempts: 2})
+}
+
+// newFixtureDispatching is newFixture with a dispatcher of those options.
+func newFixtureDispatching(t *testing.T, n int, dryRun bool, dopts dispatch.Options) *fixture {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	scheme := runtime.NewScheme()
@@ -215,7 +221,7 @@ func newFixture(t *testing.T, n int, dryRun bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatch.New(dispatch.Options{Global: 4, PerDriver: 4, PerNode: 2, BackoffBase: time.Millisecond, BackoffMax: 4 * time.Millisecond, MaxAttempts: 2})
+	d, err := dispatch.New(dopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,6 +543,37 @@ func TestRetryReachesTheReplacementSidecar(t *testing.T) {
 	}
 	if f.sidecars.heals["v1"] != 1 {
 		t.Errorf("heals of v1 = %d, want 1", f.sidecars.heals["v1"])
+	}
+}
+
+// A sweep was calling a volume when its node plugin went down: the call failed, and the volume
+// backs off (20s here). The plugin's replacement registers at a new address, and its
+// restart sweep heals the volume at once: the failure was the gone plugin's, not the new one's.
+func TestRestartSweepIsNotHeldByFailuresOfTheGonePlugin(t *testing.T) {
+	f := newFixtureDispatching(t, 1, false, dispatch.Options{BackoffBase: 20 * time.Second, BackoffMax: time.Hour, MaxAttempts: 1})
+	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
+	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true
+	f.sidecars.dead = map[string]bool{"127.0.0.1:9070": true}
+	// The sidecar still answers its capabilities, then goes away before the probe.
+	if sum := f.sweeper.Run(context.Background(), scheduler.Sweep{Trigger: scheduler.TriggerManual, PV: "v1"}); sum.Failed != 1 {
+		t.Fatalf("summary of the sweep through the sidecar going away = %+v, want v1 failed", sum)
+	}
+
+	moved := f.node.DeepCopy()
+	moved.Annotations[annotations.Endpoint] = "127.0.0.1:9071"
+	moved.Annotations[annotations.HealerRestart] = "start-3"
+	f.targets.Set(moved)
+	f.node = moved
+	sw := f.restart()
+	sw.Fired = time.Now()
+	start := time.Now()
+	sum := f.sweeper.Run(context.Background(), sw)
+	if sum.Healed != 1 {
+		t.Fatalf("restart sweep summary after %s = %+v, want v1 healed at once, not after the backoff its failure through the gone sidecar earned",
+			time.Since(start).Round(time.Millisecond), sum)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the restart sweep healed v1 after %s, want at once", took.Round(time.Millisecond))
 	}
 }
 

@@ -197,6 +197,11 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 	if sw.Stagger > 0 {
 		t.NotBefore = sw.Fired.Add(scheduler.StaggerOffset(v.NodeName, sw.Stagger))
 	}
+	if sw.Trigger == scheduler.TriggerRestart {
+		// A call of another sweep that failed as the node plugin went down (a periodic sweep's
+		// probe in flight then) must not delay the heal of its replacement by that call's backoff.
+		t.CallsSince = sw.Fired
+	}
 	w.target, w.caps, w.action, w.restartPods = target, caps, action, !sw.AfterEviction
 	return w, t, outcomeSkipped
 }

@@ -58,6 +58,7 @@ func (d *Dispatcher) startLocked(j *job, ds *driverState, ns *nodeState, now tim
 	j.where = jobRunning
 	j.driver, j.node = ds, ns
 	j.attempts++
+	j.startedAt = now
 	d.queued--
 
 	d.inFlight++

@@ -418,7 +418,7 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 		d.log.V(2).Info("Call failed after the Lease ran out; queued until it is renewed", "pv", j.task.Volume, "driver", j.task.Driver, "node", j.task.Node, "err", err)
 	case errors.Is(err, ErrRetryLater):
 		j.busy++
-		vol.retryAt = now.Add(d.opts.BackoffBase)
+		vol.retryAt, vol.backoffFrom = now.Add(d.opts.BackoffBase), j.startedAt
 		if j.busy > d.opts.MaxBusyRetries {
 			result = fmt.Errorf("%w after %d busy replies: %w", ErrGaveUp, j.busy, err)
 		} else {
@@ -428,7 +428,7 @@ func (d *Dispatcher) finish(j *job, err error, timedOut bool) []call {
 	default:
 		j.failed++
 		vol.failures++
-		vol.retryAt = now.Add(d.backoff(vol.failures))
+		vol.retryAt, vol.backoffFrom = now.Add(d.backoff(vol.failures)), j.startedAt
 		if j.failed >= d.opts.MaxAttempts {
 			result = fmt.Errorf("%w after %d failed attempts: %w", ErrGaveUp, j.failed, err)
 		} else {
@@ -493,6 +493,11 @@ func (d *Dispatcher) placeLocked(j *job, vol *volumeState, now time.Time) {
 	if vol.inFlight > 0 {
 		j.where = jobParked
 		return
+	}
+	if !vol.retryAt.IsZero() && vol.backoffFrom.Before(j.task.CallsSince) {
+		// The failures went to a node plugin that has been replaced since: they say nothing of
+		// the new one, which the task calls at once.
+		vol.failures, vol.retryAt, vol.backoffFrom = 0, time.Time{}, time.Time{}
 	}
 	at := j.task.NotBefore
 	if vol.retryAt.After(at) {

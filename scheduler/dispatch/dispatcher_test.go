@@ -1266,3 +1266,88 @@ func TestDispatchBudgetGauge(t *testing.T) {
 		}
 	}
 }
+
+// TestDispatchRestartIsNotHeldByTheGonePluginsBackoff: a periodic sweep's calls on a volume fail
+// as its node plugin goes down, which puts the volume in backoff; the restart sweep of the new
+// plugin, seen after those calls started, calls the volume at once instead of after that backoff
+// (with the defaults, 5s after one failure and 15s after two: the heal a workload waits for), both
+// when the failed call had ended and when it was still in flight. The restart task's own failures
+// back off as any.
+func TestDispatchRestartIsNotHeldByTheGonePluginsBackoff(t *testing.T) {
+	gone := errors.New("rpc error: code = Unavailable: connection refused")
+	t.Run("the failed calls had ended", func(t *testing.T) {
+		fc := clocktesting.NewFakeClock(epoch)
+		d, _ := runDispatcher(t, Options{Clock: fc, BackoffBase: 5 * time.Second, BackoffMax: time.Minute, MaxAttempts: 5})
+		periodic := newAttemptRecorder(fc, gone)
+		res := newResults()
+		d.Submit(Task{Volume: "pv-1", Driver: "rbd", Node: "node-a", Trigger: scheduler.TriggerSchedule, Run: periodic.run, Done: res.done("periodic")})
+		prev := <-periodic.times
+		// The periodic task tries again after the backoff, and fails again: 10s of backoff now.
+		prev = periodic.expectAttemptAfter(t, prev, 5*time.Second)
+
+		// The new plugin registered 1s later; its restart sweep heals the volume.
+		fc.Step(time.Second)
+		restarted := fc.Now()
+		healed := newAttemptRecorder(fc, nil)
+		d.Submit(Task{Volume: "pv-1", Driver: "rbd", Node: "node-a", Trigger: scheduler.TriggerRestart, CallsSince: restarted, Run: healed.run, Done: res.done("restart")})
+		select {
+		case at := <-healed.times:
+			if !at.Equal(restarted) {
+				t.Fatalf("the restart sweep's call came %s after the restart, want at once", at.Sub(restarted))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the restart sweep's call waits for the backoff of the calls to the gone plugin (until %s after the restart)", prev.Add(10*time.Second).Sub(restarted))
+		}
+		res.wait(t)
+		if got := res.one(t, "restart"); got.Err != nil || got.Attempts != 1 {
+			t.Fatalf("restart task: %+v, want success at its first attempt", got)
+		}
+		if got := res.one(t, "periodic"); got.Err != nil || !got.Coalesced {
+			t.Fatalf("periodic task: %+v, want the restart task's success, coalesced", got)
+		}
+	})
+	t.Run("the failed call was in flight", func(t *testing.T) {
+		fc := clocktesting.NewFakeClock(epoch)
+		d, _ := runDispatcher(t, Options{Clock: fc, BackoffBase: 5 * time.Second, BackoffMax: time.Minute, MaxAttempts: 5})
+		release := make(chan struct{})
+		started := make(chan struct{})
+		hung := func(context.Context) error {
+			close(started)
+			<-release
+			return gone
+		}
+		res := newResults()
+		d.Submit(Task{Volume: "pv-1", Driver: "rbd", Node: "node-a", Trigger: scheduler.TriggerSchedule, Run: hung, Done: res.done("periodic")})
+		<-started
+		fc.Step(2 * time.Second)
+		restarted := fc.Now()
+		healed := newAttemptRecorder(fc, nil)
+		d.Submit(Task{Volume: "pv-1", Driver: "rbd", Node: "node-a", Trigger: scheduler.TriggerRestart, CallsSince: restarted, Run: healed.run, Done: res.done("restart")})
+		// The call to the gone plugin fails only now, after the restart was seen.
+		fc.Step(time.Second)
+		close(release)
+		select {
+		case at := <-healed.times:
+			if want := restarted.Add(time.Second); !at.Equal(want) {
+				t.Fatalf("the restart sweep's call came %s after the failed call ended, want at once", at.Sub(want))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the restart sweep's call waits for the backoff of the call to the gone plugin")
+		}
+		res.wait(t)
+	})
+	t.Run("the restart task's own failures back off", func(t *testing.T) {
+		fc := clocktesting.NewFakeClock(epoch)
+		d, _ := runDispatcher(t, Options{Clock: fc, BackoffBase: 5 * time.Second, BackoffMax: time.Minute, MaxAttempts: 3})
+		failing := newAttemptRecorder(fc, gone)
+		res := newResults()
+		d.Submit(Task{Volume: "pv-1", Driver: "rbd", Node: "node-a", Trigger: scheduler.TriggerRestart, CallsSince: fc.Now(), Run: failing.run, Done: res.done("restart")})
+		prev := <-failing.times
+		prev = failing.expectAttemptAfter(t, prev, 5*time.Second)
+		failing.expectAttemptAfter(t, prev, 10*time.Second)
+		res.wait(t)
+		if got := res.one(t, "restart"); !errors.Is(got.Err, ErrGaveUp) || got.Attempts != 3 {
+			t.Fatalf("restart task: %+v, want given up after 3 attempts", got)
+		}
+	})
+}

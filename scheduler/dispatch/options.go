@@ -26,6 +26,11 @@ type Task struct {
 	NotBefore time.Time
 	// Timeout bounds one call of Run. Zero: Options.DefaultTimeout.
 	Timeout time.Duration
+	// CallsSince, when set, is when what the task calls last started: a restart sweep's task sets
+	// the moment the node plugin's restart was seen. Calls on the volume that started before it
+	// went to the plugin that is gone, so the backoff their failures earned does not hold this
+	// task back, and its own failures back off from BackoffBase. Zero: every failure counts.
+	CallsSince time.Time
 	// Run does the work. Its ctx carries the values of Start's ctx (the logger) and ends at the
 	// timeout and when the Dispatcher stops; Run must return soon after, since the budget slot it
 	// holds is freed only then. Wrap ErrRetryLater or

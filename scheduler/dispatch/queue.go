@@ -40,6 +40,8 @@ type volumeState struct {
 	failures int
 	// retryAt is when the volume's backoff ends.
 	retryAt time.Time
+	// backoffFrom is when the failed call that set retryAt started.
+	backoffFrom time.Time
 }
 
 // job is a task in the Dispatcher, possibly several merged submissions.
@@ -55,9 +57,11 @@ type job struct {
 	where                  int
 	index                  int
 	eligibleAt, readyAt    time.Time
-	lane                   *lane
-	driver                 *driverState
-	node                   *nodeState
+	// startedAt is when the job's latest call started.
+	startedAt time.Time
+	lane      *lane
+	driver    *driverState
+	node      *nodeState
 }
 
 // waiter is a Done callback of a submission merged into a job.
@@ -95,6 +99,9 @@ func (j *job) merge(o *job) {
 	j.waiters = append(j.waiters, o.waiters...)
 	if o.task.NotBefore.Before(j.task.NotBefore) {
 		j.task.NotBefore = o.task.NotBefore
+	}
+	if o.task.CallsSince.After(j.task.CallsSince) {
+		j.task.CallsSince = o.task.CallsSince
 	}
 }
 

@@ -161,6 +161,18 @@ type PluginOptions struct {
 	// its node plugin.
 	VolumeKeeping []healerv1alpha1.HealerCapability_VolumeKeeping_Type
 	KeepMounters  []string
+	// TLS, when set, makes the sidecar serve TLS with the key pair it gives at each start, as a
+	// new pod gets a new certificate. Default: no TLS.
+	TLS *PluginTLS
+}
+
+// PluginTLS is the TLS of a plugin's sidecar.
+type PluginTLS struct {
+	// ServerName is the sidecar's --tls-server-name (the controller's sidecar.tls.serverName).
+	ServerName string
+	// KeyPair is called before each start of the sidecar and returns the files of the key pair it
+	// serves, for example a certificate obtained by a CertificateSigningRequest of that start's pod.
+	KeyPair func(ctx context.Context) (certFile, keyFile string, err error)
 }
 
 // Plugin is one simulated node plugin pod in this process: the reference driver serving its
@@ -268,9 +280,17 @@ func (p *Plugin) start(ctx context.Context) (*Sidecar, error) {
 		runCtx = klog.NewContext(runCtx, *p.opts.Logger)
 	}
 	p.starts++
+	opts := p.sidecarOptions()
+	if p.opts.TLS != nil {
+		if opts.TLSCertFile, opts.TLSKeyFile, err = p.opts.TLS.KeyPair(ctx); err != nil {
+			srv.Stop(0)
+			return nil, fmt.Errorf("the sidecar's key pair on %s: %w", p.opts.Node, err)
+		}
+		opts.Insecure, opts.TLSServerName = false, p.opts.TLS.ServerName
+	}
 	var sc *Sidecar
 	for attempt := 0; ; attempt++ {
-		sc, err = StartSidecar(runCtx, p.sidecarOptions())
+		sc, err = StartSidecar(runCtx, opts)
 		if err == nil {
 			break
 		}
@@ -284,6 +304,7 @@ func (p *Plugin) start(ctx context.Context) (*Sidecar, error) {
 			srv.Stop(0)
 			return nil, err
 		}
+		opts.ListenAddress = p.addr
 	}
 	p.drv, p.srv, p.sc = d, srv, sc
 	return sc, nil

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -92,11 +93,19 @@ func Run(ctx context.Context, cfg *config.Config) error {
 			return err
 		}
 	}
-	signer, signerCA, err := newSidecarSigner(ctx, cfg, k)
+	signer, signerCAs, err := newSidecarSigner(ctx, cfg, k)
 	if err != nil {
 		return err
 	}
-	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner, signerCA)
+	var signerRoots func() *x509.CertPool
+	if signerCAs != nil {
+		signerRoots = signerCAs.Pool
+		// Every replica follows a renewal of the CA: each one's client trusts the sidecars by it.
+		if err := mgr.Add(everyReplica{manager.RunnableFunc(signerCAs.Start)}); err != nil {
+			return err
+		}
+	}
+	act, err := newActStage(cfg, k, lease, pol.engine, caches.planner, signerRoots)
 	if err != nil {
 		return err
 	}
@@ -382,7 +391,7 @@ type actStage struct {
 // newActStage builds the dispatcher, the client of the sidecars, the evictor and the sweeper that
 // drives them. With leader election, both the dispatcher and the sidecar calls are bounded by the
 // Lease.
-func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *policy.Engine, plannerCaches planner.Caches, signerCA []byte) (*actStage, error) {
+func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *policy.Engine, plannerCaches planner.Caches, signerRoots func() *x509.CertPool) (*actStage, error) {
 	dispatchOpts := dispatch.Options{
 		Global:      cfg.Budgets.Global,
 		PerDriver:   cfg.Budgets.PerDriver,
@@ -399,7 +408,7 @@ func newActStage(cfg *config.Config, k *kube, lease *leader.Lease, engine *polic
 		guard = lease.Guard
 	}
 	plan := planner.New(plannerCaches)
-	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume, signerCA)
+	sidecars, clientCert, err := sidecarClient(cfg, k.clientset.CoreV1(), guard, plan.PersistentVolume, signerRoots)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 
@@ -27,10 +28,11 @@ func SidecarServerName(node, base string) string { return node + "." + base }
 // through accounts. With a client certificate it also returns the watcher that reads the
 // certificate again when its files change, which must run (Start) for as long as the client.
 // pvs, when not nil, gives the PersistentVolumes of the controller's caches, whose facts each
-// probe and heal carries (probe.Options.PersistentVolume). signerCA, when not nil, is the PEM CA
-// of the controller's own signer of the sidecars' certificates, trusted besides
+// probe and heal carries (probe.Options.PersistentVolume). signerRoots, when not nil, gives the
+// CAs of the controller's own signer of the sidecars' certificates at each handshake (the current
+// one and those it replaced whose certificates may still be valid), trusted besides
 // sidecar.tls.caFile.
-func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), pvs func(string) (*corev1.PersistentVolume, bool), signerCA []byte) (*probe.Client, *certwatcher.CertWatcher, error) {
+func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGetter, guard func(context.Context) (context.Context, func(), error), pvs func(string) (*corev1.PersistentVolume, bool), signerRoots func() *x509.CertPool) (*probe.Client, *certwatcher.CertWatcher, error) {
 	opts := probe.Options{
 		ProbeTimeout: cfg.Timeouts.Probe,
 		HealTimeout:  cfg.Timeouts.Heal,
@@ -49,21 +51,26 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 	var clientCert *certwatcher.CertWatcher
 	if cfg.Sidecar.TLS.Enabled {
 		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.Sidecar.TLS.ServerName, InsecureSkipVerify: cfg.Sidecar.TLS.InsecureSkipVerify} // insecureSkipVerify is an explicit, validated setting
-		if cfg.Sidecar.TLS.CAFile != "" || signerCA != nil {
-			pool := x509.NewCertPool()
-			if cfg.Sidecar.TLS.CAFile != "" {
-				pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
-				if err != nil {
-					return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
-				}
-				if !pool.AppendCertsFromPEM(pem) {
-					return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
-				}
+		var filePool *x509.CertPool
+		if cfg.Sidecar.TLS.CAFile != "" {
+			filePool = x509.NewCertPool()
+			pem, err := os.ReadFile(cfg.Sidecar.TLS.CAFile)
+			if err != nil {
+				return nil, nil, fmt.Errorf("sidecar.tls.caFile: %w", err)
 			}
-			if signerCA != nil && !pool.AppendCertsFromPEM(signerCA) {
-				return nil, nil, fmt.Errorf("the sidecar signer's CA (sidecar.tls.signer.caSecret %s): no PEM certificate in it", cfg.Sidecar.TLS.Signer.CASecret)
+			if !filePool.AppendCertsFromPEM(pem) {
+				return nil, nil, fmt.Errorf("sidecar.tls.caFile %s: no PEM certificate in it", cfg.Sidecar.TLS.CAFile)
 			}
-			tlsCfg.RootCAs = pool
+			tlsCfg.RootCAs = filePool
+		}
+		if signerRoots != nil && !cfg.Sidecar.TLS.InsecureSkipVerify {
+			// The signer's CAs change when its Secret is renewed, and a tls.Config's RootCAs
+			// cannot: each handshake verifies the chain here, against the CAs of that moment,
+			// as crypto/tls would (names, validity, server auth usage).
+			tlsCfg.InsecureSkipVerify = true
+			tlsCfg.VerifyConnection = func(cs tls.ConnectionState) error {
+				return verifySidecar(cs, filePool, signerRoots())
+			}
 		}
 		if cfg.Sidecar.TLS.CertFile != "" {
 			var err error
@@ -81,4 +88,35 @@ func sidecarClient(cfg *config.Config, accounts typedcorev1.ServiceAccountsGette
 		}
 	}
 	return probe.New(opts), clientCert, nil
+}
+
+// verifySidecar verifies a sidecar's certificate chain for the name the client asked for (SNI),
+// against the CAs of sidecar.tls.caFile (fromFile, may be nil) and of the signer (signer).
+func verifySidecar(cs tls.ConnectionState, fromFile, signer *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("the sidecar presented no certificate")
+	}
+	if cs.ServerName == "" {
+		// Never the case with sidecar.tls.serverName, which the signer requires: refuse rather
+		// than accept a certificate for any name.
+		return errors.New("no server name to verify the sidecar's certificate for")
+	}
+	intermediates := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		intermediates.AddCert(c)
+	}
+	opts := x509.VerifyOptions{Intermediates: intermediates, DNSName: cs.ServerName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	opts.Roots = signer
+	_, err := cs.PeerCertificates[0].Verify(opts)
+	if err != nil && fromFile != nil {
+		// A root is one CA: a chain ends in the signer's CAs or in the file's, never in both.
+		opts.Roots = fromFile
+		if _, ferr := cs.PeerCertificates[0].Verify(opts); ferr == nil {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("the sidecar's certificate for %s: %w", cs.ServerName, err)
+	}
+	return nil
 }

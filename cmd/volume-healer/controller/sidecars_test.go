@@ -3,10 +3,12 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -99,14 +101,20 @@ func TestSidecarCertificatesNameTheirNode(t *testing.T) {
 }
 
 // TestSidecarClientTrustsTheSignerAndTheCAFile: during an upgrade from certificates made outside
-// the cluster, the controller trusts both the CA of sidecar.tls.caFile and its signer's CA, and
-// no other.
+// the cluster, the controller trusts both the CA of sidecar.tls.caFile and its signer's CAs, and
+// no other; the signer's CAs are read at each new connection, so a renewed CA (and the replaced
+// one, while the reloader keeps it) is trusted without a restart, and each certificate must
+// still name the node it is dialled for.
 func TestSidecarClientTrustsTheSignerAndTheCAFile(t *testing.T) {
 	old, err := harness.NewCA("sidecar CA made outside the cluster")
 	if err != nil {
 		t.Fatal(err)
 	}
 	signer, err := harness.NewCA("volume-healer sidecar CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := harness.NewCA("volume-healer sidecar CA")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,35 +126,75 @@ func TestSidecarClientTrustsTheSignerAndTheCAFile(t *testing.T) {
 	if err := os.WriteFile(caFile, old.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	serve := func(ca *harness.CA, node string) string {
-		cert, key, err := ca.Issue(SidecarServerName(node, "healer-sidecar"))
+	serve := func(ca *harness.CA, certNode string) string {
+		cert, key, err := ca.Issue(SidecarServerName(certNode, "healer-sidecar"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		addr, _ := serveTLS(t, cert, key)
 		return addr
 	}
+	var mu sync.Mutex
+	signerCAs := [][]byte{signer.CertPEM}
+	roots := func() *x509.CertPool {
+		mu.Lock()
+		defer mu.Unlock()
+		p := x509.NewCertPool()
+		for _, c := range signerCAs {
+			p.AppendCertsFromPEM(c)
+		}
+		return p
+	}
 	cfg := config.Default()
 	cfg.Sidecar.Auth.TokenFile = ""
 	cfg.Sidecar.TLS.CAFile = caFile
 	cfg.Sidecar.TLS.ServerName = "healer-sidecar"
-	client, _, err := sidecarClient(&cfg, nil, nil, nil, signer.CertPEM)
+	client, _, err := sidecarClient(&cfg, nil, nil, nil, roots)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
 	ctx := context.Background()
-	for node, tc := range map[string]struct {
-		ca      *harness.CA
-		trusted bool
-	}{
-		"node-old":      {old, true},
-		"node-signed":   {signer, true},
-		"node-stranger": {stranger, false},
-	} {
-		_, err := client.Capabilities(ctx, probe.Target{Driver: "rbd.csi.ceph.com", Node: node, Endpoint: serve(tc.ca, node)})
-		if (err == nil) != tc.trusted {
-			t.Errorf("sidecar of %s: %v; want trusted %v", node, err, tc.trusted)
+	type sidecarOf struct {
+		ca       *harness.CA
+		certNode string // the node the certificate names; empty: the node dialled
+		trusted  bool
+	}
+	check := func(when string, cases map[string]sidecarOf) {
+		t.Helper()
+		for node, tc := range cases {
+			certNode := tc.certNode
+			if certNode == "" {
+				certNode = node
+			}
+			_, err := client.Capabilities(ctx, probe.Target{Driver: "rbd.csi.ceph.com", Node: node, Endpoint: serve(tc.ca, certNode)})
+			if (err == nil) != tc.trusted {
+				t.Errorf("%s, sidecar of %s (certificate of %s): %v; want trusted %v", when, node, certNode, err, tc.trusted)
+			}
 		}
 	}
+	check("before a renewal", map[string]sidecarOf{
+		"node-old":          {old, "", true},
+		"node-signed":       {signer, "", true},
+		"node-stranger":     {stranger, "", false},
+		"node-impostor":     {signer, "node-signed", false},
+		"node-old-impostor": {old, "node-old", false},
+	})
+	// The CA Secret is renewed: the reloader trusts the new CA and the replaced one.
+	mu.Lock()
+	signerCAs = [][]byte{renewed.CertPEM, signer.CertPEM}
+	mu.Unlock()
+	check("after a renewal", map[string]sidecarOf{
+		"node-renewed":  {renewed, "", true},
+		"node-replaced": {signer, "", true},
+		"node-old-2":    {old, "", true},
+	})
+	// The replaced CA's certificates have expired: the reloader trusts the new CA alone.
+	mu.Lock()
+	signerCAs = [][]byte{renewed.CertPEM}
+	mu.Unlock()
+	check("once the replaced CA is dropped", map[string]sidecarOf{
+		"node-renewed-2":  {renewed, "", true},
+		"node-replaced-2": {signer, "", false},
+	})
 }

@@ -15,9 +15,10 @@ const caTimeout = 30 * time.Second
 
 // newSidecarSigner reads the CA of the sidecars' certificates from sidecar.tls.signer.caSecret,
 // creating it on the first start, and makes the signer, when sidecar.tls.signer.enabled; it
-// returns the CA in PEM for the client of the sidecars to trust. Every replica reads the CA; the
-// leader alone runs the signer.
-func newSidecarSigner(ctx context.Context, cfg *config.Config, k *kube) (*sidecarsigner.Signer, []byte, error) {
+// returns the reloader that reads the Secret again (the CA may be cert-manager's, renewed in
+// place), whose Pool the client of the sidecars trusts. Every replica reads the CA and runs the
+// reloader; the leader alone runs the signer.
+func newSidecarSigner(ctx context.Context, cfg *config.Config, k *kube) (*sidecarsigner.Signer, *sidecarsigner.CAReloader, error) {
 	sc := cfg.Sidecar.TLS.Signer
 	if !sc.Enabled {
 		return nil, nil, nil
@@ -33,9 +34,19 @@ func newSidecarSigner(ctx context.Context, cfg *config.Config, k *kube) (*sideca
 	if err != nil {
 		return nil, nil, fmt.Errorf("sidecar.tls.signer.caSecret: %w", err)
 	}
+	reloader, err := sidecarsigner.NewCAReloader(sidecarsigner.ReloaderOptions{
+		Secrets:      k.clientset.CoreV1().Secrets(namespace),
+		Namespace:    namespace,
+		Name:         name,
+		Initial:      ca,
+		LeafValidity: sc.Validity,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
 	signer, err := sidecarsigner.New(sidecarsigner.Options{
 		Client:     k.clientset,
-		CA:         ca,
+		CAs:        reloader,
 		ServerName: cfg.Sidecar.TLS.ServerName,
 		Requesters: requesters,
 		Validity:   sc.Validity,
@@ -44,5 +55,5 @@ func newSidecarSigner(ctx context.Context, cfg *config.Config, k *kube) (*sideca
 	if err != nil {
 		return nil, nil, err
 	}
-	return signer, ca.PEM, nil
+	return signer, reloader, nil
 }

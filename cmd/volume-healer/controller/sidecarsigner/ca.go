@@ -2,7 +2,8 @@
 // approves and signs the CertificateSigningRequests of signerName
 // healerv1alpha1.SidecarSignerName whose requester is a pod of an allowed ServiceAccount running
 // on the node the request names, and denies every other one with the reason, with the project's
-// CA kept in a Secret that it creates on its first start. It imports none of the controller's
+// CA kept in a Secret that it creates on its first start, or that cert-manager issues and renews
+// (CAReloader follows the renewals). It imports none of the controller's
 // stages, no sidecar package and not the configuration: the composition root gives it its
 // options.
 package sidecarsigner
@@ -61,6 +62,11 @@ func LoadOrCreateCA(ctx context.Context, secrets typedcorev1.SecretInterface, na
 		s, err = secrets.Create(ctx, created, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			s, err = secrets.Get(ctx, name, metav1.GetOptions{})
+		}
+		if apierrors.IsForbidden(err) {
+			// The chart's sidecarCA.certManager: cert-manager writes the Secret, not us.
+			return nil, fmt.Errorf("sidecar CA Secret %s does not exist, and the controller may not create it: "+
+				"where cert-manager issues the CA (the chart's sidecarCA.certManager), its Certificate has not written the Secret yet: %w", name, err)
 		}
 	}
 	if err != nil {

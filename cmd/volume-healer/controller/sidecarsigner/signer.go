@@ -53,8 +53,11 @@ type Options struct {
 	// Client reads and updates the CertificateSigningRequests and reads the requesters' pods.
 	// Required.
 	Client kubernetes.Interface
-	// CA signs. Required.
+	// CA signs, when it never changes. CA or CAs is required.
 	CA *CA
+	// CAs, when set, gives the CA that signs each certificate (its Current one): the newest of a
+	// CA Secret renewed by someone else. It takes the place of CA.
+	CAs *CAReloader
 	// ServerName is the base of the sidecars' DNS names (the controller's sidecar.tls.serverName):
 	// the request of node N must name healerv1alpha1.SidecarDNSName(N, ServerName) alone. Required.
 	ServerName string
@@ -83,7 +86,7 @@ func New(opts Options) (*Signer, error) {
 	switch {
 	case opts.Client == nil:
 		return nil, fmt.Errorf("%w: no client", ErrInvalidOptions)
-	case opts.CA == nil:
+	case opts.CA == nil && opts.CAs == nil:
 		return nil, fmt.Errorf("%w: no CA", ErrInvalidOptions)
 	case opts.ServerName == "":
 		return nil, fmt.Errorf("%w: the sidecars' server name base (sidecar.tls.serverName) is empty; the names of each node's certificate are built on it", ErrInvalidOptions)
@@ -117,7 +120,9 @@ func New(opts Options) (*Signer, error) {
 	s := &Signer{
 		opts:  opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "sidecar-csr"}),
-		inf:   toolscache.NewSharedIndexInformer(lw, &certificatesv1.CertificateSigningRequest{}, 0, toolscache.Indexers{}),
+		// As the generated informers do: a client without watch-list streams (a fake one) is
+		// listed and watched.
+		inf: toolscache.NewSharedIndexInformer(toolscache.ToListWatcherWithWatchListSemantics(lw, opts.Client), &certificatesv1.CertificateSigningRequest{}, 0, toolscache.Indexers{}),
 	}
 	s.store = s.inf.GetStore()
 	enqueue := func(obj any) {
@@ -294,9 +299,13 @@ func (s *Signer) sign(csr *certificatesv1.CertificateSigningRequest, req *x509.C
 	if err != nil {
 		return nil, err
 	}
+	ca := s.opts.CA
+	if s.opts.CAs != nil {
+		ca = s.opts.CAs.Current()
+	}
 	notAfter := now.Add(validity)
-	if notAfter.After(s.opts.CA.Cert.NotAfter) {
-		notAfter = s.opts.CA.Cert.NotAfter
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
 	}
 	usage := x509.KeyUsageDigitalSignature
 	if slices.Contains(csr.Spec.Usages, certificatesv1.UsageKeyEncipherment) {
@@ -312,7 +321,7 @@ func (s *Signer) sign(csr *certificatesv1.CertificateSigningRequest, req *x509.C
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 	}
-	return x509.CreateCertificate(rand.Reader, tmpl, s.opts.CA.Cert, req.PublicKey, s.opts.CA.Key)
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, req.PublicKey, ca.Key)
 }
 
 func (s *Signer) condition(t certificatesv1.RequestConditionType, reason, message string) certificatesv1.CertificateSigningRequestCondition {
