@@ -18,6 +18,7 @@ import (
 	healerv1alpha1 "github.com/volume-healer/volume-healer/api/healer/v1alpha1"
 	"github.com/volume-healer/volume-healer/refdriver/simulated"
 	"github.com/volume-healer/volume-healer/sidecar"
+	"github.com/volume-healer/volume-healer/sidecar/restart"
 	"github.com/volume-healer/volume-healer/test/fakecri"
 	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
@@ -340,5 +341,32 @@ func TestRestartContainersAuthenticatedFirst(t *testing.T) {
 	}
 	if got := rt.Calls(); got != calls || !rt.Running("a-app") {
 		t.Fatalf("the runtime got %d calls from refused callers; a-app running: %v", got-calls, rt.Running("a-app"))
+	}
+}
+
+// TestMarkerWaitsForTheRuntimesFirstAnswer: the restart sweep that the marker starts reads the
+// sidecar's capabilities at once; a sidecar given the container runtime writes its marker only
+// once the runtime has been asked, so that those capabilities do not say "no container restart"
+// merely because the runtime was not asked yet (the sweep would evict pods it could restart in
+// place). A runtime that does not answer delays the marker by the check's timeout, not forever.
+func TestMarkerWaitsForTheRuntimesFirstAnswer(t *testing.T) {
+	f := newFixture(t)
+	f.startDriver(simulated.Options{}, nil)
+	rt, endpoint := f.serveRuntime()
+	rt.Hang("Version")
+	start := time.Now()
+	sc := f.startSidecar(withRuntime(endpoint))
+	select {
+	case <-sc.s.Registered():
+	case <-time.After(restart.DefaultCheckTimeout + 10*time.Second):
+		t.Fatalf("no marker %s after the start: a runtime that does not answer must delay it by its check timeout only", time.Since(start).Round(time.Second))
+	}
+	// The runtime's first check hangs until its timeout: a marker written before that was
+	// written before the runtime was asked.
+	if took := time.Since(start); took < restart.DefaultCheckTimeout {
+		t.Fatalf("the marker was written %s after the start, before the container runtime's first check ended (it hangs for %s)", took.Round(time.Millisecond), restart.DefaultCheckTimeout)
+	}
+	if f.containerRestart(sc, f.as(f.token(controllerSA))) {
+		t.Error("the capabilities say container_restart although the runtime never answered")
 	}
 }

@@ -331,7 +331,10 @@ func (s *Sidecar) runRegistration(ctx context.Context) {
 }
 
 // register writes the restart marker as soon as the driver is ready to heal: it has answered
-// GetIdentity and GetHealerCapabilities on its CSI-Addons socket. Not before, which would send
+// GetIdentity and GetHealerCapabilities on its CSI-Addons socket, and, for a sidecar given the
+// container runtime, the runtime has been asked once (within its check timeout), so that the
+// restart sweep reads capabilities that say whether containers can be restarted in place rather
+// than "not asked yet", which would evict pods it could restart. Not before, which would send
 // the controller's sweep to a sidecar that answers UNAVAILABLE; not later, since the sidecar
 // reads nothing ahead: each call carries its volume's facts, and the node's attached volumes are
 // one watched object. It writes a new marker each time the driver restarts under the running
@@ -343,6 +346,13 @@ func (s *Sidecar) register(ctx context.Context) {
 	case <-s.driver.loaded:
 	case <-ctx.Done():
 		return
+	}
+	if s.runtime != nil {
+		select {
+		case <-s.runtime.Asked():
+		case <-ctx.Done():
+			return
+		}
 	}
 	info := s.driver.cached()
 	log.Info("The driver is ready to heal; writing the restart marker", "driver", info.name)

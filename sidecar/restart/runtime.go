@@ -109,6 +109,10 @@ type Runtime struct {
 	why       error
 	// inFlight holds the publish targets whose containers a Restart is stopping.
 	inFlight map[string]struct{}
+	// asked closes once the runtime has been asked for the first time and has answered or
+	// failed to (askedOnce).
+	asked     chan struct{}
+	askedOnce sync.Once
 }
 
 // New makes the connection to the runtime at opts.Endpoint. It does not wait for the runtime:
@@ -137,8 +141,14 @@ func New(opts Options) (*Runtime, error) {
 		recheck:  make(chan struct{}, 1),
 		why:      fmt.Errorf("%w: the container runtime at %s has not been asked yet", ErrUnreachable, opts.Endpoint),
 		inFlight: map[string]struct{}{},
+		asked:    make(chan struct{}),
 	}, nil
 }
+
+// Asked is closed once Start has asked the runtime for the first time and it answered, or did
+// not within CheckTimeout: from then on Reachable says what the runtime did, not that it was
+// not asked yet.
+func (r *Runtime) Asked() <-chan struct{} { return r.asked }
 
 // Endpoint is the runtime's socket, as a gRPC target.
 func (r *Runtime) Endpoint() string { return r.opts.Endpoint }
@@ -202,9 +212,11 @@ func (r *Runtime) check(ctx context.Context) error {
 		}
 		err = fmt.Errorf("%w: Version at %s: %s", ErrUnreachable, r.opts.Endpoint, describe(err))
 		r.set(ctx, false, err)
+		r.askedOnce.Do(func() { close(r.asked) })
 		return err
 	}
 	r.set(ctx, true, nil, "runtime", v.GetRuntimeName(), "runtimeVersion", v.GetRuntimeVersion(), "criVersion", v.GetRuntimeApiVersion())
+	r.askedOnce.Do(func() { close(r.asked) })
 	return nil
 }
 
