@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -68,28 +67,10 @@ func (e *Env) ManyVolumes(name string, pods, volumes int) *Workload {
 			w.claims = append(w.claims, fmt.Sprintf("%s-%s-%d", v, name, i))
 		}
 	}
-	ss := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas:            ptr.To(int32(pods)),
-			PodManagementPolicy: appsv1.ParallelPodManagement,
-			Selector:            &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
-				Spec: corev1.PodSpec{
-					Containers: []corev1.Container{{
-						Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
-						Args: args, VolumeMounts: mounts,
-					}},
-					TerminationGracePeriodSeconds: ptr.To[int64](1),
-				},
-			},
-			VolumeClaimTemplates: templates,
-		},
-	}
-	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
-		e.t.Fatalf("%v", err)
-	}
+	e.createStatefulSet(name, pods, corev1.Container{
+		Name: "writer", Image: img.Repository + ":" + img.Tag, ImagePullPolicy: corev1.PullNever,
+		Args: args, VolumeMounts: mounts,
+	}, templates)
 	return w
 }
 

@@ -77,6 +77,14 @@ func (e *Env) StatefulSetOf(class, name string, propagation corev1.MountPropagat
 	for i := range replicas {
 		w.claims = append(w.claims, fmt.Sprintf("data-%s-%d", name, i))
 	}
+	e.createStatefulSet(name, replicas, e.container(w), []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"}, Spec: pvcSpec(class)}})
+	return w
+}
+
+// createStatefulSet creates the StatefulSet name of replicas pods labelled app=<name>, started
+// in parallel, each running c with a volume of each claim template.
+func (e *Env) createStatefulSet(name string, replicas int, c corev1.Container, templates []corev1.PersistentVolumeClaim) {
+	e.t.Helper()
 	ss := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: appsNS},
 		Spec: appsv1.StatefulSetSpec{
@@ -85,15 +93,14 @@ func (e *Env) StatefulSetOf(class, name string, propagation corev1.MountPropagat
 			Selector:            &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{e.container(w)}, TerminationGracePeriodSeconds: ptr.To[int64](1)},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{c}, TerminationGracePeriodSeconds: ptr.To[int64](1)},
 			},
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"}, Spec: pvcSpec(class)}},
+			VolumeClaimTemplates: templates,
 		},
 	}
 	if _, err := e.c.Clientset.AppsV1().StatefulSets(appsNS).Create(e.t.Context(), ss, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("%v", err)
 	}
-	return w
 }
 
 // deployment creates a PVC and a one-replica Deployment that uses it.
