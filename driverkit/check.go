@@ -63,7 +63,25 @@ type Checker struct {
 	nextScan *scanRun
 	// scansRun counts the searches ever run, for tests.
 	scansRun atomic.Int64
+
+	// nsMu guards nsTables and nsIdle. nsTables are the mount tables of the namespaces the last
+	// search read, kept open so that the next search reads again only those that changed
+	// (polledTable). An open table keeps its namespace, and the mounts in it, alive: a table is
+	// closed when a search no longer finds a process of its namespace, and all are closed
+	// nsIdleAfter after the last search.
+	nsMu     sync.Mutex
+	nsTables map[string]*nsTable
+	nsIdle   *time.Timer
 }
+
+// nsTable is the open mount table of one namespace and its mounts that nothing is stacked on.
+type nsTable struct {
+	t   *polledTable
+	top []*mountInfo
+}
+
+// nsIdleAfter is how long the mount tables of the other namespaces stay open after a search.
+const nsIdleAfter = 10 * time.Second
 
 // statCall is one stat running in its own goroutine; err is set before done is closed.
 type statCall struct {

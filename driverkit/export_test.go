@@ -11,3 +11,23 @@ func StatsStarted(c *Checker) int64 {
 func ScansRun(c *Checker) int64 {
 	return c.scansRun.Load()
 }
+
+// TableReads returns how many times a kept-open mount table was read anew, so that a test can
+// tell that a read with no change between found the table it had.
+func TableReads() int64 {
+	return tableReads.Load()
+}
+
+// NamespaceTables returns the mount namespaces whose tables c keeps open.
+func NamespaceTables(c *Checker) []string {
+	c.nsMu.Lock()
+	defer c.nsMu.Unlock()
+	var out []string
+	for ns := range c.nsTables {
+		out = append(out, ns)
+	}
+	return out
+}
+
+// CloseNamespaceTables closes them as nsIdleAfter after the last search does.
+func CloseNamespaceTables(c *Checker) { c.closeNamespaceTables() }

@@ -1,12 +1,18 @@
 package driverkit
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -19,18 +25,155 @@ type mountInfo = mountinfo.Info
 // selfMountInfo is the mount table of the calling process's mount namespace.
 const selfMountInfo = "/proc/self/mountinfo"
 
-// readMountTable parses a mountinfo file.
+// readMountTable parses a mountinfo file. /proc/self/mountinfo is kept open and read again only
+// when the mount namespace changed since the last read (selfTable); any other file is read at
+// each call.
 func readMountTable(file string) ([]*mountInfo, error) {
+	if file == selfMountInfo {
+		if infos, ok, err := selfTable.read(); ok || err != nil {
+			return infos, err
+		}
+	}
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, fmt.Errorf("read mount table %s: %w", file, err)
 	}
 	defer f.Close()
-	infos, err := mountinfo.GetMountsFromReader(f, nil)
+	return parseMountTable(file, f)
+}
+
+func parseMountTable(file string, r io.Reader) ([]*mountInfo, error) {
+	infos, err := mountinfo.GetMountsFromReader(r, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read mount table %s: %w", file, err)
 	}
 	return infos, nil
+}
+
+// selfTable is the calling process's mount table, kept open.
+var selfTable = &sharedTable{file: selfMountInfo}
+
+// sharedTable is a polledTable that the calls of the whole process share, opened at the first.
+type sharedTable struct {
+	mu   sync.Mutex
+	file string
+	t    *polledTable
+	// off: the file cannot be polled (not the kernel's); every call reads it.
+	off bool
+}
+
+// read returns the table and ok, or ok=false when the caller must read the file itself.
+func (s *sharedTable) read() (infos []*mountInfo, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.off {
+		return nil, false, nil
+	}
+	if s.t == nil {
+		t, err := openPolledTable(s.file)
+		if errors.Is(err, errNotPollable) {
+			s.off = true
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		s.t = t
+	}
+	infos, _, err = s.t.read()
+	if err != nil {
+		s.t.close()
+		s.t = nil
+		return nil, false, err
+	}
+	return slices.Clone(infos), true, nil
+}
+
+// polledTable is a mount table of the kernel (/proc/PID/mountinfo) kept open and parsed, and
+// parsed again only when the kernel says the table's mount namespace changed: poll(2) on an open
+// mountinfo file reports POLLPRI once after each change of the namespace's mounts (a mount, an
+// unmount, a mount propagated from another namespace), counting from the open or the previous
+// poll. read polls first and reads after, so what changed before the call is in what it
+// returns. A node plugin's restart makes every probe and repair read tables of every pod's
+// mounts, several times each; that was most of the plugin's CPU, and the tables seldom change
+// between two reads. Its users serialize their calls.
+type polledTable struct {
+	file string
+	// fd is a descriptor of its own, not an *os.File: registered with Go's poller, the file
+	// would be polled there too, and those polls would take the change reports.
+	fd    int
+	infos []*mountInfo
+	read0 bool
+}
+
+// tableReads counts the reads of kept-open tables, for tests.
+var tableReads atomic.Int64
+
+// errNotPollable says a file is not one of the kernel's mount tables.
+var errNotPollable = errors.New("not a mount table of the kernel")
+
+// openPolledTable opens file, which must be a mountinfo file under procfs (errNotPollable).
+func openPolledTable(file string) (*polledTable, error) {
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read mount table %s: %w", file, &fs.PathError{Op: "open", Path: file, Err: err})
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		_ = unix.Close(fd)
+		return nil, errNotPollable
+	}
+	return &polledTable{file: file, fd: fd}, nil
+}
+
+// read returns the table and whether it was read anew.
+func (t *polledTable) read() (infos []*mountInfo, fresh bool, err error) {
+	if t.read0 && !t.changed() {
+		return t.infos, false, nil
+	}
+	if _, err := unix.Seek(t.fd, 0, io.SeekStart); err != nil {
+		return nil, false, fmt.Errorf("read mount table %s: %w", t.file, err)
+	}
+	infos, err = parseMountTable(t.file, bufio.NewReaderSize(fdReader(t.fd), 1<<16))
+	if err != nil {
+		return nil, false, err
+	}
+	t.infos, t.read0 = infos, true
+	tableReads.Add(1)
+	return infos, true, nil
+}
+
+// changed polls the table: true when its namespace's mounts changed since the last poll, or
+// when the poll fails (read again to be sure).
+func (t *polledTable) changed() bool {
+	fds := []unix.PollFd{{Fd: int32(t.fd), Events: unix.POLLPRI}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err != nil || n > 0 && fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0
+	}
+}
+
+func (t *polledTable) close() { _ = unix.Close(t.fd) }
+
+// fdReader reads a descriptor with read(2).
+type fdReader int
+
+func (r fdReader) Read(b []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(r), b)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 }
 
 // topMount returns the top-most mount at path in infos, or nil when nothing is mounted there.

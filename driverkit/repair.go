@@ -515,9 +515,12 @@ func (c *Checker) runScan(r *scanRun) {
 	close(r.done)
 }
 
-// readNamespaces reads the mount table of each mount namespace under CheckerOptions.Proc once,
-// through the first of its processes that shows one.
+// readNamespaces reads the mount table of each mount namespace under CheckerOptions.Proc,
+// through the first of its processes that shows one; a table read by an earlier search is read
+// again only when its namespace's mounts changed since (namespaceTop).
 func (c *Checker) readNamespaces() namespaceScan {
+	c.nsMu.Lock()
+	defer c.nsMu.Unlock()
 	proc := c.options().Proc
 	s := namespaceScan{procs: map[string]int{}}
 	entries, err := os.ReadDir(proc)
@@ -547,7 +550,7 @@ func (c *Checker) readNamespaces() namespaceScan {
 		if scanned[ns] {
 			continue
 		}
-		infos, err := readMountTable(filepath.Join(proc, e.Name(), "mountinfo"))
+		top, err := c.namespaceTop(ns, filepath.Join(proc, e.Name()))
 		if err != nil {
 			if denied(err) {
 				s.hidden++
@@ -558,16 +561,84 @@ func (c *Checker) readNamespaces() namespaceScan {
 			}
 			continue
 		}
-		if len(infos) == 0 {
+		if top == nil {
 			// A process that is exiting shows an empty table; another one of its namespace
 			// will do.
 			continue
 		}
 		scanned[ns] = true
-		s.namespaces = append(s.namespaces, namespaceMounts{pid: pid, ns: ns, top: topMounts(infos)})
+		s.namespaces = append(s.namespaces, namespaceMounts{pid: pid, ns: ns, top: top})
+	}
+	for ns, t := range c.nsTables {
+		if !scanned[ns] {
+			t.t.close()
+			delete(c.nsTables, ns)
+		}
+	}
+	if c.nsIdle == nil {
+		c.nsIdle = time.AfterFunc(nsIdleAfter, c.closeNamespaceTables)
+	} else {
+		c.nsIdle.Reset(nsIdleAfter)
 	}
 	s.err = errors.Join(errs...)
 	return s
+}
+
+// namespaceTop returns the mounts nothing is stacked on in the mount namespace ns, whose process
+// dir (/proc/PID) shows it, or nil when the process shows an empty table. The table stays open
+// for the next search when it is the kernel's.
+func (c *Checker) namespaceTop(ns, dir string) ([]*mountInfo, error) {
+	if nt := c.nsTables[ns]; nt != nil {
+		infos, fresh, err := nt.t.read()
+		if err == nil && len(infos) > 0 {
+			if fresh {
+				nt.top = topMounts(infos)
+			}
+			return nt.top, nil
+		}
+		nt.t.close()
+		delete(c.nsTables, ns)
+	}
+	file := filepath.Join(dir, "mountinfo")
+	t, err := openPolledTable(file)
+	if errors.Is(err, errNotPollable) {
+		infos, err := readMountTable(file)
+		if err != nil || len(infos) == 0 {
+			return nil, err
+		}
+		return topMounts(infos), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	// The process may have exited after its namespace was read, and its number gone to a
+	// process of another namespace: the table would be filed under the wrong one.
+	if again, err := os.Readlink(filepath.Join(dir, "ns", "mnt")); err != nil || again != ns {
+		t.close()
+		return nil, fs.ErrNotExist
+	}
+	infos, _, err := t.read()
+	if err != nil || len(infos) == 0 {
+		t.close()
+		return nil, err
+	}
+	if c.nsTables == nil {
+		c.nsTables = map[string]*nsTable{}
+	}
+	nt := &nsTable{t: t, top: topMounts(infos)}
+	c.nsTables[ns] = nt
+	return nt.top, nil
+}
+
+// closeNamespaceTables closes the mount tables of the other namespaces, which keep those
+// namespaces alive while open.
+func (c *Checker) closeNamespaceTables() {
+	c.nsMu.Lock()
+	defer c.nsMu.Unlock()
+	for ns, t := range c.nsTables {
+		t.t.close()
+		delete(c.nsTables, ns)
+	}
 }
 
 // denied reports whether err says the checker may not read the process.
