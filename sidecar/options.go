@@ -116,6 +116,15 @@ type Options struct {
 	// sidecar's), else DefaultCSIAddonsNodeName(NodeName, driver name).
 	CSIAddonsNodeName string
 
+	// CSIAddonsSidecarWait, when set, is how long a start of the sidecar waits for the csi-addons
+	// sidecar of the same pod to write CSIAddonsNodeName (its createdByPodUID annotation naming
+	// PodUID) before the sidecar writes its own annotations on it. The csi-addons sidecar writes
+	// its object once with a read and an update, and when that update conflicts with another
+	// write it tries again only minutes later; waiting for it keeps the two sidecars' first writes
+	// apart. Past the wait the sidecar registers anyway and says so. It needs CSIAddonsNodeName
+	// and PodUID. Default: 0, no wait (no csi-addons sidecar in the pod).
+	CSIAddonsSidecarWait time.Duration
+
 	// TLSCertFile and TLSKeyFile hold the serving certificate and key, PEM encoded. They are read
 	// again when they change, so a rotated certificate needs no restart. Required unless
 	// Insecure.
@@ -333,6 +342,12 @@ func (o *Options) setDefaults() error {
 		if *d.value == 0 {
 			*d.value = d.def
 		}
+	}
+	switch {
+	case o.CSIAddonsSidecarWait < 0:
+		return fmt.Errorf("%w: CSIAddonsSidecarWait (--csiaddons-sidecar-wait) must not be negative, got %s", ErrInvalidOptions, o.CSIAddonsSidecarWait)
+	case o.CSIAddonsSidecarWait > 0 && (o.CSIAddonsNodeName == "" || o.PodUID == ""):
+		return fmt.Errorf("%w: CSIAddonsSidecarWait (--csiaddons-sidecar-wait) needs CSIAddonsNodeName (--csiaddonsnode-name) and PodUID (--pod-uid): it waits for the csi-addons sidecar of this pod to write that object", ErrInvalidOptions)
 	}
 	if o.ContainerStopGracePeriod < time.Second {
 		return fmt.Errorf("%w: ContainerStopGracePeriod (--container-stop-grace-period) must be at least 1s, as the container runtime counts it in whole seconds; got %s", ErrInvalidOptions, o.ContainerStopGracePeriod)

@@ -83,6 +83,9 @@ func TestOptionsInvalid(t *testing.T) {
 		"relative CSI socket":         func(o *Options) { o.CSIEndpoint = "csi/csi.sock" },
 		"driver name with a slash":    func(o *Options) { o.DriverName = "rclone/csi" },
 		"driver name too long":        func(o *Options) { o.DriverName = strings.Repeat("a", 60) + ".com" },
+		"negative csi-addons wait":    func(o *Options) { o.CSIAddonsNodeName, o.PodUID, o.CSIAddonsSidecarWait = "n", "u", -time.Second },
+		"csi-addons wait, no name":    func(o *Options) { o.PodUID, o.CSIAddonsSidecarWait = "u", time.Second },
+		"csi-addons wait, no pod UID": func(o *Options) { o.CSIAddonsNodeName, o.PodUID, o.CSIAddonsSidecarWait = "n", "", time.Second },
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -62,6 +62,9 @@ type registrar struct {
 	clock      clock.WithTicker
 	backoff    time.Duration
 	maxBackoff time.Duration
+	// csiAddonsWait bounds the wait of a start's first registration for the csi-addons sidecar
+	// of the same pod (awaitCSIAddons); 0: no wait.
+	csiAddonsWait time.Duration
 
 	// writeMu serializes the writes of the sidecar's annotations on the registered object: run's
 	// and keep's. A write of run and the marker it makes current are one step under it, so that
@@ -104,6 +107,7 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 	r.mu.Lock()
 	r.currentMarker = marker
 	r.mu.Unlock()
+	r.awaitCSIAddons(ctx)
 	retries := retryBackoff(r.backoff, r.maxBackoff)
 	for {
 		name, matches, err := r.registerCurrent(ctx, driverName, marker)
@@ -128,6 +132,50 @@ func (r *registrar) run(ctx context.Context, driverName string) (string, error) 
 			t.Stop()
 			return "", ctx.Err()
 		case <-t.C():
+		}
+	}
+}
+
+// awaitCSIAddons waits, at most r.csiAddonsWait, until the named CSIAddonsNode carries the
+// csi-addons sidecar's createdByPodUID of this pod: that sidecar reads its object and updates it
+// once at its start, and when another write comes between the two (this sidecar's registration)
+// the update conflicts and it tries again only minutes later, so that the object lacks its
+// endpoint meanwhile. One watch of the object, which begins with the object as it is, tells
+// when it has written; nothing is read per volume or polled.
+func (r *registrar) awaitCSIAddons(ctx context.Context) {
+	if r.csiAddonsWait <= 0 || r.name == "" || r.podUID == "" || r.watcher == nil {
+		return
+	}
+	log := klog.FromContext(ctx).WithValues("csiAddonsNode", klog.KRef(r.namespace, r.name))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := r.watcher.Watch(wctx, &csiaddonsv1alpha1.CSIAddonsNodeList{}, client.InNamespace(r.namespace), client.MatchingFields{"metadata.name": r.name})
+	if err != nil {
+		log.Error(err, "Cannot watch for the csi-addons sidecar's write of the CSIAddonsNode; registering without waiting for it")
+		return
+	}
+	defer w.Stop()
+	began := r.clock.Now()
+	timer := r.clock.NewTimer(r.csiAddonsWait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+			log.Info("The csi-addons sidecar of this pod has not written the CSIAddonsNode; registering anyway",
+				"waited", r.csiAddonsWait, "podUID", r.podUID)
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok || ev.Type == watch.Error {
+				log.Info("The watch for the csi-addons sidecar's write of the CSIAddonsNode ended; registering without waiting further")
+				return
+			}
+			n, isNode := ev.Object.(*csiaddonsv1alpha1.CSIAddonsNode)
+			if isNode && ev.Type != watch.Deleted && n.Name == r.name && n.Annotations[annotations.CSIAddonsPod] == r.podUID {
+				log.V(2).Info("The csi-addons sidecar of this pod has written the CSIAddonsNode", "after", r.clock.Since(began))
+				return
+			}
 		}
 	}
 }

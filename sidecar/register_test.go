@@ -582,3 +582,95 @@ func TestRegistrationIsKeptAcrossADriverRestart(t *testing.T) {
 		}
 	}
 }
+
+// The csi-addons sidecar reads its object and updates it once at its start, and a write between
+// the two makes it try again only minutes later. With CSIAddonsSidecarWait the sidecar writes
+// nothing until that sidecar of the same pod has written, whether the object is new or left by
+// the previous pod; without any write of it, it registers once the wait is over.
+func TestRegistrationWaitsForTheCSIAddonsSidecar(t *testing.T) {
+	const name, driver = "node-a-csi-daemonset-plugin", "rbd.csi.ceph.com"
+	ofPod := func(uid string) map[string]string { return map[string]string{annotations.CSIAddonsPod: uid} }
+	tests := map[string]struct {
+		objs []client.Object
+		// csiAddons is what the csi-addons sidecar of pod-2 does, nil for nothing.
+		csiAddons func(ctx context.Context, c client.Client) error
+	}{
+		"no object yet: the csi-addons sidecar creates it": {
+			csiAddons: func(ctx context.Context, c client.Client) error {
+				return c.Create(ctx, csiAddonsNode(name, driver, "node-a", ofPod("pod-2")))
+			},
+		},
+		"the previous pod's object: the csi-addons sidecar updates it": {
+			objs: []client.Object{csiAddonsNode(name, driver, "node-a", ofPod("pod-1"))},
+			csiAddons: func(ctx context.Context, c client.Client) error {
+				var n csiaddonsv1alpha1.CSIAddonsNode
+				if err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+					return err
+				}
+				n.Annotations = ofPod("pod-2")
+				return c.Update(ctx, &n)
+			},
+		},
+		"no csi-addons sidecar writes: registered after the wait": {
+			objs: []client.Object{csiAddonsNode(name, driver, "node-a", ofPod("pod-1"))},
+		},
+	}
+	for tname, tc := range tests {
+		t.Run(tname, func(t *testing.T) {
+			c := fakeClient(t, nil, tc.objs...)
+			r := newRegistrar(t, c, name)
+			r.watcher = c.(client.WithWatch)
+			r.csiAddonsWait = time.Second
+			if tc.csiAddons != nil {
+				r.csiAddonsWait = time.Minute
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			began := time.Now()
+			registered := make(chan error, 1)
+			go func() {
+				_, err := r.run(ctx, driver)
+				registered <- err
+			}()
+
+			// Meanwhile the object carries no write of the sidecar.
+			time.Sleep(300 * time.Millisecond)
+			var n csiaddonsv1alpha1.CSIAddonsNode
+			err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n)
+			if err == nil && n.Annotations[annotations.HealerRestart] != "" {
+				t.Fatalf("the sidecar wrote %v on the object before the csi-addons sidecar of its pod did", n.Annotations)
+			}
+			if len(tc.objs) == 0 && !apierrors.IsNotFound(err) {
+				t.Fatalf("the object exists before the csi-addons sidecar made it: %v, %v", n.Annotations, err)
+			}
+
+			if tc.csiAddons != nil {
+				if err := tc.csiAddons(ctx, c); err != nil {
+					t.Fatalf("the csi-addons sidecar's write failed: %v", err)
+				}
+			}
+			select {
+			case err := <-registered:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sidecar did not register within 10s")
+			}
+			if tc.csiAddons == nil && time.Since(began) < time.Second {
+				t.Errorf("registered after %s without a write of the csi-addons sidecar, want after the 1s wait", time.Since(began))
+			}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "csi", Name: name}, &n); err != nil {
+				t.Fatal(err)
+			}
+			_, marker := r.current()
+			want := "pod-2"
+			if tc.csiAddons == nil {
+				want = "pod-1"
+			}
+			if n.Annotations[annotations.HealerRestart] != marker || n.Annotations[annotations.CSIAddonsPod] != want {
+				t.Errorf("the object carries %v, want the sidecar's marker %s beside createdByPodUID %s", n.Annotations, marker, want)
+			}
+		})
+	}
+}

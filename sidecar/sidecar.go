@@ -201,16 +201,17 @@ func New(opts Options) (*Sidecar, error) {
 		return nil, err
 	}
 	s.reg = &registrar{
-		client:     crClient,
-		watcher:    crClient,
-		namespace:  opts.Namespace,
-		name:       opts.CSIAddonsNodeName,
-		nodeName:   opts.NodeName,
-		podUID:     opts.PodUID,
-		endpoint:   endpoint,
-		clock:      opts.Clock,
-		backoff:    opts.RegisterBackoff,
-		maxBackoff: opts.RegisterMaxBackoff,
+		client:        crClient,
+		watcher:       crClient,
+		namespace:     opts.Namespace,
+		name:          opts.CSIAddonsNodeName,
+		nodeName:      opts.NodeName,
+		podUID:        opts.PodUID,
+		endpoint:      endpoint,
+		clock:         opts.Clock,
+		backoff:       opts.RegisterBackoff,
+		maxBackoff:    opts.RegisterMaxBackoff,
+		csiAddonsWait: opts.CSIAddonsSidecarWait,
 	}
 	if opts.MetricsAddress != "0" {
 		if s.metricsLis, err = net.Listen("tcp", opts.MetricsAddress); err != nil {

@@ -94,6 +94,7 @@ func parse(args []string, env func(string) (string, bool)) (*config, error) {
 	fs.StringVar(&o.PodIP, "pod-ip", "", "IP of this pod, for the advertised endpoint. Default: $POD_IP.")
 	fs.StringVar(&o.ListenAddress, "listen", sidecar.DefaultListenAddress, "TCP address to serve NodeHealer on (host:port, :port, [ipv6]:port).")
 	fs.StringVar(&o.AdvertiseAddress, "advertise-address", "", "host[:port] the controller dials, written to the CSIAddonsNode. Default: the pod IP and the listening port.")
+	fs.DurationVar(&o.CSIAddonsSidecarWait, "csiaddons-sidecar-wait", 0, "With a csi-addons sidecar in the pod: how long a start waits for it to write --csiaddonsnode-name (its createdByPodUID naming --pod-uid) before this sidecar writes its own annotations there, so that the two sidecars' first writes do not conflict. Default: 0, no wait.")
 	fs.StringVar(&o.CSIAddonsNodeName, "csiaddonsnode-name", "", "CSIAddonsNode to create or update. Default: the one in --namespace for this driver and node, else <node>-<driver with dots replaced by dashes>.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "PEM serving certificate; read again when it changes.")
 	fs.StringVar(&o.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file.")
