@@ -114,12 +114,14 @@ func (h *nodeHealer) ProbeVolume(ctx context.Context, req *healerv1alpha1.NodePr
 
 // HealVolume heals the volume of a PV.
 func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHealVolumeRequest) (*healerv1alpha1.NodeHealVolumeResponse, error) {
+	began := time.Now()
 	vol, ctx, err := h.prepare(ctx, req.GetPvName(), req.GetVolume(), healerv1alpha1.HealerCapability_RPC_HEAL)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	cctx, cancel := h.driver.callContext(ctx)
 	defer cancel()
+	called := time.Now()
 	resp, err := h.driver.healer.HealVolume(cctx, &healerv1alpha1.HealVolumeRequest{
 		VolumeId:           vol.volumeID,
 		StagingTargetPath:  vol.stagingPath,
@@ -134,7 +136,9 @@ func (h *nodeHealer) HealVolume(ctx context.Context, req *healerv1alpha1.NodeHea
 	if err := checkHeal(resp); err != nil {
 		return nil, toStatus(err)
 	}
-	klog.FromContext(ctx).Info("Heal done", "remainingHealth", len(resp.GetHealthStatuses()))
+	// took is the whole call in the sidecar, driverTook the driver's part of it.
+	klog.FromContext(ctx).Info("Heal done", "remainingHealth", len(resp.GetHealthStatuses()),
+		"took", time.Since(began).Round(time.Microsecond), "driverTook", time.Since(called).Round(time.Microsecond))
 	return &healerv1alpha1.NodeHealVolumeResponse{
 		HealthStatuses: resp.GetHealthStatuses(),
 		RecheckAfter:   resp.GetRecheckAfter(),

@@ -130,6 +130,9 @@ type restartPath struct {
 	firstProbe     time.Time
 	// heals are the sidecar's answers to the heals of the restart, one per volume healed.
 	heals []time.Time
+	// healTook and healDriverTook are how long each heal took in the sidecar (the whole call) and
+	// in the driver, from the sidecar's "Heal done" lines.
+	healTook, healDriverTook []time.Duration
 	// failed and resumed are each volume's first failed try after the restart began and its
 	// first good try after that, by pod and folder.
 	failed, resumed map[string]time.Time
@@ -229,6 +232,14 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	for _, l := range sidecarLines {
 		if strings.Contains(l.text, `"Heal done"`) {
 			p.heals = append(p.heals, l.at)
+			took, okTook := loggedDuration(l.text, "took")
+			driverTook, okDriver := loggedDuration(l.text, "driverTook")
+			if !okTook || !okDriver {
+				t.Errorf("the sidecar's heal line carries no took and driverTook durations: %s", l.text)
+				continue
+			}
+			p.healTook = append(p.healTook, took)
+			p.healDriverTook = append(p.healDriverTook, driverTook)
 		}
 	}
 	for what, at := range map[string]time.Time{"the driver's Serving line": p.driverServing, "the sidecar's registration line": p.marker, "the sidecar's first probe line": p.firstProbe} {
@@ -268,6 +279,15 @@ func (p *restartPath) table() string {
 	if len(p.heals) > 0 {
 		many("heal answered by the sidecar", p.heals, start)
 	}
+	durations := func(name string, ds []time.Duration) {
+		if len(ds) == 0 {
+			return
+		}
+		ds = slices.Sorted(slices.Values(ds))
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, len(ds), fmtMillis(percentile(ds, 0.50)), fmtMillis(percentile(ds, 0.99)), fmtMillis(ds[len(ds)-1]))
+	}
+	durations("one heal's call in the sidecar (duration)", p.healTook)
+	durations("one heal in the driver (duration)", p.healDriverTook)
 	var resumed, failedAt []time.Time
 	for key, r := range p.resumed {
 		resumed = append(resumed, r)
@@ -276,6 +296,17 @@ func (p *restartPath) table() string {
 	many("**workload's first good write**", resumed, start)
 	many("workload's outage (first failed to first good try)", resumed, func(i int) time.Time { return failedAt[i] })
 	return b.String()
+}
+
+// loggedDuration reads the duration a klog line carries under key (key="12.5ms").
+func loggedDuration(line, key string) (time.Duration, bool) {
+	_, rest, ok := strings.Cut(line, " "+key+"=")
+	if !ok {
+		return 0, false
+	}
+	value, _, _ := strings.Cut(rest, " ")
+	d, err := time.ParseDuration(strings.Trim(value, `"`))
+	return d, err == nil
 }
 
 // percentile is the q-quantile of sorted ds (nearest rank).
