@@ -69,6 +69,11 @@ func TestRecycleKeepsTheRestartPendingUntilTheVolumeProbesHealthy(t *testing.T) 
 		if req.PV != "v1" || req.Node != "node-a" || req.Finding != "MountGone" || req.Claim.Name != "claim-v1" || !req.Input.Remedies.Evict {
 			t.Errorf("recycle request %+v; want v1 on node-a, finding MountGone, for claim-v1, evictions allowed", req)
 		}
+		// A restart sweep's recycle evicts only once kubelet has had time to register the
+		// restarted driver again: RecycleAfterRestart after the restart was seen.
+		if req.NotBefore.IsZero() || time.Until(req.NotBefore) > RecycleAfterRestart || time.Since(req.NotBefore) > time.Minute {
+			t.Errorf("recycle request NotBefore %s (now %s); want %s after the restart was seen", req.NotBefore, time.Now(), RecycleAfterRestart)
+		}
 	}
 	f.sidecars.set(func(s *fakeSidecars) {
 		if s.probes["v2"] != 1 {

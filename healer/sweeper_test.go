@@ -249,7 +249,7 @@ func newFixtureDispatching(t *testing.T, n int, dryRun bool, dopts dispatch.Opti
 
 func (f *fixture) restart() scheduler.Sweep {
 	return scheduler.Sweep{Trigger: scheduler.TriggerRestart, Driver: "rbd", Node: "node-a",
-		Source: client.ObjectKeyFromObject(f.node), Marker: trigger.RestartMarker(f.node)}
+		Source: client.ObjectKeyFromObject(f.node), Marker: trigger.RestartMarker(f.node), Fired: time.Now()}
 }
 
 func (f *fixture) events() string {

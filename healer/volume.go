@@ -60,6 +60,8 @@ type volumeWork struct {
 	// restartPods hands pods that a probe finds on the volume's dead mount to the Restarter;
 	// the pods a heal leaves on the mount it replaced are handed over in every sweep.
 	restartPods bool
+	// evictFrom is the earliest time a recycle of this task evicts pods (evict.Request.NotBefore).
+	evictFrom time.Time
 	// tally counts the volume's outcome once done; tasks counts the task until then.
 	tally *tally
 	tasks *sync.WaitGroup
@@ -77,7 +79,7 @@ func (w *volumeWork) logger() klog.Logger {
 
 // run is the task's Run.
 func (w *volumeWork) run(ctx context.Context) error {
-	o, err := w.s.act(klog.NewContext(ctx, w.logger()), w.v, w.target, w.caps, w.in, w.action, w.restartPods)
+	o, err := w.s.act(klog.NewContext(ctx, w.logger()), w.v, w.target, w.caps, w.in, w.action, w.restartPods, w.evictFrom)
 	w.mu.Lock()
 	w.last = o
 	w.mu.Unlock()
@@ -201,16 +203,28 @@ func (s *Sweeper) prepare(ctx context.Context, sw scheduler.Sweep, v planner.Vol
 		// A call of another sweep that failed as the node plugin went down (a periodic sweep's
 		// probe in flight then) must not delay the heal of its replacement by that call's backoff.
 		t.CallsSince = sw.Fired
+		// kubelet drops a restarted driver and registers it again up to two of its plugin
+		// reconciler's one-second rounds after the new socket appears; pods evicted meanwhile
+		// cannot be unstaged (the driver is unknown), and kubelet then fails to stage the volume
+		// for their replacements on the dead staging mount left behind, for good.
+		if !sw.Fired.IsZero() {
+			w.evictFrom = sw.Fired.Add(RecycleAfterRestart)
+		}
 	}
 	w.target, w.caps, w.action, w.restartPods = target, caps, action, !sw.AfterEviction
 	return w, t, outcomeSkipped
 }
 
+// RecycleAfterRestart is how long after a node plugin's restart was seen a recycle begins to
+// evict: kubelet registers the restarted driver again within two rounds of its plugin reconciler
+// (one second each), and a pod evicted before that cannot be unstaged.
+const RecycleAfterRestart = 3 * time.Second
+
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
 // to confirm. Pods that the probe finds on the volume's dead mount are handed to the Restarter
 // when restartPods is set, those the heal leaves on the mount it replaced always. Errors are
 // classified for the dispatcher.
-func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool) (outcome, error) {
+func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool, evictFrom time.Time) (outcome, error) {
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
@@ -226,7 +240,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 	}
 	if action == policy.ActionRecycle {
 		// The policy recycles without a probe: nothing names a finding.
-		return s.recycle(ctx, v, nil, in, "", restartPods), nil
+		return s.recycle(ctx, v, nil, in, "", restartPods, evictFrom), nil
 	}
 	if action == policy.ActionProbe {
 		res, err := s.probe(ctx, v, target)
@@ -269,7 +283,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action == policy.ActionRecycle {
-			return s.recycle(ctx, v, res, in, d.Reason, restartPods), nil
+			return s.recycle(ctx, v, res, in, d.Reason, restartPods, evictFrom), nil
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
 			s.podsMustRestart(v, res, probedAt, in, restartPods)
@@ -444,7 +458,7 @@ func describe(hs []probe.Health) string {
 // volume dead (nil when the policy recycled without one), reason the policy's. The volume stays
 // recycling, and a restart sweep of its node pending, until a later probe there finds it healthy
 // or it is no longer staged there with no pod left on it (remedyDone, recycleUnstaged).
-func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Result, in policy.Input, reason string, restartPods bool) outcome {
+func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Result, in policy.Input, reason string, restartPods bool, evictFrom time.Time) outcome {
 	logger := klog.FromContext(ctx)
 	claim := v.ClaimName()
 	var health []probe.Health
@@ -470,7 +484,7 @@ func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Resu
 	now := s.opts.Clock.Now()
 	if restartPods {
 		req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: now, Input: in,
-			Remedy: policy.RemedyRecycle, Finding: finding}
+			Remedy: policy.RemedyRecycle, Finding: finding, NotBefore: evictFrom}
 		if pvc := v.Claim(); pvc != nil {
 			req.ClaimUID = pvc.UID
 		}

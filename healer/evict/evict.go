@@ -104,6 +104,9 @@ type Request struct {
 	// Input is the volume's policy input, with the probe result that reported the dead mount;
 	// each pod's restart decision sees it.
 	Input policy.Input
+	// NotBefore, when set, is the earliest time pods are evicted for the request: a recycle
+	// right after a node plugin's restart waits until kubelet can unstage the volume again.
+	NotBefore time.Time
 }
 
 // heal names the heal (or recycle) that caused the request, for Events and logs.
@@ -382,6 +385,10 @@ func (e *Evictor) next(ctx context.Context) bool {
 	e.mu.Unlock()
 	if !ok {
 		e.queue.Forget(key)
+		return true
+	}
+	if wait := req.NotBefore.Sub(e.opts.Clock.Now()); wait > 0 {
+		e.queue.AddAfter(key, wait)
 		return true
 	}
 	retry, after, cleared := e.processSurviving(ctx, req)

@@ -279,6 +279,34 @@ func TestEvictionOncePerHeal(t *testing.T) {
 	}
 }
 
+// TestEvictionWaitsForNotBefore: a recycle right after a node plugin's restart evicts nothing
+// until its NotBefore (kubelet has not registered the restarted driver again before, and a pod
+// evicted then cannot be unstaged), and evicts once the clock passes it.
+func TestEvictionWaitsForNotBefore(t *testing.T) {
+	f := newEvictFixture(t, "evlater", evict.Options{})
+	f.optIn(f.AppNS)
+	node := "evlater-node"
+	old := f.pod(f.AppNS, "evlater-a", node, "evlater-data", true)
+	time.Sleep(1100 * time.Millisecond) // creation times are whole seconds
+	req := f.claim(f.AppNS, "evlater-data", node, time.Now())
+	req.Remedy, req.Finding = policy.RemedyRecycle, "MountDisconnected"
+	req.NotBefore = f.clock.Now().Add(3 * time.Second)
+
+	f.evictor.Add(req)
+	// The request is held, not dropped: the evictor stays busy with it.
+	time.Sleep(500 * time.Millisecond)
+	if f.evicted(old) {
+		t.Fatalf("pod %s was evicted before the request's NotBefore", old.Name)
+	}
+	if f.evictor.Idle() {
+		t.Fatal("the evictor dropped the request it must hold until its NotBefore")
+	}
+	f.clock.Step(3 * time.Second)
+	harness.Eventually(t, harness.EventWait, "the pod on the dead mount evicted once NotBefore passed", func() (bool, string) {
+		return f.evicted(old), fmt.Sprintf("evicted: %d", f.count(evict.ResultEvicted))
+	})
+}
+
 // TestEvictionDryRun: dry-run evicts nothing, and records once per pod what it would evict.
 func TestEvictionDryRun(t *testing.T) {
 	f := newEvictFixture(t, "evdry", evict.Options{DryRun: true})
