@@ -36,7 +36,7 @@ const (
 const (
 	// DefaultCertificateWait bounds the wait for a request to be signed.
 	DefaultCertificateWait = 2 * time.Minute
-	// DefaultCertificatePoll is how often a pending request is read again.
+	// DefaultCertificatePoll is the longest wait between two reads of a pending request.
 	DefaultCertificatePoll = time.Second
 )
 
@@ -57,7 +57,9 @@ type CertificateRequestOptions struct {
 	Validity time.Duration
 	// Wait bounds each wait for a request to be signed. Default: DefaultCertificateWait.
 	Wait time.Duration
-	// Poll is how often a pending request is read again. Default: DefaultCertificatePoll.
+	// Poll is the longest wait between two reads of a pending request: the first read again
+	// comes after 50ms, each next one twice as long after the one before, up to Poll. Default:
+	// DefaultCertificatePoll.
 	Poll time.Duration
 	// Clock times the renewals. Default: the real clock.
 	Clock clock.WithTicker
@@ -195,12 +197,16 @@ func (c *ServingCertificates) Obtain(ctx context.Context) error {
 	return nil
 }
 
+// firstCertificatePoll is the wait before the first read again of a new request: the
+// controller's signer answers within a moment, and the sidecar writes its restart marker only
+// once it serves, so each read waits twice as long as the one before, from this up to Poll.
+const firstCertificatePoll = 50 * time.Millisecond
+
 // wait polls the request until it holds a certificate, is denied or failed, or Wait passes.
 func (c *ServingCertificates) wait(ctx context.Context, name string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Wait)
 	defer cancel()
-	t := c.opts.Clock.NewTicker(c.opts.Poll)
-	defer t.Stop()
+	poll := min(firstCertificatePoll, c.opts.Poll)
 	for {
 		csr, err := c.opts.Requests.Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
@@ -220,8 +226,9 @@ func (c *ServingCertificates) wait(ctx context.Context, name string) ([]byte, er
 			}
 			return nil, fmt.Errorf("%w: CertificateSigningRequest %s was not signed within %s (is the controller's signer on, and does it allow this pod's ServiceAccount?): %w",
 				ErrCertificateRefused, name, c.opts.Wait, err)
-		case <-t.C():
+		case <-c.opts.Clock.After(poll):
 		}
+		poll = min(2*poll, c.opts.Poll)
 	}
 }
 

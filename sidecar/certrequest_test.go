@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/volume-healer/volume-healer/sidecar"
 	"github.com/volume-healer/volume-healer/test/harness"
+	"github.com/volume-healer/volume-healer/test/harness/poll"
 )
 
 // TestServingCertificatesRenewalDecision: at start, a key pair left in the folder by the
@@ -104,5 +107,60 @@ func TestServingCertificatesOptions(t *testing.T) {
 	}
 	if _, err := sidecar.NewServingCertificates(valid); err != nil {
 		t.Errorf("valid options: %v", err)
+	}
+}
+
+// TestServingCertificateReadSoonAfterTheRequest: the controller's signer answers a request within
+// a moment, and the sidecar writes its restart marker only once it serves: the request is read
+// again 50ms after it was made, not a whole poll interval later, so that a node plugin's new
+// pod announces its start without waiting out a second.
+func TestServingCertificateReadSoonAfterTheRequest(t *testing.T) {
+	ca, err := harness.NewCA("sidecar CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, _, err := ca.Issue("node-a.healer-sidecar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	var gets atomic.Int32
+	// The signer has signed by the second read.
+	cs.PrependReactor("get", "certificatesigningrequests", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if gets.Add(1) < 2 {
+			return false, nil, nil
+		}
+		obj, err := cs.Tracker().Get(certificatesv1.SchemeGroupVersion.WithResource("certificatesigningrequests"), "", a.(k8stesting.GetAction).GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		csr := obj.(*certificatesv1.CertificateSigningRequest).DeepCopy()
+		csr.Status.Certificate = certPEM
+		return true, csr, nil
+	})
+	fc := clocktesting.NewFakeClock(time.Now())
+	certs, err := sidecar.NewServingCertificates(sidecar.CertificateRequestOptions{
+		Requests:   cs.CertificatesV1().CertificateSigningRequests(),
+		NodeName:   "node-a",
+		ServerName: "healer-sidecar",
+		Dir:        t.TempDir(),
+		Clock:      fc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- certs.Obtain(t.Context()) }()
+	poll.Eventually(t, 5*time.Second, "the request read once and a wait begun", poll.True(func() bool {
+		return gets.Load() == 1 && fc.HasWaiters()
+	}))
+	fc.Step(60 * time.Millisecond)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Obtain: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("60ms after the request, the signed request was not read again (%d reads): the sidecar waits out a longer poll before it serves", gets.Load())
 	}
 }
