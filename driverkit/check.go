@@ -64,14 +64,14 @@ type Checker struct {
 	// scansRun counts the searches ever run, for tests.
 	scansRun atomic.Int64
 
-	// nsMu guards nsTables and nsIdle. nsTables are the mount tables of the namespaces the last
-	// search read, kept open so that the next search reads again only those that changed
-	// (polledTable). An open table keeps its namespace, and the mounts in it, alive: a table is
-	// closed when a search no longer finds a process of its namespace, and all are closed
-	// nsIdleAfter after the last search.
+	// nsMu guards nsTables, the mount tables of the namespaces the last search read, kept open
+	// while searches follow each other (the probes and repairs of a restart) so that the next
+	// search reads again only those that changed (polledTable). An open table keeps its namespace,
+	// and the mounts in it, alive, and holds a descriptor: a table is closed when a search no
+	// longer finds a process of its namespace, and all are closed when a search ends with no
+	// other waiting (runScan).
 	nsMu     sync.Mutex
 	nsTables map[string]*nsTable
-	nsIdle   *time.Timer
 }
 
 // nsTable is the open mount table of one namespace and its mounts that nothing is stacked on.
@@ -79,9 +79,6 @@ type nsTable struct {
 	t   *polledTable
 	top []*mountInfo
 }
-
-// nsIdleAfter is how long the mount tables of the other namespaces stay open after a search.
-const nsIdleAfter = 10 * time.Second
 
 // statCall is one stat running in its own goroutine; err is set before done is closed.
 type statCall struct {

@@ -28,6 +28,3 @@ func NamespaceTables(c *Checker) []string {
 	}
 	return out
 }
-
-// CloseNamespaceTables closes them as nsIdleAfter after the last search does.
-func CloseNamespaceTables(c *Checker) { c.closeNamespaceTables() }

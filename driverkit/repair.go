@@ -511,7 +511,13 @@ func (c *Checker) runScan(r *scanRun) {
 	if c.scanning == r {
 		c.scanning = nil
 	}
+	waiting := c.nextScan != nil
 	c.scanMu.Unlock()
+	if !waiting {
+		// No search follows this one: what it kept open would only hold descriptors and
+		// namespaces until the next burst of calls.
+		c.closeNamespaceTables()
+	}
 	close(r.done)
 }
 
@@ -575,11 +581,6 @@ func (c *Checker) readNamespaces() namespaceScan {
 			delete(c.nsTables, ns)
 		}
 	}
-	if c.nsIdle == nil {
-		c.nsIdle = time.AfterFunc(nsIdleAfter, c.closeNamespaceTables)
-	} else {
-		c.nsIdle.Reset(nsIdleAfter)
-	}
 	s.err = errors.Join(errs...)
 	return s
 }
@@ -631,7 +632,7 @@ func (c *Checker) namespaceTop(ns, dir string) ([]*mountInfo, error) {
 }
 
 // closeNamespaceTables closes the mount tables of the other namespaces, which keep those
-// namespaces alive while open.
+// namespaces alive and hold a descriptor each while open.
 func (c *Checker) closeNamespaceTables() {
 	c.nsMu.Lock()
 	defer c.nsMu.Unlock()
