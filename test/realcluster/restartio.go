@@ -263,22 +263,7 @@ func (p *restartPath) table() string {
 		d := at.Sub(p.containerStart)
 		fmt.Fprintf(&b, "| %s | 1 | %s | %s | %s |\n", name, fmtMillis(d), fmtMillis(d), fmtMillis(d))
 	}
-	many := func(name string, times []time.Time, from func(int) time.Time) {
-		ds := make([]time.Duration, len(times))
-		for i, at := range times {
-			ds[i] = at.Sub(from(i))
-		}
-		slices.Sort(ds)
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, len(ds), fmtMillis(percentile(ds, 0.50)), fmtMillis(percentile(ds, 0.99)), fmtMillis(ds[len(ds)-1]))
-	}
-	start := func(int) time.Time { return p.containerStart }
-	one("driver container started", p.containerStart)
-	one("driver serving (its log)", p.driverServing)
-	one("restart marker written (sidecar's log)", p.marker)
-	one("first probe reached the sidecar", p.firstProbe)
-	if len(p.heals) > 0 {
-		many("heal answered by the sidecar", p.heals, start)
-	}
+	// durations is one row of many durations: count, p50, p99, max.
 	durations := func(name string, ds []time.Duration) {
 		if len(ds) == 0 {
 			return
@@ -286,6 +271,20 @@ func (p *restartPath) table() string {
 		ds = slices.Sorted(slices.Values(ds))
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s |\n", name, len(ds), fmtMillis(percentile(ds, 0.50)), fmtMillis(percentile(ds, 0.99)), fmtMillis(ds[len(ds)-1]))
 	}
+	// many is the row of times, each measured from from(i).
+	many := func(name string, times []time.Time, from func(int) time.Time) {
+		ds := make([]time.Duration, len(times))
+		for i, at := range times {
+			ds[i] = at.Sub(from(i))
+		}
+		durations(name, ds)
+	}
+	start := func(int) time.Time { return p.containerStart }
+	one("driver container started", p.containerStart)
+	one("driver serving (its log)", p.driverServing)
+	one("restart marker written (sidecar's log)", p.marker)
+	one("first probe reached the sidecar", p.firstProbe)
+	many("heal answered by the sidecar", p.heals, start)
 	durations("one heal's call in the sidecar (duration)", p.healTook)
 	durations("one heal in the driver (duration)", p.healDriverTook)
 	var resumed, failedAt []time.Time
