@@ -60,8 +60,9 @@ func main() {
 type config struct {
 	target, propagation, name, mode, report string
 	// dirs holds each -dir: one in a namespace of its own (-target), one or more in a container.
-	dirs     []string
-	interval time.Duration
+	dirs []string
+	// interval is the time between tries; okInterval the time after a try that succeeded.
+	interval, okInterval time.Duration
 }
 
 // The values of -report.
@@ -90,6 +91,7 @@ func run() error {
 	fs.Var((*dirList)(&c.dirs), "dir", "`folder` to mount it at inside the namespace, or where the container has its volume (required); in a container it may be given once per volume, and each folder gets a loop of its own")
 	fs.StringVar(&c.propagation, "propagation", "None", "mount propagation of the pod's volumeMount: HostToContainer, None or Bidirectional")
 	fs.DurationVar(&c.interval, "interval", 50*time.Millisecond, "time between iterations")
+	fs.DurationVar(&c.okInterval, "ok-interval", 0, "time between iterations while they succeed, if not -interval: a workload that uses its volume less often than it retries a failure")
 	fs.StringVar(&c.name, "name", "workload", "the data file is <dir>/<name>.data")
 	fs.StringVar(&c.mode, "mode", modeReopen, "how the volume is used: "+modeReopen+" (open, write, fsync, close and read the data file at each iteration), "+modeHold+" (open the data file once and write, fsync and read back one record through that descriptor at each iteration, as a database or a log writer does) or "+modeDirFD+" (open the folder once and create, write, stat and read a file through that descriptor at each iteration)")
 	fs.StringVar(&c.report, "report", reportEvery, "which iterations print their line: "+reportEvery+" or "+reportChanges+" (the first, and each whose outcome differs from the previous one's, so that many volumes print little)")
@@ -107,6 +109,12 @@ func run() error {
 	}
 	if c.interval <= 0 {
 		return fmt.Errorf("-interval %s: must be positive", c.interval)
+	}
+	switch {
+	case c.okInterval == 0:
+		c.okInterval = c.interval
+	case c.okInterval < 0:
+		return fmt.Errorf("-ok-interval %s: must be positive", c.okInterval)
 	}
 	flags, err := propagationFlags(c.propagation)
 	if err != nil {
@@ -139,7 +147,7 @@ func run() error {
 		if named {
 			dir = c.dirs[i]
 		}
-		go func() { errs <- loop(ctx, step, c.interval, out, dir, c.report == reportChanges) }()
+		go func() { errs <- loop(ctx, step, c.interval, c.okInterval, out, dir, c.report == reportChanges) }()
 	}
 	var first error
 	for range volumes {
@@ -258,9 +266,10 @@ type step func(seq int64, line string) (op string, err error)
 // loop runs do every interval until ctx is done and prints each iteration's line to out, with dir
 // when not empty; with changesOnly, only the first line and those whose outcome (ok, or the
 // failed step and its error) differs from the previous iteration's.
-func loop(ctx context.Context, do step, interval time.Duration, out *output, dir string, changesOnly bool) error {
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
+func loop(ctx context.Context, do step, interval, okInterval time.Duration, out *output, dir string, changesOnly bool) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
 	var last *report
 	for seq := int64(1); ; seq++ {
 		r := report{Seq: seq, Time: time.Now(), Dir: dir}
@@ -278,10 +287,16 @@ func loop(ctx context.Context, do step, interval time.Duration, out *output, dir
 			}
 		}
 		last = &r
+		// The next try is due one interval after this one began.
+		next := interval
+		if r.OK {
+			next = okInterval
+		}
+		timer.Reset(max(0, time.Until(r.Time.Add(next))))
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-ticker.C:
+		case <-timer.C:
 		}
 	}
 }

@@ -115,7 +115,7 @@ func TestReportChangesPrintsOnlyTransitions(t *testing.T) {
 		return "", nil
 	}
 	var buf bytes.Buffer
-	if err := loop(ctx, do, time.Millisecond, &output{enc: json.NewEncoder(&buf)}, "/v1", true); err != nil {
+	if err := loop(ctx, do, time.Millisecond, time.Millisecond, &output{enc: json.NewEncoder(&buf)}, "/v1", true); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
@@ -132,5 +132,43 @@ func TestReportChangesPrintsOnlyTransitions(t *testing.T) {
 	want := []string{"1 true ", "3 false transport endpoint is not connected", "6 true "}
 	if !slices.Equal(got, want) {
 		t.Errorf("lines %q, want %q", got, want)
+	}
+}
+
+// With -ok-interval a loop retries a failure after -interval but tries a working volume only
+// once per -ok-interval: the tries after a failed one come fast, the others slowly.
+func TestOKIntervalSlowsOnlyTheWorkingTries(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const fast, slow = 5 * time.Millisecond, 100 * time.Millisecond
+	var at []time.Time
+	do := func(seq int64, _ string) (string, error) {
+		at = append(at, time.Now())
+		if seq == 6 {
+			cancel()
+		}
+		if seq >= 2 && seq <= 4 {
+			return "open", syscall.ENOTCONN
+		}
+		return "", nil
+	}
+	var buf bytes.Buffer
+	if err := loop(ctx, do, fast, slow, &output{enc: json.NewEncoder(&buf)}, "", true); err != nil {
+		t.Fatal(err)
+	}
+	if len(at) != 6 {
+		t.Fatalf("%d tries, want 6", len(at))
+	}
+	// Tries 1 and 5 succeeded: the next came after the slow interval. Tries 2-4 failed: the
+	// next came after the fast one.
+	for i := 1; i < len(at); i++ {
+		gap := at[i].Sub(at[i-1])
+		prevOK := i == 1 || i == 5
+		switch {
+		case prevOK && gap < slow:
+			t.Errorf("try %d came %s after a try that succeeded, want at least %s", i+1, gap, slow)
+		case !prevOK && gap >= slow:
+			t.Errorf("try %d came %s after a failed try, want about %s", i+1, gap, fast)
+		}
 	}
 }
