@@ -28,10 +28,14 @@ import (
 // The restart-to-I/O measurement's load: manyPods pods of perPod volumes each, 100 volumes of
 // the reference driver on the node besides the suite's others, of a StorageClass of its own that
 // carries no schedule annotation: the chart's default periodic sweep (every 6 hours) applies to
-// them, not the 10-second one of the suite's StorageClass, which would probe them all the time. One workload process per pod
-// writes, syncs and reads each of its volumes every 100ms (a loop per volume) and prints only the
-// tries whose outcome changed, so that 100 volumes cost the node 10 processes, 1,000 small
-// FUSE round trips a second and a few log lines, not 100 containers and 1,000 log lines a second.
+// them, not the 10-second one of the suite's StorageClass, which would probe them all the time.
+// One workload process per pod writes, syncs and reads back each of its volumes (a loop per
+// volume) once a second while that works, and every 100 ms after a try failed, so that the first
+// good write after a failure is timed to 100 ms; it prints only the tries whose outcome changed.
+// Sized so to the 2-core node: 100 volumes cost it 10 processes, 100 tries (about 1,000 FUSE
+// requests and 100 fsyncs of the backing files) a second and a few log lines. At a try every
+// 100 ms on every volume the node was 90 % busy before any restart, most of it in the mounters'
+// and the workloads' system calls, and the heals of a restart queued behind that load.
 const (
 	manyPods   = 10
 	perPod     = 10
@@ -55,7 +59,7 @@ func (e *Env) ManyVolumes(name string, pods, volumes int) *Workload {
 		e.t.Fatalf("%v", err)
 	}
 	img := e.assets.Images["healer-test-workload"]
-	args := []string{"-interval", "100ms", "-name", name, "-report", "changes"}
+	args := []string{"-interval", "100ms", "-ok-interval", "1s", "-name", name, "-report", "changes"}
 	var mounts []corev1.VolumeMount
 	var templates []corev1.PersistentVolumeClaim
 	for j := range volumes {
@@ -150,6 +154,13 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
+	// What the CPUs do in 3 s of the steady state, all volumes working, before the restart.
+	if steady, err := readCPUUse(); err == nil {
+		time.Sleep(3 * time.Second)
+		if now, err := readCPUUse(); err == nil {
+			t.Logf("the CPUs in 3 s before the restart, all %d volumes of %s working:\n%s", pods*volumes, w.name, now.since(steady, 10))
+		}
+	}
 	timeline := e.watchPluginPods(t, mainPlugin)
 	load := loadAverage()
 	at := time.Now()
@@ -183,6 +194,8 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 		}
 		return false, "no new node plugin pod yet"
 	})
+	// What the CPUs did from here, about the new driver container's start, to the last volume back.
+	cpuStart, cpuErr := readCPUUse()
 
 	total := pods * volumes
 	harness.Eventually(t, 3*time.Minute, fmt.Sprintf("the %d volumes of %s to fail and come back in the same pods", total, w.name), func() (bool, string) {
@@ -215,6 +228,16 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 		}
 		return true, ""
 	})
+	if cpuErr == nil {
+		var cpuEnd cpuUse
+		if cpuEnd, cpuErr = readCPUUse(); cpuErr == nil {
+			t.Logf("the CPUs from the new driver container's start (seen %s after it) to the last volume back:\n%s",
+				cpuStart.at.Sub(p.containerStart).Round(time.Millisecond), cpuEnd.since(cpuStart, 15))
+		}
+	}
+	if cpuErr != nil {
+		t.Logf("no CPU account of the restart: %v", cpuErr)
+	}
 	after, err := w.Pods(ctx)
 	if err != nil {
 		t.Fatalf("%v", err)
