@@ -61,6 +61,11 @@ type Checker struct {
 	scanMu   sync.Mutex
 	scanning *scanRun
 	nextScan *scanRun
+	// lastScan is the search that began last of those that ended; a probe may take its answer
+	// (StaleInPods). repaired holds when Repair last changed the mounts of each volume, for the
+	// last staleSearchReuse: a probe of the volume takes no search begun before that.
+	lastScan *scanRun
+	repaired map[string]time.Time
 	// scansRun counts the searches ever run, for tests.
 	scansRun atomic.Int64
 

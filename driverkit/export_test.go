@@ -28,3 +28,6 @@ func NamespaceTables(c *Checker) []string {
 	}
 	return out
 }
+
+// StaleSearchReuse is how old a search of the mount namespaces a probe may take.
+const StaleSearchReuse = staleSearchReuse

@@ -170,8 +170,9 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 	}
 
 	delete(dead, stagingDev)
+	repairedAt := c.markRepaired(r.VolumeID)
 	if len(dead) > 0 {
-		if f, ok := c.staleFinding(r.VolumeID, slices.Sorted(maps.Keys(dead))); ok {
+		if f, ok := c.staleFinding(r.VolumeID, slices.Sorted(maps.Keys(dead)), repairedAt); ok {
 			res.Findings = append(res.Findings, f)
 		}
 	}
@@ -216,14 +217,15 @@ func (c *Checker) pinMount(path string) (unpin func()) {
 // staleFinding searches the mount namespaces of other processes for mounts of the dead devices
 // that nothing was stacked on, and reports them (ok) as ReasonStaleMountInPods. A search that
 // fails is reported too: the repair cannot claim that every pod sees the repaired volume.
-func (c *Checker) staleFinding(volumeID string, devices []string) (Finding, bool) {
-	return c.staleFindingOf(volumeID, strings.Join(devices, ", "), deviceIn(devices))
+func (c *Checker) staleFinding(volumeID string, devices []string, since time.Time) (Finding, bool) {
+	return c.staleFindingOf(volumeID, strings.Join(devices, ", "), deviceIn(devices), since)
 }
 
-// staleFindingOf is staleFinding for the mounts match selects; what names them in messages.
-func (c *Checker) staleFindingOf(volumeID, what string, match func(*mountInfo) bool) (Finding, bool) {
+// staleFindingOf is staleFinding for the mounts match selects, in a search begun at since or
+// later; what names them in messages.
+func (c *Checker) staleFindingOf(volumeID, what string, match func(*mountInfo) bool, since time.Time) (Finding, bool) {
 	opts := c.options()
-	s, scanErr := c.scanStale(match)
+	s, scanErr := c.scanStale(match, since)
 	own, err := os.Readlink(filepath.Join(opts.Proc, "self", "ns", "mnt"))
 	if err != nil {
 		scanErr = errors.Join(scanErr, fmt.Errorf("find the checker's own mount namespace: %w", err))
@@ -284,7 +286,43 @@ func (c *Checker) StaleInPods(volumeID, stagingPath string, want Expect) (Findin
 	}
 	return c.staleFindingOf(volumeID, "source "+want.Source+", not device "+live, func(m *mountInfo) bool {
 		return m.Source == want.Source && m.FSType == want.FSType && device(m) != live
-	})
+	}, c.probeSearchSince(volumeID))
+}
+
+// staleSearchReuse is how old a search of the mount namespaces a probe may take its answer from
+// (StaleInPods). The probes and repairs of a node plugin's restart each ask for one, and on a node
+// with many pods a search costs as much as a repair: a search for each would put every call
+// behind the searches of the others. A probe of a volume that Repair changed within that time
+// takes only a search begun after the change, so that it sees the pods' mounts as the repair
+// left them; a pod that let go of a dead mount is seen gone at most this long after.
+const staleSearchReuse = time.Second
+
+// probeSearchSince is the oldest start of a search that a probe of volume volumeID may take.
+func (c *Checker) probeSearchSince(volumeID string) time.Time {
+	since := time.Now().Add(-staleSearchReuse)
+	c.scanMu.Lock()
+	defer c.scanMu.Unlock()
+	if at, ok := c.repaired[volumeID]; ok && at.After(since) {
+		since = at
+	}
+	return since
+}
+
+// markRepaired notes that Repair changed volume volumeID's mounts now, and returns now.
+func (c *Checker) markRepaired(volumeID string) time.Time {
+	now := time.Now()
+	c.scanMu.Lock()
+	defer c.scanMu.Unlock()
+	if c.repaired == nil {
+		c.repaired = map[string]time.Time{}
+	}
+	for id, at := range c.repaired {
+		if now.Sub(at) > staleSearchReuse {
+			delete(c.repaired, id)
+		}
+	}
+	c.repaired[volumeID] = now
+	return now
 }
 
 // maxLayers bounds UnmountAll, so that a path that cannot be unmounted ends the loop.
@@ -400,7 +438,7 @@ type StaleMount struct {
 // namespace and mount point. The checker's own namespace is included. Processes that exit during
 // the scan are skipped, and so are processes whose namespace the checker may not read.
 func (c *Checker) StaleMounts(devices []string) ([]StaleMount, error) {
-	s, err := c.scanStale(deviceIn(devices))
+	s, err := c.scanStale(deviceIn(devices), time.Now())
 	return s.mounts, err
 }
 
@@ -427,9 +465,9 @@ func deviceIn(devices []string) func(*mountInfo) bool {
 }
 
 // scanStale searches every mount namespace for the mounts match selects that nothing is stacked
-// on, in a search of the namespaces begun after the call (scanNamespaces).
-func (c *Checker) scanStale(match func(*mountInfo) bool) (staleScan, error) {
-	found := c.scanNamespaces()
+// on, in a search of the namespaces begun at since or later (scanNamespaces).
+func (c *Checker) scanStale(match func(*mountInfo) bool, since time.Time) (staleScan, error) {
+	found := c.scanNamespaces(since)
 	s := staleScan{procs: map[string]int{}, hidden: found.hidden}
 	for _, n := range found.namespaces {
 		points := map[string]bool{}
@@ -466,19 +504,25 @@ type namespaceMounts struct {
 	top []*mountInfo
 }
 
-// scanRun is a search in flight; res is set before done closes.
+// scanRun is a search in flight; began is set when it begins, res before done closes.
 type scanRun struct {
-	done chan struct{}
-	res  namespaceScan
+	began time.Time
+	done  chan struct{}
+	res   namespaceScan
 }
 
-// scanNamespaces returns a search of every mount namespace begun after the call. A search reads
-// the mount table of each namespace of the machine, which costs as much as the node has pods and
-// mounts, and the probes and repairs of a node plugin's restart all ask for one at once: a call
-// that comes while a search runs waits for it to end and joins the next one, which serves every
-// call that came meanwhile, so that at most two run back to back whatever the number of calls.
-func (c *Checker) scanNamespaces() namespaceScan {
+// scanNamespaces returns a search of every mount namespace begun at since or later: the last
+// one that ended, if it began then, else one begun after the call. A search reads the mount
+// table of each namespace of the machine, which costs as much as the node has pods and mounts,
+// and the probes and repairs of a node plugin's restart all ask for one at once: a call that
+// comes while a search runs waits for it to end and joins the next one, which serves every call
+// that came meanwhile, so that at most two run back to back whatever the number of calls.
+func (c *Checker) scanNamespaces(since time.Time) namespaceScan {
 	c.scanMu.Lock()
+	if last := c.lastScan; last != nil && !last.began.Before(since) {
+		c.scanMu.Unlock()
+		return last.res
+	}
 	if c.scanning == nil {
 		r := &scanRun{done: make(chan struct{})}
 		c.scanning = r
@@ -506,10 +550,14 @@ func (c *Checker) scanNamespaces() namespaceScan {
 // runScan searches the namespaces for r and ends it.
 func (c *Checker) runScan(r *scanRun) {
 	c.scansRun.Add(1)
+	r.began = time.Now()
 	r.res = c.readNamespaces()
 	c.scanMu.Lock()
 	if c.scanning == r {
 		c.scanning = nil
+	}
+	if c.lastScan == nil || r.began.After(c.lastScan.began) {
+		c.lastScan = r
 	}
 	waiting := c.nextScan != nil
 	c.scanMu.Unlock()

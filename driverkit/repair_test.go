@@ -294,13 +294,21 @@ func TestRepairPropagatesToWorkloads(t *testing.T) {
 			}
 
 			// A later probe finds the same from the mount table alone, without the dead device
-			// the repair remembered, and stops finding it once the pod is gone.
+			// the repair remembered, and stops finding it once the pod is gone. Right after the
+			// repair it takes the repair's own search of the namespaces, begun after the repair
+			// changed the mounts, instead of one more.
 			expect := driverkit.Expect{Source: testSource, FSType: fuseFSType}
+			searches := driverkit.ScansRun(c)
 			if f, found := c.StaleInPods("vol-fuse", staging, expect); found != tc.private || (found && f.Reason != driverkit.ReasonStaleMountInPods) {
 				t.Errorf("StaleInPods after the repair = %+v, %v; want found=%v", f, found, tc.private)
 			}
 			if tc.private {
+				if n := driverkit.ScansRun(c) - searches; n != 0 {
+					t.Errorf("StaleInPods right after the repair ran %d searches of its own, want the repair's", n)
+				}
 				w.kill()
+				// A search at most StaleSearchReuse old may still show the pod.
+				time.Sleep(driverkit.StaleSearchReuse)
 				if f, found := c.StaleInPods("vol-fuse", staging, expect); found {
 					t.Errorf("StaleInPods once the pod is gone = %+v, want nothing", f)
 				}
