@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(fakeMounterEnv); dir != "" {
 		os.Exit(runFakeMounter(dir))
 	}
-	os.Exit(m.Run())
+	os.Exit(harness.RunUnmountingFuseControl(m))
 }
 
 // subtype is the FUSE subtype of the tests' mounts: unique to this test process, so that the

@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "build refdriver: %v\n", err)
 			return 1
 		}
-		return m.Run()
+		return harness.RunUnmountingFuseControl(m)
 	}())
 }
 
