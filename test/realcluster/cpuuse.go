@@ -2,12 +2,16 @@ package realcluster
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/volume-healer/volume-healer/test/harness"
 )
 
 // cpuUse is what the machine's CPUs did up to one moment: the time they were busy and idle
@@ -26,7 +30,7 @@ type procCPU struct {
 }
 
 // procName is what the CPU account calls a process: its command name, and its first argument
-// when that is a word (a subcommand: "refdriver mounter", "refdriver node").
+// when that is a word (a subcommand: "refdriver mounter").
 func procName(p procfs.Proc, comm string) string {
 	args, err := p.CmdLine()
 	if err != nil || len(args) < 2 {
@@ -94,12 +98,8 @@ func (u cpuUse) since(before cpuUse, top int) string {
 			counted += du + ds
 		}
 	}
-	names := make([]string, 0, len(byName))
-	for n := range byName {
-		names = append(names, n)
-	}
 	total := func(n string) float64 { return byName[n].user + byName[n].system }
-	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(total(b), total(a)) })
+	names := slices.SortedFunc(maps.Keys(byName), func(a, b string) int { return cmp.Compare(total(b), total(a)) })
 	var b strings.Builder
 	wall := u.at.Sub(before.at).Seconds()
 	share := 0.0
@@ -123,4 +123,16 @@ func (u cpuUse) since(before cpuUse, top int) string {
 		fmt.Fprintf(&b, "| (ended meanwhile, and the kernel's own) | %.2f | |\n", gone)
 	}
 	return b.String()
+}
+
+// logCPUSince logs what the CPUs did from start (read with err) to now, under what, with the top
+// processes by name; or why it cannot.
+func logCPUSince(t harness.TB, what string, start cpuUse, err error, top int) {
+	t.Helper()
+	end, endErr := readCPUUse()
+	if err = errors.Join(err, endErr); err != nil {
+		t.Logf("no CPU account %s: %v", what, err)
+		return
+	}
+	t.Logf("the CPUs %s:\n%s", what, end.since(start, top))
 }

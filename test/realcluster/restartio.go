@@ -155,12 +155,9 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 		t.Fatalf("%v", err)
 	}
 	// What the CPUs do in 3 s of the steady state, all volumes working, before the restart.
-	if steady, err := readCPUUse(); err == nil {
-		time.Sleep(3 * time.Second)
-		if now, err := readCPUUse(); err == nil {
-			t.Logf("the CPUs in 3 s before the restart, all %d volumes of %s working:\n%s", pods*volumes, w.name, now.since(steady, 10))
-		}
-	}
+	steady, err := readCPUUse()
+	time.Sleep(3 * time.Second)
+	logCPUSince(t, fmt.Sprintf("in 3 s before the restart, all %d volumes of %s working", pods*volumes, w.name), steady, err, 10)
 	timeline := e.watchPluginPods(t, mainPlugin)
 	load := loadAverage()
 	at := time.Now()
@@ -228,16 +225,11 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 		}
 		return true, ""
 	})
+	seen := ""
 	if cpuErr == nil {
-		var cpuEnd cpuUse
-		if cpuEnd, cpuErr = readCPUUse(); cpuErr == nil {
-			t.Logf("the CPUs from the new driver container's start (seen %s after it) to the last volume back:\n%s",
-				cpuStart.at.Sub(p.containerStart).Round(time.Millisecond), cpuEnd.since(cpuStart, 15))
-		}
+		seen = fmt.Sprintf(" (seen %s after it)", cpuStart.at.Sub(p.containerStart).Round(time.Millisecond))
 	}
-	if cpuErr != nil {
-		t.Logf("no CPU account of the restart: %v", cpuErr)
-	}
+	logCPUSince(t, "from the new driver container's start"+seen+" to the last volume back", cpuStart, cpuErr, 15)
 	after, err := w.Pods(ctx)
 	if err != nil {
 		t.Fatalf("%v", err)

@@ -263,9 +263,10 @@ type report struct {
 // and returns the step that failed.
 type step func(seq int64, line string) (op string, err error)
 
-// loop runs do every interval until ctx is done and prints each iteration's line to out, with dir
-// when not empty; with changesOnly, only the first line and those whose outcome (ok, or the
-// failed step and its error) differs from the previous iteration's.
+// loop runs do every interval (every okInterval after a try that succeeded) until ctx is done
+// and prints each iteration's line to out, with dir when not empty; with changesOnly, only the
+// first line and those whose outcome (ok, or the failed step and its error) differs from the
+// previous iteration's.
 func loop(ctx context.Context, do step, interval, okInterval time.Duration, out *output, dir string, changesOnly bool) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
