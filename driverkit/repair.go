@@ -49,6 +49,35 @@ type RepairResult struct {
 	Findings []Finding
 	// Actions lists what was done, in order, for logs ("detached dead mount at ...").
 	Actions []string
+	// Steps are the steps the repair took and how long each took, in order, for logs.
+	Steps Steps
+}
+
+// Step is a step of a call and how long it took.
+type Step struct {
+	// Name names the step: "check", "detach", "remount", "check again", "restack", "search".
+	Name string
+	// Took is how long the step took.
+	Took time.Duration
+}
+
+// Steps are the steps of one call, in order.
+type Steps []Step
+
+// add appends the step name begun at start, ending now, and returns now.
+func (s *Steps) add(name string, start time.Time) time.Time {
+	now := time.Now()
+	*s = append(*s, Step{Name: name, Took: now.Sub(start)})
+	return now
+}
+
+// String lists the steps as "check 1.2ms, remount 30ms".
+func (s Steps) String() string {
+	parts := make([]string, 0, len(s))
+	for _, st := range s {
+		parts = append(parts, st.Name+" "+st.Took.Round(10*time.Microsecond).String())
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Repair repairs the volume's mounts:
@@ -76,7 +105,9 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 	// still see them.
 	dead := map[string]bool{}
 
+	at := time.Now()
 	findings := c.Check(ctx, staging, r.Expect)
+	at = res.Steps.add("check", at)
 	switch {
 	case len(findings) == 0:
 	case onlyReasons(findings, ReasonReadOnlyMount):
@@ -85,7 +116,9 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 			return res, fmt.Errorf("volume %s: %w", r.VolumeID, err)
 		}
 		res.Actions = append(res.Actions, "remounted the read-only staging mount at "+staging+" read-write")
+		at = res.Steps.add("remount", at)
 		findings = c.Check(ctx, staging, r.Expect)
+		at = res.Steps.add("check again", at)
 	case ctx.Err() != nil || !onlyReasons(findings, ReasonMountGone, ReasonMountDisconnected, ReasonMountHung,
 		ReasonWrongMountSource, ReasonWrongFilesystemType, ReasonReadOnlyMount):
 		// A mount that could not be checked is not known to be broken: detaching it could
@@ -112,12 +145,15 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 			res.Findings = findings
 			return res, fmt.Errorf("volume %s: %w", r.VolumeID, err)
 		}
+		at = res.Steps.add("detach", at)
 		if err := r.Remount(ctx); err != nil {
 			res.Findings = c.Check(ctx, staging, r.Expect)
 			return res, fmt.Errorf("volume %s: start its mounter again at %s: %w", r.VolumeID, staging, err)
 		}
 		res.Actions = append(res.Actions, "started the mounter of volume "+r.VolumeID+" again at "+staging)
+		at = res.Steps.add("remount", at)
 		findings = c.Check(ctx, staging, r.Expect)
+		at = res.Steps.add("check again", at)
 	}
 	if len(findings) > 0 {
 		// Stacking a broken staging mount on the publish targets would help no pod.
@@ -169,12 +205,14 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 		res.Findings = append(res.Findings, c.Check(ctx, target, want)...)
 	}
 
+	at = res.Steps.add("restack", at)
 	delete(dead, stagingDev)
 	repairedAt := c.markRepaired(r.VolumeID)
 	if len(dead) > 0 {
 		if f, ok := c.staleFinding(r.VolumeID, slices.Sorted(maps.Keys(dead)), repairedAt); ok {
 			res.Findings = append(res.Findings, f)
 		}
+		res.Steps.add("search", at)
 	}
 	return res, errors.Join(errs...)
 }

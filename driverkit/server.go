@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/csi-addons/spec/lib/go/identity"
 	"github.com/go-logr/logr"
@@ -281,6 +282,7 @@ func (s *healerServer) ProbeVolume(ctx context.Context, req *healerv1alpha1.Prob
 }
 
 func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealVolumeRequest) (*healerv1alpha1.HealVolumeResponse, error) {
+	start := time.Now()
 	v, release, err := s.begin(ctx, healerv1alpha1.HealerCapability_RPC_HEAL, req.GetVolumeId(), req.GetStagingTargetPath())
 	if err != nil {
 		return nil, err
@@ -288,6 +290,8 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 	defer release()
 
 	own, healable := s.d.Inspect(ctx, v)
+	var steps Steps
+	steps.add("look up", start)
 	if !healable {
 		msg := fmt.Sprintf("volume %q cannot be healed by this driver", v.ID)
 		if len(own) > 0 {
@@ -303,6 +307,7 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 		PublishTargets: s.publishTargets(v, req.GetPublishTargetPaths()),
 		Remount:        func(ctx context.Context) error { return s.d.Remount(ctx, v) },
 	})
+	steps = append(steps, res.Steps...)
 	if err != nil {
 		log.Error(err, "Heal failed", "actions", res.Actions, "health", messages(res.Findings))
 		if ctx.Err() != nil {
@@ -312,6 +317,7 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 			v.ID, err, orNothing(strings.Join(res.Actions, "; ")), orNothing(messages(res.Findings)))
 	}
 	// The driver's own findings are measured again: the heal may have changed them.
+	at := time.Now()
 	own, _ = s.d.Inspect(ctx, v)
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
@@ -324,10 +330,12 @@ func (s *healerServer) HealVolume(ctx context.Context, req *healerv1alpha1.HealV
 		}
 	}
 	findings = append(findings, own...)
+	steps.add("check after", at)
+	took := time.Since(start)
 	if len(res.Actions) == 0 {
-		log.V(2).Info("Heal found nothing to repair", "health", messages(findings))
+		log.V(2).Info("Heal found nothing to repair", "health", messages(findings), "took", took, "steps", steps.String())
 	} else {
-		log.Info("Healed volume", "actions", res.Actions, "health", messages(findings))
+		log.Info("Healed volume", "actions", res.Actions, "health", messages(findings), "took", took, "steps", steps.String())
 	}
 	return &healerv1alpha1.HealVolumeResponse{HealthStatuses: Health(findings)}, nil
 }

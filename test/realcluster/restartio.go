@@ -137,6 +137,12 @@ type restartPath struct {
 	// healTook and healDriverTook are how long each heal took in the sidecar (the whole call) and
 	// in the driver, from the sidecar's "Heal done" lines.
 	healTook, healDriverTook []time.Duration
+	// healBegan is when each heal began in the driver, and healSteps how long each step of the
+	// driver's heals took by step, from the driver's "Healed volume" lines.
+	healBegan []time.Time
+	healSteps map[string][]time.Duration
+	// stepOrder is the order of the steps' first appearance.
+	stepOrder []string
 	// failed and resumed are each volume's first failed try after the restart began and its
 	// first good try after that, by pod and folder.
 	failed, resumed map[string]time.Time
@@ -257,6 +263,25 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 			p.healDriverTook = append(p.healDriverTook, driverTook)
 		}
 	}
+	p.healSteps = map[string][]time.Duration{}
+	for _, l := range driverLines {
+		if !strings.Contains(l.text, `"Healed volume"`) {
+			continue
+		}
+		took, okTook := loggedDuration(l.text, "took")
+		steps, okSteps := loggedSteps(l.text)
+		if !okTook || !okSteps {
+			t.Errorf("the driver's heal line carries no took and steps: %s", l.text)
+			continue
+		}
+		p.healBegan = append(p.healBegan, l.at.Add(-took))
+		for _, st := range steps {
+			if _, seen := p.healSteps[st.name]; !seen {
+				p.stepOrder = append(p.stepOrder, st.name)
+			}
+			p.healSteps[st.name] = append(p.healSteps[st.name], st.took)
+		}
+	}
 	for what, at := range map[string]time.Time{"the driver's Serving line": p.driverServing, "the sidecar's registration line": p.marker, "the sidecar's first probe line": p.firstProbe} {
 		if at.IsZero() {
 			t.Errorf("the new node plugin pod %s logged no %s", plugin.Name, what)
@@ -302,6 +327,10 @@ func (p *restartPath) table() string {
 	many("heal answered by the sidecar", p.heals, start)
 	durations("one heal's call in the sidecar (duration)", p.healTook)
 	durations("one heal in the driver (duration)", p.healDriverTook)
+	many("heal began in the driver", p.healBegan, start)
+	for _, name := range p.stepOrder {
+		durations("heal step in the driver: "+name, p.healSteps[name])
+	}
 	var resumed, failedAt []time.Time
 	for key, r := range p.resumed {
 		resumed = append(resumed, r)
@@ -321,6 +350,37 @@ func loggedDuration(line, key string) (time.Duration, bool) {
 	value, _, _ := strings.Cut(rest, " ")
 	d, err := time.ParseDuration(strings.Trim(value, `"`))
 	return d, err == nil
+}
+
+// loggedStep is a step of a driver's call as its log line names it.
+type loggedStep struct {
+	name string
+	took time.Duration
+}
+
+// loggedSteps reads the steps a driverkit heal line carries (steps="look up 1ms, check 2ms").
+func loggedSteps(line string) ([]loggedStep, bool) {
+	_, rest, ok := strings.Cut(line, ` steps="`)
+	if !ok {
+		return nil, false
+	}
+	value, _, ok := strings.Cut(rest, `"`)
+	if !ok {
+		return nil, false
+	}
+	var out []loggedStep
+	for _, part := range strings.Split(value, ", ") {
+		i := strings.LastIndexByte(part, ' ')
+		if i < 0 {
+			return nil, false
+		}
+		d, err := time.ParseDuration(part[i+1:])
+		if err != nil {
+			return nil, false
+		}
+		out = append(out, loggedStep{name: part[:i], took: d})
+	}
+	return out, len(out) > 0
 }
 
 // percentile is the q-quantile of sorted ds (nearest rank).
