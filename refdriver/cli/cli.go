@@ -61,6 +61,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		caps:               fs.String("capabilities", "probe,heal,list", "real and simulated modes: Healer RPCs to advertise and serve: any of probe, heal, list"),
 		mounter:            fs.String("mounter", string(plugin.OwnMounter), "real and stock modes: userspace mounter of the volumes staged from now on: refdriver (this program's own FUSE daemon) or rclone (rclone mount of the volume's folder; needs rclone and fusermount on the PATH, Debian packages rclone and fuse3)"),
 		supervisorSocket:   fs.String("supervisor-socket", "", "real mode: socket of the node's mount supervisor (`refdriver supervisor`); the volumes staged from now on are mounted by it and their mounters live through a restart of this plugin (default: none, the plugin runs the mounters itself)"),
+		stopMounters:       fs.Bool("stop-mounters-on-exit", false, "real and stock modes: before exiting (SIGTERM), kill the mounters this process started and reap them; for a plugin that is its container's main process, whose mounters the container runtime kills anyway when it exits: left to the runtime's shim, containerd v2's takes about a second for each beyond 32"),
 		unmountDeadTargets: fs.Bool("unmount-dead-targets-on-start", false, "stock mode: at start-up, detach the dead or hung mounts of the publish targets recorded by an earlier run and keep their folders, as some drivers' start-up clean-up does; kubelet still counts them published, so their pods see an empty folder on the node's disk (for tests of that worst case)"),
 
 		registrationDir:    fs.String("kubelet-registration-dir", "", "real and stock modes: kubelet's plugin registration folder as this process sees it (kubelet's is /var/lib/kubelet/plugins_registry); the driver registers itself with kubelet through a socket there, <dir>/<driver-name>-reg.sock (default: none, do not register)"),
@@ -124,7 +125,7 @@ type driverFlags struct {
 	mode, endpoint, csiEndpoint, control, stateDir, driverName, nodeID, caps, mounter *string
 	supervisorSocket                                                                  *string
 	statTimeout                                                                       *time.Duration
-	unmountDeadTargets                                                                *bool
+	unmountDeadTargets, stopMounters                                                  *bool
 	registrationDir, kubeletCSIEndpoint                                               *string
 	stagingRoot, volumes, healMounters, volumeKeeping, keepMounters                   *string
 	defaultHang                                                                       *time.Duration
@@ -200,14 +201,24 @@ func runReal(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.
 	}
 	log.Info("Serving", "mode", mode, "mounter", mounter, "supervisorSocket", *f.supervisorSocket, "endpoint", *f.endpoint, "csiEndpoint", cmp.Or(*f.csiEndpoint, *f.endpoint), "control", *f.control,
 		"driver", *f.driverName, "node", *f.nodeID, "statTimeout", *f.statTimeout)
-	return serveReal(ctx, srv, registration)
+	err = serveReal(ctx, srv, registration)
+	if *f.stopMounters {
+		// Given as long as a mounter may take to die after SIGKILL: one in the kernel's
+		// hands (a FUSE request) leaves as soon as it returns to user space.
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		n, stopErr := p.StopMounters(stopCtx)
+		log.Info("Stopped the mounters before exiting", "count", n)
+		err = errors.Join(err, stopErr)
+	}
+	return err
 }
 
 // runSimulated serves the simulated mode (package simulated) until ctx ends: volumes are records in
 // the state folder and nothing is mounted.
 func runSimulated(ctx context.Context, f *driverFlags, capabilities []healerv1alpha1.HealerCapability_RPC_Type, log klog.Logger) error {
 	if err := rejectFlags(f.set, "simulated", "csi-endpoint", "stat-timeout", "kubelet-registration-dir", "kubelet-csi-endpoint",
-		"mounter", "unmount-dead-targets-on-start", "supervisor-socket"); err != nil {
+		"mounter", "unmount-dead-targets-on-start", "stop-mounters-on-exit", "supervisor-socket"); err != nil {
 		return err
 	}
 	seeds, err := parseVolumes(*f.volumes)

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -363,5 +364,54 @@ func TestHundredVolumesHealedAfterGroupKill(t *testing.T) {
 		slices.Sort(heals)
 		t.Logf("100 volumes probed, healed and probed again, 4 at a time, in %s; heal p50 %s, p99 %s",
 			took.Round(time.Millisecond), heals[len(heals)/2].Round(time.Millisecond), heals[len(heals)*99/100].Round(time.Millisecond))
+	}
+}
+
+// TestStopMountersOnExit stops a plugin with SIGTERM, as a container runtime stops a node plugin
+// container: with --stop-mounters-on-exit it kills and reaps its mounters before it exits, so
+// that none is left for whoever reaps orphans (containerd's shim, one a second beyond 32) and the
+// volumes' mounts are dead as the runtime would leave them; without it they keep serving.
+func TestStopMountersOnExit(t *testing.T) {
+	for _, stop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stop=%t", stop), func(t *testing.T) {
+			e := newEnv(t)
+			if stop {
+				e.args = append(e.args, "--stop-mounters-on-exit")
+			}
+			p := e.start()
+			vols := []*volume{p.createStagePublish(e, "pvc-a"), p.createStagePublish(e, "pvc-b")}
+			if got := len(mountersOf(e.stateDir)); got != len(vols) {
+				t.Fatalf("%d mounters run for %d volumes", got, len(vols))
+			}
+			if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-p.done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the plugin did not exit within 20s of SIGTERM")
+			}
+			if !p.cmd.ProcessState.Success() {
+				t.Errorf("the plugin exited with %v after SIGTERM, want 0", p.cmd.ProcessState)
+			}
+			left := mountersOf(e.stateDir)
+			log, _ := os.ReadFile(e.logPath())
+			stopped := bytes.Contains(log, []byte(`"Stopped the mounters before exiting" count=2`))
+			for _, v := range vols {
+				_, err := os.ReadDir(v.target)
+				if stop && !deadMount(err) {
+					t.Errorf("reading %s after the plugin stopped its mounters: %v, want ENOTCONN or ECONNABORTED", v.target, err)
+				}
+				if !stop && err != nil {
+					t.Errorf("reading %s after the plugin exited alone: %v, want its mounter still serving", v.target, err)
+				}
+			}
+			switch {
+			case stop && (len(left) > 0 || !stopped):
+				t.Errorf("after SIGTERM with --stop-mounters-on-exit: mounters %v still run, log says it stopped 2: %t", left, stopped)
+			case !stop && (len(left) != len(vols) || stopped):
+				t.Errorf("after SIGTERM without --stop-mounters-on-exit: mounters %v run (want %d), log says it stopped them: %t", left, len(vols), stopped)
+			}
+		})
 	}
 }
