@@ -622,6 +622,13 @@ func (c *Checker) readNamespaces() namespaceScan {
 	}
 	scanned := map[string]bool{}
 	var errs []error
+	// The checker's own namespace is the one its checks read all along (selfTable), kept open
+	// and read again only when it changed: the scan takes that read rather than a second one of
+	// the same table, one of the largest on a node plugin, which every repair changes.
+	own := ""
+	if proc == defaultProc {
+		own, _ = os.Readlink(filepath.Join(proc, "self", "ns", "mnt"))
+	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -642,7 +649,18 @@ func (c *Checker) readNamespaces() namespaceScan {
 		if scanned[ns] {
 			continue
 		}
-		top, err := c.namespaceTop(ns, filepath.Join(proc, e.Name()))
+		var top, infos []*mountInfo
+		shared := false
+		if ns == own {
+			infos, shared, _ = selfTable.read()
+		}
+		if shared {
+			top = topMounts(infos)
+		} else {
+			// Not the own namespace, or its shared table failed: read through the process,
+			// which says what went wrong.
+			top, err = c.namespaceTop(ns, filepath.Join(proc, e.Name()))
+		}
 		if err != nil {
 			if denied(err) {
 				s.hidden++
