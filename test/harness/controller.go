@@ -172,6 +172,18 @@ func MetricSum(fams map[string]*dto.MetricFamily, name string, want map[string]s
 	return sum
 }
 
+// HistogramSums returns the sample count and sum of the series of histogram family name whose
+// labels include want.
+func HistogramSums(fams map[string]*dto.MetricFamily, name string, want map[string]string) (count uint64, sum float64) {
+	for _, m := range fams[name].GetMetric() {
+		if m.GetHistogram() != nil && HasLabels(m, want) {
+			count += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return count, sum
+}
+
 func seriesValue(m *dto.Metric) (float64, bool) {
 	switch {
 	case m.GetCounter() != nil:

@@ -3,6 +3,7 @@ package realcluster
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -130,8 +131,11 @@ func (w *Workload) WaitAllVolumesWriting(t harness.TB, pods, volumes int, timeou
 type restartPath struct {
 	containerStart time.Time
 	driverServing  time.Time
-	marker         time.Time
-	firstProbe     time.Time
+	// sidecarStart and driverReady are the sidecar's start and the moment it found the driver
+	// ready to heal and began writing the restart marker (its log).
+	sidecarStart, driverReady time.Time
+	marker                    time.Time
+	firstProbe                time.Time
 	// heals are the sidecar's answers to the heals of the restart, one per volume healed.
 	heals []time.Time
 	// healTook and healDriverTook are how long each heal took in the sidecar (the whole call) and
@@ -143,6 +147,9 @@ type restartPath struct {
 	healSteps map[string][]time.Duration
 	// stepOrder is the order of the steps' first appearance.
 	stepOrder []string
+	// calls are the controller's probe and heal calls from before the rollout to the last volume
+	// back: how many, and their mean duration as the controller saw them.
+	calls map[string]callMean
 	// failed and resumed are each volume's first failed try after the restart began and its
 	// first good try after that, by pod and folder.
 	failed, resumed map[string]time.Time
@@ -164,6 +171,7 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	steady, err := readCPUUse()
 	time.Sleep(3 * time.Second)
 	logCPUSince(t, fmt.Sprintf("in 3 s before the restart, all %d volumes of %s working", pods*volumes, w.name), steady, err, 10)
+	callsBefore, callsErr := e.ControllerMetrics(ctx)
 	timeline := e.watchPluginPods(t, mainPlugin)
 	load := loadAverage()
 	at := time.Now()
@@ -244,10 +252,28 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 		t.Errorf("the pods of %s changed across the restart (%d before, %d after): HostToContainer pods must see their volumes healed in place", w.name, len(before), len(after))
 	}
 
+	// The controller's calls of the restart, from its call duration histogram.
+	callsAfter, err := e.ControllerMetrics(ctx)
+	if callsErr != nil || err != nil {
+		t.Errorf("the controller's metrics around the restart: %v", errors.Join(callsErr, err))
+	} else {
+		p.calls = map[string]callMean{}
+		for _, op := range []string{"probe", "heal"} {
+			want := map[string]string{"operation": op}
+			n0, sum0 := harness.HistogramSums(callsBefore, "volume_healer_call_duration_seconds", want)
+			n1, sum1 := harness.HistogramSums(callsAfter, "volume_healer_call_duration_seconds", want)
+			if n1 > n0 {
+				p.calls[op] = callMean{count: n1 - n0, mean: time.Duration((sum1 - sum0) / float64(n1-n0) * float64(time.Second))}
+			}
+		}
+	}
+
 	// The lines logged by the new pod's driver and sidecar, with the runtime's timestamps.
 	driverLines := e.timedLines(t, plugin, "refdriver")
 	sidecarLines := e.timedLines(t, plugin, "healer-sidecar")
 	p.driverServing = firstLine(driverLines, `"Serving"`)
+	p.sidecarStart = firstLine(sidecarLines, `"Starting the healer sidecar"`)
+	p.driverReady = firstLine(sidecarLines, `"The driver is ready to heal`)
 	p.marker = firstLine(sidecarLines, `"CSIAddonsNode registered"`)
 	p.firstProbe = firstLine(sidecarLines, `"First probe since the sidecar started"`)
 	for _, l := range sidecarLines {
@@ -282,7 +308,7 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 			p.healSteps[st.name] = append(p.healSteps[st.name], st.took)
 		}
 	}
-	for what, at := range map[string]time.Time{"the driver's Serving line": p.driverServing, "the sidecar's registration line": p.marker, "the sidecar's first probe line": p.firstProbe} {
+	for what, at := range map[string]time.Time{"the driver's Serving line": p.driverServing, "the sidecar's start line": p.sidecarStart, "the sidecar's driver-ready line": p.driverReady, "the sidecar's registration line": p.marker, "the sidecar's first probe line": p.firstProbe} {
 		if at.IsZero() {
 			t.Errorf("the new node plugin pod %s logged no %s", plugin.Name, what)
 		}
@@ -293,6 +319,12 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	t.Logf("the node plugin's pods during the restart, from kubectl rollout restart:\n%s", timeline.stop(at))
 	t.Logf("restart to I/O, %d volumes of %s (%d pods of %d volumes, HostToContainer) on the node plugin, kubectl rollout restart at %s (load average %s, %d CPUs); times from the new driver container's start (%s after the rollout began):\n%s",
 		total, w.name, pods, volumes, at.Format("15:04:05.000"), load, runtime.NumCPU(), p.containerStart.Sub(at).Round(time.Millisecond), p.table())
+}
+
+// callMean is a count of calls and their mean duration.
+type callMean struct {
+	count uint64
+	mean  time.Duration
 }
 
 // table is the path of the restart part by part, from the new driver container's start.
@@ -322,11 +354,18 @@ func (p *restartPath) table() string {
 	start := func(int) time.Time { return p.containerStart }
 	one("driver container started", p.containerStart)
 	one("driver serving (its log)", p.driverServing)
+	one("sidecar started (its log)", p.sidecarStart)
+	one("sidecar found the driver ready to heal (its log)", p.driverReady)
 	one("restart marker written (sidecar's log)", p.marker)
 	one("first probe reached the sidecar", p.firstProbe)
 	many("heal answered by the sidecar", p.heals, start)
 	durations("one heal's call in the sidecar (duration)", p.healTook)
 	durations("one heal in the driver (duration)", p.healDriverTook)
+	for _, op := range []string{"probe", "heal"} {
+		if c, ok := p.calls[op]; ok {
+			fmt.Fprintf(&b, "| controller's %s calls (mean of all) | %d | %s | | |\n", op, c.count, fmtMillis(c.mean))
+		}
+	}
 	many("heal began in the driver", p.healBegan, start)
 	for _, name := range p.stepOrder {
 		durations("heal step in the driver: "+name, p.healSteps[name])

@@ -65,27 +65,6 @@ func apiserverCounts(ctx context.Context, rc rest.Interface) (requestSnapshot, e
 	return out, nil
 }
 
-// histogramSums returns the sample count and sum of a histogram's series whose labels match.
-func histogramSums(families map[string]*dto.MetricFamily, name string, match map[string]string) (count uint64, sum float64) {
-	f := families[name]
-	if f == nil {
-		return 0, 0
-	}
-	for _, m := range f.GetMetric() {
-		ok := true
-		for k, v := range match {
-			if label(m, k) != v {
-				ok = false
-			}
-		}
-		if ok && m.Histogram != nil {
-			count += m.GetHistogram().GetSampleCount()
-			sum += m.GetHistogram().GetSampleSum()
-		}
-	}
-	return count, sum
-}
-
 // residentSet is a process's resident memory from /proc/<pid>/status, in bytes: Total is VmRSS,
 // Anon the anonymous part (heap, stacks: what the process allocated), File the mapped files
 // (the binary's pages the kernel can drop and read again).

@@ -147,8 +147,8 @@ func (h *runner) measureStorm(ctx context.Context) error {
 	if calls := g.calls.Load(); calls > 0 {
 		s.MeanDriverCallMs = float64(g.callNanos.Load()) / float64(calls) / 1e6
 	}
-	cnt0, sum0 := histogramSums(m0, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
-	cnt1, sum1 := histogramSums(m1, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
+	cnt0, sum0 := harness.HistogramSums(m0, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
+	cnt1, sum1 := harness.HistogramSums(m1, "volume_healer_call_duration_seconds", map[string]string{"operation": "probe"})
 	if cnt1 > cnt0 {
 		s.MeanControllerCallMs = (sum1 - sum0) / float64(cnt1-cnt0) * 1000
 	}
