@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-healer/volume-healer/driverkit/fuseconn"
@@ -483,8 +484,18 @@ func TestTakeoverAnswersARequestTheLastServerHeld(t *testing.T) {
 	ctxA, stopA := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
 	readyA := make(chan struct{})
+	// The first server stops reading some time after its context ends: a read in progress may
+	// still return a request. The takeover must wait for that, as a server that took over waits
+	// for the one before it to be gone, or the first server could read the resent request itself.
+	stoppedA := make(chan struct{})
+	var stopping sync.Once
+	logA := funcr.New(func(_, args string) {
+		if strings.Contains(args, "no more requests are read") {
+			stopping.Do(func() { close(stoppedA) })
+		}
+	}, funcr.Options{})
 	go func() {
-		doneA <- fuseconn.Serve(ctxA, k.dev, fuseconn.Options{State: state, Handler: block, Ready: func(fuseconn.InitParams) { close(readyA) }})
+		doneA <- fuseconn.Serve(ctxA, k.dev, fuseconn.Options{State: state, Handler: block, Logger: logA, Ready: func(fuseconn.InitParams) { close(readyA) }})
 	}()
 	t.Cleanup(func() {
 		stopA()
@@ -523,6 +534,11 @@ func TestTakeoverAnswersARequestTheLastServerHeld(t *testing.T) {
 	}
 	// The first server stops reading and never answers what it holds, as if killed.
 	stopA()
+	select {
+	case <-stoppedA:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first server did not stop reading within 10s of its context's end")
+	}
 
 	stateB, err := fuseconn.OpenState(k.state, fuseconn.StateOptions{Takeover: true})
 	if err != nil {
