@@ -134,6 +134,9 @@ type restartPath struct {
 	// sidecarStart and driverReady are the sidecar's start and the moment it found the driver
 	// ready to heal and began writing the restart marker (its log).
 	sidecarStart, driverReady time.Time
+	// sidecarFirst is the sidecar's first log line, certificate its "Got a serving certificate"
+	// (zero when it was given one).
+	sidecarFirst, certificate time.Time
 	marker                    time.Time
 	firstProbe                time.Time
 	// heals are the sidecar's answers to the heals of the restart, one per volume healed.
@@ -272,6 +275,10 @@ func (e *Env) MeasureRestartToIO(t harness.TB, w *Workload, pods, volumes int) {
 	driverLines := e.timedLines(t, plugin, "refdriver")
 	sidecarLines := e.timedLines(t, plugin, "healer-sidecar")
 	p.driverServing = firstLine(driverLines, `"Serving"`)
+	if len(sidecarLines) > 0 {
+		p.sidecarFirst = sidecarLines[0].at
+	}
+	p.certificate = firstLine(sidecarLines, `"Got a serving certificate"`)
 	p.sidecarStart = firstLine(sidecarLines, `"Starting the healer sidecar"`)
 	p.driverReady = firstLine(sidecarLines, `"The driver is ready to heal`)
 	p.marker = firstLine(sidecarLines, `"CSIAddonsNode registered"`)
@@ -354,7 +361,11 @@ func (p *restartPath) table() string {
 	start := func(int) time.Time { return p.containerStart }
 	one("driver container started", p.containerStart)
 	one("driver serving (its log)", p.driverServing)
-	one("sidecar started (its log)", p.sidecarStart)
+	one("sidecar's first log line", p.sidecarFirst)
+	if !p.certificate.IsZero() {
+		one("sidecar got its serving certificate (its log)", p.certificate)
+	}
+	one("sidecar started serving (its log)", p.sidecarStart)
 	one("sidecar found the driver ready to heal (its log)", p.driverReady)
 	one("restart marker written (sidecar's log)", p.marker)
 	one("first probe reached the sidecar", p.firstProbe)
