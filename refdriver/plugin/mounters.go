@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -336,10 +337,7 @@ func (p *Plugin) waitMounterGone(r *record, timeout time.Duration) bool {
 // are left alone.
 func (p *Plugin) StopMounters(ctx context.Context) (int, error) {
 	p.mu.Lock()
-	children := make(map[int]*child, len(p.children))
-	for pid, c := range p.children {
-		children[pid] = c
-	}
+	children := maps.Clone(p.children)
 	p.mu.Unlock()
 	for pid := range children {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
