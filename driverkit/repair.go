@@ -137,7 +137,7 @@ func (c *Checker) Repair(ctx context.Context, r Repair) (RepairResult, error) {
 		if dev, err := c.MountDevice(staging); err == nil && dev != "" {
 			dead[dev] = true
 		}
-		n, err := unmountAll(staging, opts.MountInfo)
+		n, err := UnmountAll(staging)
 		if n > 0 {
 			res.Actions = append(res.Actions, fmt.Sprintf("detached %d broken mount(s) at %s (%s)", n, staging, messages(findings)))
 		}
@@ -367,23 +367,23 @@ func (c *Checker) markRepaired(volumeID string) time.Time {
 const maxLayers = 16
 
 // UnmountAll detaches every mount stacked at path (lazily: MNT_DETACH, so a dead or hung mount
-// cannot block it) and returns how many it detached. Nothing mounted is not an error. A driver's
-// NodeUnpublishVolume and NodeUnstageVolume use it, since a repaired target holds two layers.
+// cannot block it) and returns how many it detached. Nothing mounted is not an error, nor is a
+// path that does not exist; a symbolic link is not followed. A driver's NodeUnpublishVolume and
+// NodeUnstageVolume use it, since a repaired target holds two layers.
+//
+// It reads no mount table: the kernel answers EINVAL once nothing is mounted at path. A table
+// read per layer cost each repair two reads of the node's largest table, and the repairs of a
+// restart, each changing that table, waited on one another's reads.
 func UnmountAll(path string) (int, error) {
-	return unmountAll(path, selfMountInfo)
-}
-
-func unmountAll(path, table string) (int, error) {
 	path = filepath.Clean(path)
 	for n := 0; n < maxLayers; n++ {
-		infos, err := readMountTable(table)
-		if err != nil {
-			return n, err
-		}
-		if topMount(infos, path) == nil {
+		err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 			return n, nil
-		}
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		default:
 			return n, fmt.Errorf("detach the mount at %s: %w", path, err)
 		}
 	}
