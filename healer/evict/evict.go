@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -471,6 +472,17 @@ func (e *Evictor) process(ctx context.Context, req Request) (retry bool, after t
 		e.event(req.claimRef(), corev1.EventTypeWarning, ReasonEvictionFailed,
 			"The pods on node %s that use this claim could not be listed to restart them after %s: %v", req.Node, req.heal(), err)
 		return true, 0, false
+	}
+	if !req.recycle() {
+		// A heal repaired the node's mount: only a pod that cannot receive the repaired mount
+		// can still see the dead one.
+		pods = slices.DeleteFunc(pods, func(p corev1.Pod) bool {
+			if receivesRepairs(&p, req.Claim.Name) {
+				logger.V(2).Info("Pod receives the repaired mount through its mount propagation; not restarted for it", "pod", klog.KObj(&p))
+				return true
+			}
+			return false
+		})
 	}
 	now := e.opts.Clock.Now()
 	e.expireHandled(now)

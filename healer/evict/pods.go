@@ -47,6 +47,44 @@ func usesClaim(p *corev1.Pod, claim string) bool {
 	return false
 }
 
+// receivesRepairs reports whether the mount a heal stacks on the volume's publish target reaches
+// every container of the pod that mounts the claim: each mounts it with HostToContainer or
+// Bidirectional propagation, so kubelet made the container's copy a slave of the node's mount,
+// and no dead copy of the volume's mount can stay in the pod after a heal. A dead copy that a
+// heal still finds then lives in some other mount namespace (a container runtime's, while it
+// sets up a container: it copies the node's mounts and makes them private), which restarting
+// this pod would not change. A pod whose containers do not mount the claim at all is not
+// judged here: it reports false.
+func receivesRepairs(p *corev1.Pod, claim string) bool {
+	names := map[string]bool{}
+	for _, v := range p.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim {
+			names[v.Name] = true
+		}
+	}
+	var mounts []corev1.VolumeMount
+	for _, c := range p.Spec.InitContainers {
+		mounts = append(mounts, c.VolumeMounts...)
+	}
+	for _, c := range p.Spec.Containers {
+		mounts = append(mounts, c.VolumeMounts...)
+	}
+	for _, c := range p.Spec.EphemeralContainers {
+		mounts = append(mounts, c.VolumeMounts...)
+	}
+	mounted := false
+	for _, m := range mounts {
+		if !names[m.Name] {
+			continue
+		}
+		mounted = true
+		if m.MountPropagation == nil || *m.MountPropagation == corev1.MountPropagationNone {
+			return false
+		}
+	}
+	return mounted
+}
+
 // runsOnMount reports whether the pod may still hold the mount it got before since: it was
 // created before then, is not terminating, and has not ended. A pod created after since (a
 // replacement, a new pod) got the repaired mount.

@@ -2,11 +2,15 @@ package evict
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -65,4 +69,56 @@ func TestPodCreatedInTheHealsSecondAfterAnEvictionIsLeftAlone(t *testing.T) {
 	if got := l.evictedPods(); got != "web-1" {
 		t.Errorf("evicted %q, want only web-1: its replacement, created in the heal's second after the eviction, got the repaired mount", got)
 	}
+}
+
+// mounting gives the pod a container that mounts its claim with propagation, nil for None.
+func mounting(p *corev1.Pod, propagation *corev1.MountPropagationMode) *corev1.Pod {
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: fmt.Sprintf("c%d", len(p.Spec.Containers)),
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", MountPropagation: propagation}}})
+	return p
+}
+
+// After a heal, a pod whose every container mounts the volume with HostToContainer (or
+// Bidirectional) propagation received the repaired mount: a dead copy the heal still found is
+// not in it, and it keeps running. Pods with a container on None propagation are restarted. A
+// recycle (the volume is dead on the node) restarts them all.
+func TestHealLeavesPodsThatReceiveTheRepairedMount(t *testing.T) {
+	h2c, bidi, none := corev1.MountPropagationHostToContainer, corev1.MountPropagationBidirectional, corev1.MountPropagationNone
+	pods := func() []runtime.Object {
+		return []runtime.Object{
+			mounting(pod("slave", "node-a", "data", "StatefulSet"), &h2c),
+			mounting(mounting(pod("both-ways", "node-a", "data", "StatefulSet"), &bidi), &h2c),
+			mounting(pod("private", "node-a", "data", "ReplicaSet"), nil),
+			mounting(mounting(pod("mixed", "node-a", "data", "ReplicaSet"), &h2c), &none),
+		}
+	}
+	t.Run("heal", func(t *testing.T) {
+		l := newLadder(t, true, nil, pods()...)
+		req := healRequest(t0)
+		l.e.Add(req)
+		if retry, _, cleared := l.e.process(context.Background(), req); retry || !cleared {
+			t.Fatalf("process = retry %t, cleared %t; want the pods on None evicted at once", retry, cleared)
+		}
+		if got := sortedList(l.evictedPods()); got != "mixed,private" {
+			t.Errorf("evicted %q, want mixed,private: the pods with a container on None propagation, not those that received the repaired mount", got)
+		}
+	})
+	t.Run("recycle", func(t *testing.T) {
+		l := newLadder(t, true, nil, pods()...)
+		req := recycleRequest("MountGone")
+		l.e.Add(req)
+		if retry, _, _ := l.e.process(context.Background(), req); retry {
+			t.Fatal("process asks for a retry; want every pod evicted at once")
+		}
+		if got := sortedList(l.evictedPods()); got != "both-ways,mixed,private,slave" {
+			t.Errorf("evicted %q, want every pod: a recycle restarts the pods of a volume dead on the node whatever their propagation", got)
+		}
+	})
+}
+
+// sortedList sorts a comma-separated list.
+func sortedList(s string) string {
+	items := strings.Split(s, ",")
+	slices.Sort(items)
+	return strings.Join(items, ",")
 }
