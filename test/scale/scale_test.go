@@ -17,6 +17,7 @@ var (
 	full        = flag.Bool("full", false, "run the full-size harness (21,000 volumes over 201 nodes; about 15 minutes on 2 cores) and write bench/results.json; SCALE_FULL=1 does the same")
 	resultsPath = flag.String("results", "", "write the results here instead of bench/results.json (full) or a temporary file (short)")
 	only        = flag.String("only", "", "run one figure of the layout alone and write its results to -results or a temporary file, never to bench/: \"storm\" (figure 3, the rollout storm, with every node created at once; about 5 minutes with -full)")
+	stormBudget = flag.Int("storm-budget", 0, "with -only=storm: the global and per-driver budgets of the storm instead of the layout's (64 with -full), the per-node budget unchanged; to see how the dispatch efficiency depends on how many calls the machine carries at once")
 )
 
 // TestScale runs the scale harness. Without -full it runs the small layout, so that the harness
@@ -33,9 +34,15 @@ func TestScale(t *testing.T) {
 	}
 	dir := t.TempDir()
 	klogToFile(t, dir)
+	if *stormBudget < 0 || *stormBudget > 0 && *only != "storm" {
+		t.Fatalf("-storm-budget=%d: give a positive budget, and -only=storm with it (the full layout's figures keep their budgets)", *stormBudget)
+	}
 	switch *only {
 	case "":
 	case "storm":
+		if *stormBudget > 0 {
+			layout.Global, layout.PerDriver = *stormBudget, *stormBudget
+		}
 		runStormOnly(t, layout, dir)
 		return
 	default:
