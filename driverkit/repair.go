@@ -269,12 +269,16 @@ func (c *Checker) staleFindingOf(volumeID, what string, match func(*mountInfo) b
 		scanErr = errors.Join(scanErr, fmt.Errorf("find the checker's own mount namespace: %w", err))
 	}
 	var others []StaleMount
-	procs, namespaces := 0, map[string]bool{}
 	for _, m := range s.mounts {
-		if m.Namespace == own {
-			continue
+		if m.Namespace != own {
+			others = append(others, m)
 		}
-		others = append(others, m)
+	}
+	if len(others) > 0 {
+		others = c.confirmStale(others, staleConfirmDelay)
+	}
+	procs, namespaces := 0, map[string]bool{}
+	for _, m := range others {
 		if !namespaces[m.Namespace] {
 			namespaces[m.Namespace] = true
 			procs += s.procs[m.Namespace]
@@ -305,6 +309,76 @@ func (c *Checker) staleFindingOf(volumeID, what string, match func(*mountInfo) b
 		msg += fmt.Sprintf(" (%d process(es) could not be searched: permission denied)", s.hidden)
 	}
 	return Finding{Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: ReasonStaleMountInPods, Message: msg}, true
+}
+
+// staleConfirmDelay is how long after a search finds a dead mount in another namespace it looks
+// again (confirmStale).
+const staleConfirmDelay = 100 * time.Millisecond
+
+// confirmStale looks at the stale mounts a search found again, after delay, and keeps those
+// still there: their namespace still has a process, and the dead device is still the top-most
+// mount at the mount point. A container runtime setting up a container copies the node's mounts
+// into a namespace of its own and makes them private until it switches to the container's root
+// and lets go of the copy, a few milliseconds; a search in that moment finds the node's dead
+// mounts there, in no pod. A pod keeps its copy until it is restarted.
+func (c *Checker) confirmStale(mounts []StaleMount, delay time.Duration) []StaleMount {
+	time.Sleep(delay)
+	proc := c.options().Proc
+	// Each namespace is read again through the process the search read it through, or through
+	// another of its processes if that one is gone.
+	via := map[string]int{}
+	tables := map[string][]*mountInfo{}
+	inNamespace := func(pid int, ns string) bool {
+		got, err := os.Readlink(filepath.Join(proc, strconv.Itoa(pid), "ns", "mnt"))
+		return err == nil && got == ns
+	}
+	table := func(m StaleMount) ([]*mountInfo, int) {
+		if infos, ok := tables[m.Namespace]; ok {
+			return infos, via[m.Namespace]
+		}
+		pid := m.PID
+		if !inNamespace(pid, m.Namespace) {
+			pid = c.processIn(m.Namespace)
+		}
+		var infos []*mountInfo
+		if pid > 0 {
+			infos, _ = readMountTable(filepath.Join(proc, strconv.Itoa(pid), "mountinfo"))
+			if !inNamespace(pid, m.Namespace) {
+				// The process left the namespace (exited, its number reused) while being read.
+				infos = nil
+			}
+		}
+		tables[m.Namespace], via[m.Namespace] = infos, pid
+		return infos, pid
+	}
+	var kept []StaleMount
+	for _, m := range mounts {
+		infos, pid := table(m)
+		if top := topMount(infos, m.MountPoint); top != nil && device(top) == m.Device {
+			m.PID = pid
+			kept = append(kept, m)
+		}
+	}
+	return kept
+}
+
+// processIn returns a process whose mount namespace is ns, or 0 when there is none.
+func (c *Checker) processIn(ns string) int {
+	proc := c.options().Proc
+	entries, err := os.ReadDir(proc)
+	if err != nil {
+		return 0
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if got, err := os.Readlink(filepath.Join(proc, e.Name(), "ns", "mnt")); err == nil && got == ns {
+			return pid
+		}
+	}
+	return 0
 }
 
 // StaleInPods reports (ok) the running processes in other mount namespaces that still see an

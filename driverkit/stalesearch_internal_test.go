@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +50,59 @@ func TestProbeSearchFollowsItsVolumesRepair(t *testing.T) {
 	c.scanNamespaces(c.probeSearchSince("vol-b"))
 	if n := searches(); n != 3 {
 		t.Errorf("a probe %s after the last search: %d searches in all, want 3 (the last one too old)", staleSearchReuse, n)
+	}
+}
+
+// A dead mount a search found in another namespace is reported only if it is still there a
+// moment later, in a process of that namespace: a container runtime's namespace of a container
+// being set up holds a private copy of the node's mounts for a few milliseconds, and is gone by
+// then; a pod's keeps its copy.
+func TestStaleMountsAreLookedAtAgain(t *testing.T) {
+	proc := t.TempDir()
+	const dead = "0:448"
+	deadAt := func(point string) string {
+		return "22 1 0:21 / / rw - ext4 /dev/root rw\n30 22 " + dead + " / " + point + " rw - fuse.refdriver vol rw\n"
+	}
+	setProcess := func(pid int, ns, mountinfo string) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(ns, filepath.Join(dir, "ns", "mnt")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(mountinfo), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setProcess(10, "mnt:[10]", deadAt("/data"))            // a pod: keeps its copy
+	setProcess(20, "mnt:[20]", deadAt("/var/lib/kubelet")) // a runtime's setup: gone
+	setProcess(30, "mnt:[30]", deadAt("/data"))            // a pod whose searched process exited...
+	setProcess(31, "mnt:[30]", deadAt("/data"))            // ...while another of it runs on
+	setProcess(40, "mnt:[40]", deadAt("/data"))            // a pod whose mount was covered since
+	setProcess(50, "mnt:[50]", deadAt("/data"))            // a number taken by another namespace
+	c := NewChecker(CheckerOptions{Proc: proc})
+	found, err := c.StaleMounts([]string{dead})
+	if err != nil || len(found) != 5 {
+		t.Fatalf("first search: %v, %v; want the dead mount in 5 namespaces", found, err)
+	}
+
+	if err := os.RemoveAll(filepath.Join(proc, "20")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(proc, "30")); err != nil {
+		t.Fatal(err)
+	}
+	setProcess(40, "mnt:[40]", deadAt("/data")+"31 30 0:500 / /data rw - fuse.refdriver vol rw\n")
+	setProcess(50, "mnt:[51]", deadAt("/data"))
+	var got []string
+	for _, m := range c.confirmStale(found, 0) {
+		got = append(got, m.Namespace+"@"+strconv.Itoa(m.PID)+":"+m.MountPoint)
+	}
+	if want := "mnt:[10]@10:/data mnt:[30]@31:/data"; strings.Join(got, " ") != want {
+		t.Errorf("confirmed %v, want %s", got, want)
 	}
 }
