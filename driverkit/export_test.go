@@ -31,3 +31,7 @@ func NamespaceTables(c *Checker) []string {
 
 // StaleSearchReuse is how old a search of the mount namespaces a probe may take.
 const StaleSearchReuse = staleSearchReuse
+
+// WriteFakeProcess puts a process into a fake /proc folder (CheckerOptions.Proc): its mount
+// namespace and its mount table.
+var WriteFakeProcess = writeFakeProcess

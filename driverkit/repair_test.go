@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -564,18 +563,7 @@ func TestRepairDoesNotTakeAReusedDeviceForDead(t *testing.T) {
 func TestStaleMountsShareSearches(t *testing.T) {
 	proc := t.TempDir()
 	// 500 processes in the host's namespace, and one pod's process that keeps device 0:77.
-	writeProc := func(pid int, ns, table string) {
-		dir := filepath.Join(proc, strconv.Itoa(pid))
-		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(ns, filepath.Join(dir, "ns", "mnt")); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(table), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeProc := func(pid int, ns, table string) { driverkit.WriteFakeProcess(t, proc, pid, ns, table) }
 	host := "22 1 0:21 / / rw - ext4 /dev/root rw\n"
 	for pid := 1; pid <= 500; pid++ {
 		writeProc(pid, "mnt:[4026531840]", host)

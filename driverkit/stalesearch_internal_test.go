@@ -9,22 +9,32 @@ import (
 	"time"
 )
 
+// writeFakeProcess puts process pid into the fake /proc folder proc, replacing what was there:
+// its mount namespace ns (the target of ns/mnt) and its mount table.
+func writeFakeProcess(t *testing.T, proc string, pid int, ns, mountinfo string) {
+	t.Helper()
+	dir := filepath.Join(proc, strconv.Itoa(pid))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(ns, filepath.Join(dir, "ns", "mnt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(mountinfo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A probe takes the answer of a search of the mount namespaces begun at most staleSearchReuse
 // before it, unless Repair changed its volume's mounts since that search began: then it waits
 // for a newer one. The other volumes' probes still share the older search.
 func TestProbeSearchFollowsItsVolumesRepair(t *testing.T) {
 	proc := t.TempDir()
 	for pid := 1; pid <= 3; pid++ {
-		dir := filepath.Join(proc, strconv.Itoa(pid))
-		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink("mnt:[4026531840]", filepath.Join(dir, "ns", "mnt")); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte("22 1 0:21 / / rw - ext4 /dev/root rw\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeFakeProcess(t, proc, pid, "mnt:[4026531840]", "22 1 0:21 / / rw - ext4 /dev/root rw\n")
 	}
 	c := NewChecker(CheckerOptions{Proc: proc})
 	searches := func() int64 { return c.scansRun.Load() }
@@ -63,21 +73,7 @@ func TestStaleMountsAreLookedAtAgain(t *testing.T) {
 	deadAt := func(point string) string {
 		return "22 1 0:21 / / rw - ext4 /dev/root rw\n30 22 " + dead + " / " + point + " rw - fuse.refdriver vol rw\n"
 	}
-	setProcess := func(pid int, ns, mountinfo string) {
-		dir := filepath.Join(proc, strconv.Itoa(pid))
-		if err := os.RemoveAll(dir); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(ns, filepath.Join(dir, "ns", "mnt")); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "mountinfo"), []byte(mountinfo), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setProcess := func(pid int, ns, mountinfo string) { writeFakeProcess(t, proc, pid, ns, mountinfo) }
 	setProcess(10, "mnt:[10]", deadAt("/data"))            // a pod: keeps its copy
 	setProcess(20, "mnt:[20]", deadAt("/var/lib/kubelet")) // a runtime's setup: gone
 	setProcess(30, "mnt:[30]", deadAt("/data"))            // a pod whose searched process exited...
