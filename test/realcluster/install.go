@@ -68,7 +68,13 @@ type Env struct {
 	stock, kept bool
 	// outages gathers the workloads' outages by remedy.
 	outages OutageTable
+	// made are the node folders the driver releases write that were not there before the test;
+	// they are removed after the teardown.
+	made []madeFolder
 }
+
+// madeFolder is a node folder a driver release writes, which the test removes.
+type madeFolder struct{ path, release string }
 
 // InstallOptions change what Install installs from the suite's defaults.
 type InstallOptions struct {
@@ -156,12 +162,16 @@ func InstallWith(t harness.TB, c *cluster.Cluster, assets cluster.Assets, opts I
 		t.Fatalf("install the CSIAddonsNode CRD: %v", err)
 	}
 	// The reference driver keeps its volumes in this host folder (the chart's stateDir).
-	_, statErr := os.Stat(driverStateDir)
+	if _, err := os.Stat(driverStateDir); err != nil {
+		e.made = append(e.made, madeFolder{path: driverStateDir, release: "healer-refdriver"})
+	}
 	t.Cleanup(func() {
 		e.teardown()
-		if statErr != nil {
-			if err := os.RemoveAll(driverStateDir); err != nil {
-				t.Errorf("remove the driver's state: %v", err)
+		// Only now: a node plugin that still ran, or a workload that still wrote through its
+		// mount, would put files into a folder while it is being removed.
+		for _, f := range e.made {
+			if err := os.RemoveAll(f.path); err != nil {
+				t.Errorf("remove %s's folder: %v", f.release, err)
 			}
 		}
 	})

@@ -49,7 +49,7 @@ type driverRelease struct {
 	// image is the cluster image of the driver (hack/images --cluster-images).
 	image string
 	// folders are the node folders the release writes, removed after the test unless they
-	// were there before it.
+	// were there before it: after the teardown, once no pod or node plugin writes in them.
 	folders []string
 	// what says in a few words what the release runs, for the log.
 	what string
@@ -64,14 +64,9 @@ type driverRelease struct {
 func (e *Env) installDriverRelease(t harness.TB, r driverRelease) {
 	t.Helper()
 	for _, dir := range r.folders {
-		_, statErr := os.Stat(dir)
-		t.Cleanup(func() {
-			if statErr != nil {
-				if err := os.RemoveAll(dir); err != nil {
-					t.Errorf("remove %s's folder: %v", r.release, err)
-				}
-			}
-		})
+		if _, err := os.Stat(dir); err != nil {
+			e.made = append(e.made, madeFolder{path: dir, release: r.release})
+		}
 	}
 	e.namespace(r.namespace, nil)
 	e.sidecarRBAC(t, r.namespace)
