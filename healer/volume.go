@@ -79,7 +79,7 @@ func (w *volumeWork) logger() klog.Logger {
 
 // run is the task's Run.
 func (w *volumeWork) run(ctx context.Context) error {
-	o, err := w.s.act(klog.NewContext(ctx, w.logger()), w.v, w.target, w.caps, w.in, w.action, w.restartPods, w.evictFrom)
+	o, err := w.act(klog.NewContext(ctx, w.logger()))
 	w.mu.Lock()
 	w.last = o
 	w.mu.Unlock()
@@ -222,9 +222,10 @@ const RecycleAfterRestart = 3 * time.Second
 
 // act probes, asks the policy again with the probe result, heals if it says so, and probes again
 // to confirm. Pods that the probe finds on the volume's dead mount are handed to the Restarter
-// when restartPods is set, those the heal leaves on the mount it replaced always. Errors are
+// when w.restartPods is set, those the heal leaves on the mount it replaced always. Errors are
 // classified for the dispatcher.
-func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target, caps *probe.Capabilities, in policy.Input, action policy.Action, restartPods bool, evictFrom time.Time) (outcome, error) {
+func (w *volumeWork) act(ctx context.Context) (outcome, error) {
+	s, v, target, caps, in := w.s, w.v, w.target, w.caps, w.in
 	logger := klog.FromContext(ctx)
 	pv := v.PVName
 	gen := s.mem.generation(v.Driver, v.NodeName)
@@ -238,11 +239,11 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		logger.V(2).Info("Volume left alone", "reason", reason)
 		return outcomeSkipped, nil
 	}
-	if action == policy.ActionRecycle {
+	if w.action == policy.ActionRecycle {
 		// The policy recycles without a probe: nothing names a finding.
-		return s.recycle(ctx, v, nil, in, "", restartPods, evictFrom), nil
+		return w.recycle(ctx, nil, in, ""), nil
 	}
-	if action == policy.ActionProbe {
+	if w.action == policy.ActionProbe {
 		res, err := s.probe(ctx, v, target)
 		if err != nil {
 			if errors.Is(err, probe.ErrNotStaged) {
@@ -273,7 +274,7 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		d, err := s.opts.Policy.Decide(ctx, &in)
 		if err != nil {
 			if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-				s.podsMustRestart(v, res, probedAt, in, restartPods)
+				s.podsMustRestart(v, res, probedAt, in, w.restartPods)
 			}
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
@@ -283,10 +284,10 @@ func (s *Sweeper) act(ctx context.Context, v planner.Volume, target probe.Target
 		}
 		logger.V(2).Info("Decision after probe", "action", d.Action, "reason", d.Reason)
 		if d.Action == policy.ActionRecycle {
-			return s.recycle(ctx, v, res, in, d.Reason, restartPods, evictFrom), nil
+			return w.recycle(ctx, res, in, d.Reason), nil
 		}
 		if res.HasReason(healerv1alpha1.ReasonStaleMountInPods) {
-			s.podsMustRestart(v, res, probedAt, in, restartPods)
+			s.podsMustRestart(v, res, probedAt, in, w.restartPods)
 		}
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv, v.NodeName).offeredForHealing(gen) {
 			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
@@ -452,13 +453,15 @@ func describe(hs []probe.Health) string {
 	return strings.Join(parts, "; ")
 }
 
-// recycle starts or continues the recycle of v on its node: the Restarter evicts every pod that
-// uses it there (each as the policy's restart decision says), so that kubelet unstages it and the
-// driver's NodeStage mounts it again for the replacements. res is the probe that found the
-// volume dead (nil when the policy recycled without one), reason the policy's. The volume stays
+// recycle starts or continues the recycle of the task's volume on its node: the Restarter evicts
+// every pod that uses it there (each as the policy's restart decision says, from w.evictFrom on)
+// when w.restartPods is set, so that kubelet unstages it and the driver's NodeStage mounts it
+// again for the replacements. res is the probe that found the volume dead (nil when the policy
+// recycled without one), in the policy's input with it, reason the policy's. The volume stays
 // recycling, and a restart sweep of its node pending, until a later probe there finds it healthy
 // or it is no longer staged there with no pod left on it (remedyDone, recycleUnstaged).
-func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Result, in policy.Input, reason string, restartPods bool, evictFrom time.Time) outcome {
+func (w *volumeWork) recycle(ctx context.Context, res *probe.Result, in policy.Input, reason string) outcome {
+	s, v := w.s, w.v
 	logger := klog.FromContext(ctx)
 	claim := v.ClaimName()
 	var health []probe.Health
@@ -482,9 +485,9 @@ func (s *Sweeper) recycle(ctx context.Context, v planner.Volume, res *probe.Resu
 		return outcomeUnhealthy
 	}
 	now := s.opts.Clock.Now()
-	if restartPods {
+	if w.restartPods {
 		req := evict.Request{PV: v.PVName, Claim: claim, Node: v.NodeName, Driver: v.Driver, HealedAt: now, Input: in,
-			Remedy: policy.RemedyRecycle, Finding: finding, NotBefore: evictFrom}
+			Remedy: policy.RemedyRecycle, Finding: finding, NotBefore: w.evictFrom}
 		if pvc := v.Claim(); pvc != nil {
 			req.ClaimUID = pvc.UID
 		}
