@@ -129,6 +129,9 @@ type runner struct {
 	plugins []*nodePlugin
 	ctrl    *controllerProcess
 	res     *Results
+	// logFile is the simulated sidecars' log (log); start is when the run began.
+	logFile *os.File
+	start   time.Time
 	// brokenPerRestart is how many of the restarted node's volumes lose their mount just before
 	// each restart of figure 1 (spread over its volumes), so that its sweeps heal them; 0: none.
 	brokenPerRestart int
@@ -153,21 +156,16 @@ func (h *runner) settings(debounce time.Duration) controllerSettings {
 // Run measures every figure with layout l, keeping its files in dir, and returns the results.
 // logf reports progress.
 func Run(ctx context.Context, l Layout, dir string, logf func(format string, args ...any)) (*Results, error) {
-	start := time.Now()
-	res := &Results{Schema: resultsSchema, Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU())}
-	res.Mode = "short"
+	mode := "short"
 	if l.Profile {
-		res.Mode = "full"
+		mode = "full"
 	}
-	res.LoadAverage = loadAverage()
-	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
+	h, err := newRunner(l, dir, mode, logf)
 	if err != nil {
 		return nil, err
 	}
-	defer logFile.Close()
-	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
-		log: textLogger(logFile)}
-
+	defer h.close()
+	res := h.res
 	if err := h.onCluster(ctx, h.measureCluster); err != nil {
 		return res, err
 	}
@@ -185,7 +183,6 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 		}
 		res.Storm.DispatcherBenchmark = lines
 	}
-	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }
 
@@ -194,16 +191,11 @@ func Run(ctx context.Context, l Layout, dir string, logf func(format string, arg
 // restart marker swept, then, as in Run, a fresh controller with the storm's debounce (its memory
 // read) and the storm.
 func RunStorm(ctx context.Context, l Layout, dir string, logf func(format string, args ...any)) (*Results, error) {
-	start := time.Now()
-	res := &Results{Schema: resultsSchema, Mode: "storm", Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU()),
-		LoadAverage: loadAverage()}
-	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
+	h, err := newRunner(l, dir, "storm", logf)
 	if err != nil {
 		return nil, err
 	}
-	defer logFile.Close()
-	h := &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
-		log: textLogger(logFile)}
+	defer h.close()
 	err = h.onCluster(ctx, func(ctx context.Context) error {
 		if err := h.addNodes(ctx, "first", []string{"node-big"}, l.BigNodeVolumes); err != nil {
 			return err
@@ -223,8 +215,28 @@ func RunStorm(ctx context.Context, l Layout, dir string, logf func(format string
 		}
 		return h.measureStorm(ctx)
 	})
-	res.WallSeconds = time.Since(start).Seconds()
-	return res, err
+	return h.res, err
+}
+
+// newRunner starts a run of mode with layout l in dir: its results, with the machine and its
+// load, and the simulated sidecars' log file (sidecars.log), which close closes once it records
+// the run's wall time.
+func newRunner(l Layout, dir, mode string, logf func(format string, args ...any)) (*runner, error) {
+	start := time.Now()
+	res := &Results{Schema: resultsSchema, Mode: mode, Started: start.UTC(), Layout: l, Machine: readMachine(runtime.Version(), runtime.NumCPU()),
+		LoadAverage: loadAverage()}
+	logFile, err := os.Create(filepath.Join(dir, "sidecars.log"))
+	if err != nil {
+		return nil, err
+	}
+	return &runner{layout: l, dir: dir, procs: harness.NewProcesses(), logf: logf, calls: &callStats{}, res: res,
+		log: textLogger(logFile), logFile: logFile, start: start}, nil
+}
+
+// close records the run's wall time and closes its log file.
+func (h *runner) close() {
+	h.res.WallSeconds = time.Since(h.start).Seconds()
+	_ = h.logFile.Close()
 }
 
 // onCluster starts the control plane in h.dir and builds the controller into h.bin, runs measure,
