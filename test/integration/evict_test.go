@@ -539,6 +539,12 @@ func TestEvictionLeftAloneIsAskedAgain(t *testing.T) {
 	req.HealedAt = healedAt.Add(2 * time.Second)
 	f.evictor.Add(req)
 	harness.Eventually(t, harness.EventWait, "the pod evicted once the window opened", func() (bool, string) { return f.evicted(p), "still running" })
+	// The API server shows the pod evicted as soon as it accepts the eviction, a moment before
+	// the evictor counts it.
+	harness.Eventually(t, harness.EventWait, "the eviction counted", func() (bool, string) {
+		return f.count(evict.ResultEvicted) > 0, "evictions_total{result=evicted} = 0"
+	})
+	harness.Eventually(t, harness.EventWait, "the evictor idle", func() (bool, string) { return f.evictor.Idle(), "busy" })
 	if got := f.count(evict.ResultLeftAlone); got != 1 {
 		t.Errorf("evictions_total{result=left_alone} = %d, want 1: one decision to leave, however often repeated", got)
 	}
