@@ -2,6 +2,7 @@ package healer
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
@@ -44,13 +45,15 @@ const (
 
 // volumeEvent records an Event on the volume's PVC, or on the PV when no claim is known.
 func (s *Sweeper) volumeEvent(v planner.Volume, eventType, reason, format string, args ...any) {
-	var obj runtime.Object
-	if pvc := v.Claim(); pvc != nil {
-		obj = pvc
-	} else {
-		obj = v.Objects().PV
+	pvc := v.Claim()
+	if pvc == nil {
+		s.event(v.Objects().PV, eventType, reason, format, args...)
+		return
 	}
-	s.event(obj, eventType, reason, format, args...)
+	// After the claim's status asked for before it: the Event speaks of it.
+	s.statuses.then(types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, func() {
+		s.event(pvc, eventType, reason, format, args...)
+	})
 }
 
 // event records an Event on obj when the sweeper has a Recorder.

@@ -119,9 +119,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}, []string{"trigger"})
 	m.goroutinePanics = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "volume_healer_sweep_goroutine_panics_total",
-		Help: "Panics recovered in the goroutines a sweep starts, by goroutine (staged_list: listing one node's staged volumes, which then fails that node); the controller went on.",
+		Help: "Panics recovered in the goroutines a sweep starts, by goroutine (staged_list: listing one node's staged volumes, which then fails that node; status_write: writing a claim's status annotation or an Event after it, which is then lost); the controller went on.",
 	}, []string{"goroutine"})
 	m.goroutinePanics.WithLabelValues(goroutineStagedList)
+	m.goroutinePanics.WithLabelValues(goroutineStatusWrite)
 	m.lastFinished = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "volume_healer_sweep_last_finished_timestamp_seconds",
 		Help: "When a sweep of each trigger last finished (Unix time), cancelled sweeps excluded.",

@@ -105,6 +105,10 @@ func (s *Sweeper) stagedOnNodes(ctx context.Context, driver string, keep func(pv
 // volume_healer_sweep_goroutine_panics_total.
 const goroutineStagedList = "staged_list"
 
+// goroutineStatusWrite names the goroutines that write the claims' status annotations and the
+// Events that follow them (statusWrites).
+const goroutineStatusWrite = "status_write"
+
 // survive is deferred by a goroutine the sweeper starts, before its work: it recovers a panic,
 // logs it with the goroutine's name, counts it and calls failed with the panic's value, so that
 // the goroutine's work fails and the controller goes on, as the dispatcher does with a task that

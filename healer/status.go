@@ -13,7 +13,6 @@ import (
 	"github.com/volume-healer/volume-healer/api/annotations"
 	"github.com/volume-healer/volume-healer/healer/evict"
 	"github.com/volume-healer/volume-healer/probe"
-	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
 
 // VolumeStatus is the value of annotations.VolumeStatus.
@@ -63,54 +62,53 @@ const (
 	StatusRecycling = "recycling"
 )
 
-func (s *Sweeper) writeStatus(ctx context.Context, v planner.Volume, result string, health []probe.Health, message string) {
-	pvc := v.Claim()
-	if pvc == nil {
-		return
-	}
-	value, err := json.Marshal(VolumeStatus{Result: result, Node: v.NodeName, Time: s.opts.Clock.Now().UTC(), Health: health, Message: message})
-	if err != nil {
-		return
-	}
-	text := string(value)
-	s.patchStatus(ctx, pvc, &text)
+// writeStatus writes the volume's status annotation on its claim, if it has one: result with the
+// probe's health and a message. The write is made beside the task (Sweeper.statuses), before the
+// sweep ends.
+func (w *volumeWork) writeStatus(result string, health []probe.Health, message string) {
+	w.putStatus(VolumeStatus{Result: result, Node: w.v.NodeName, Time: w.s.opts.Clock.Now().UTC(), Health: health, Message: message})
 }
 
 // writeRecycling writes the status of a volume recycled on its node, with its progress p.
-func (s *Sweeper) writeRecycling(ctx context.Context, v planner.Volume, health []probe.Health, p evict.Progress) {
-	pvc := v.Claim()
+func (w *volumeWork) writeRecycling(health []probe.Health, p evict.Progress) {
+	since := p.Since
+	if since.IsZero() {
+		since = w.s.opts.Clock.Now()
+	}
+	w.putStatus(VolumeStatus{Result: StatusRecycling, Node: w.v.NodeName, Time: w.s.opts.Clock.Now().UTC(), Health: health,
+		Recycle: &RecycleStatus{Since: since.UTC(), Finding: p.Finding, Evicted: p.Evicted, Waiting: p.Waiting, Blocked: p.Blocked, Left: p.Left}})
+}
+
+// putStatus has st written onto the volume's claim, if it has one.
+func (w *volumeWork) putStatus(st VolumeStatus) {
+	pvc := w.v.Claim()
 	if pvc == nil {
 		return
 	}
-	since := p.Since
-	if since.IsZero() {
-		since = s.opts.Clock.Now()
-	}
-	st := VolumeStatus{Result: StatusRecycling, Node: v.NodeName, Time: s.opts.Clock.Now().UTC(), Health: health,
-		Recycle: &RecycleStatus{Since: since.UTC(), Finding: p.Finding, Evicted: p.Evicted, Waiting: p.Waiting, Blocked: p.Blocked, Left: p.Left}}
 	value, err := json.Marshal(st)
 	if err != nil {
 		return
 	}
 	text := string(value)
-	s.patchStatus(ctx, pvc, &text)
+	w.s.statuses.add(w.sweepCtx, types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, &text, w.tasks)
 }
 
 // clearStatus removes the annotation of a volume found healthy, if it had one: under its key, or
 // under the key of 0.1.0 on a claim that version wrote.
-func (s *Sweeper) clearStatus(ctx context.Context, v planner.Volume) {
-	s.setFailing(v, false)
+func (w *volumeWork) clearStatus() {
+	w.s.setFailing(w.v, false)
 	for _, key := range annotations.Keys(annotations.VolumeStatus) {
-		if _, ok := v.ClaimAnnotation(key); ok {
-			s.patchStatus(ctx, v.Claim(), nil)
+		if _, ok := w.v.ClaimAnnotation(key); ok {
+			pvc := w.v.Claim()
+			w.s.statuses.add(w.sweepCtx, types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, nil, w.tasks)
 			return
 		}
 	}
 }
 
-// patchStatus sets (value not nil) or removes (value nil) the annotation with a merge patch, which
-// also removes the annotation 0.1.0 wrote, so that a claim carries one status.
-func (s *Sweeper) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, value *string) {
+// patchStatus sets (value not nil) or removes (value nil) the annotation on claim with a merge
+// patch, which also removes the annotation 0.1.0 wrote, so that a claim carries one status.
+func (s *Sweeper) patchStatus(ctx context.Context, claim types.NamespacedName, value *string) {
 	var patch []byte
 	if value == nil {
 		patch = annotations.MergePatch(nil, annotations.VolumeStatus)
@@ -118,8 +116,8 @@ func (s *Sweeper) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeC
 		patch = annotations.MergePatch(map[string]string{annotations.VolumeStatus: *value})
 	}
 	obj := &corev1.PersistentVolumeClaim{}
-	obj.Namespace, obj.Name = pvc.Namespace, pvc.Name
+	obj.Namespace, obj.Name = claim.Namespace, claim.Name
 	if err := s.opts.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot write the volume status annotation", "pvc", pvc.Namespace+"/"+pvc.Name)
+		klog.FromContext(ctx).Error(err, "Cannot write the volume status annotation", "pvc", claim.String())
 	}
 }

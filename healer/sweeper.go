@@ -125,6 +125,8 @@ type Sweeper struct {
 	mem     *memory
 	drivers *driverTerms
 	tiers   tierWrites
+	// statuses writes the claims' status annotations beside the volume tasks.
+	statuses statusWrites
 }
 
 // New returns a Sweeper.
@@ -147,7 +149,13 @@ func New(opts Options) (*Sweeper, error) {
 	if opts.RetryMax < opts.RetryBase {
 		opts.RetryMax = max(defaultRetryMax, opts.RetryBase)
 	}
-	return &Sweeper{opts: opts, mem: newMemory(), drivers: newDriverTerms()}, nil
+	s := &Sweeper{opts: opts, mem: newMemory(), drivers: newDriverTerms()}
+	s.statuses.patch = s.patchStatus
+	s.statuses.guard = func(ctx context.Context, f func()) {
+		defer s.survive(ctx, goroutineStatusWrite, func(any) {})
+		f()
+	}
+	return s, nil
 }
 
 // ForgetNode drops what the sweeper remembers about a driver's node plugin on a node whose

@@ -98,7 +98,7 @@ func (w *volumeWork) done(r dispatch.Result) {
 		return
 	}
 	if r.Err != nil {
-		w.s.failed(w.sweepCtx, w.v, r.Err)
+		w.failed(r.Err)
 		w.tally.add(w.v, outcomeFailed)
 		return
 	}
@@ -247,14 +247,14 @@ func (w *volumeWork) act(ctx context.Context) (outcome, error) {
 		res, err := s.probe(ctx, v, target)
 		if err != nil {
 			if errors.Is(err, probe.ErrNotStaged) {
-				if o, pending := s.recycleUnstaged(ctx, v); pending {
+				if o, pending := w.recycleUnstaged(ctx); pending {
 					return o, nil
 				}
 			}
 			return outcomeFailed, err
 		}
 		if res.Healthy() {
-			s.clearStatus(ctx, v)
+			w.clearStatus()
 			s.remedyDone(v, "found healthy on node "+v.NodeName)
 			if res.Kept && in.Trigger == policy.TriggerRestart {
 				// The driver kept the volume alive across its node plugin's restart, and the
@@ -277,7 +277,7 @@ func (w *volumeWork) act(ctx context.Context) (outcome, error) {
 				s.podsMustRestart(v, res, probedAt, in, w.restartPods)
 			}
 			logger.Error(err, "Policy evaluation with the probe result failed; the volume is left alone")
-			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
+			w.writeStatus(StatusUnhealthy, res.Health, "")
 			s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumePolicyFailed,
 				"Volume is unhealthy on node %s (%s); the policy failed on it, so it is left alone until the policy is fixed: %v", v.NodeName, describe(res.Health), err)
 			return outcomeUndecided, nil
@@ -290,7 +290,7 @@ func (w *volumeWork) act(ctx context.Context) (outcome, error) {
 			s.podsMustRestart(v, res, probedAt, in, w.restartPods)
 		}
 		if d.Action != policy.ActionHeal || !caps.Heal || !res.Healable || !s.mem.get(pv, v.NodeName).offeredForHealing(gen) {
-			s.writeStatus(ctx, v, StatusUnhealthy, res.Health, "")
+			w.writeStatus(StatusUnhealthy, res.Health, "")
 			if !res.Has(string(policy.HealthDataLoss)) {
 				s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeUnhealthy, "Volume is unhealthy on node %s (%s) and is not healed: %s", v.NodeName, describe(res.Health), d.Reason)
 			}
@@ -321,7 +321,7 @@ func (w *volumeWork) act(ctx context.Context) (outcome, error) {
 		// Nothing claims the volume healed, and the failing-heal alert fires until they do.
 		s.mem.recordFailure(pv, v.NodeName)
 		s.count(v.Driver, false, "pods_must_restart")
-		s.writeStatus(ctx, v, StatusUnhealthy, healed.Health, "")
+		w.writeStatus(StatusUnhealthy, healed.Health, "")
 		s.setFailing(v, true)
 		// This heal replaced the mount the pods hold, so the pods created before it are on a
 		// dead mount whatever the sweep: also in the probe that follows an eviction, when the
@@ -338,7 +338,7 @@ func (w *volumeWork) act(ctx context.Context) (outcome, error) {
 	s.mem.recordHeal(pv, v.NodeName, s.opts.Clock.Now())
 	s.remedyDone(v, "healed on node "+v.NodeName)
 	s.count(v.Driver, false, "healed")
-	s.writeStatus(ctx, v, StatusHealed, nil, "")
+	w.writeStatus(StatusHealed, nil, "")
 	s.setFailing(v, false)
 	s.volumeEvent(v, corev1.EventTypeNormal, ReasonVolumeHealed, "Volume healed on node %s by driver %s; a probe after the heal found it healthy", v.NodeName, v.Driver)
 	return outcomeHealed, nil
@@ -396,14 +396,15 @@ func (s *Sweeper) probe(ctx context.Context, v planner.Volume, target probe.Targ
 }
 
 // failed reports a volume whose task ended in an error after the dispatcher's retries.
-func (s *Sweeper) failed(ctx context.Context, v planner.Volume, err error) {
+func (w *volumeWork) failed(err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	klog.FromContext(ctx).Error(err, "Volume not healed", "pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
-	s.writeStatus(ctx, v, StatusHealFailed, nil, err.Error())
-	s.setFailing(v, true)
-	s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
+	v := w.v
+	klog.FromContext(w.sweepCtx).Error(err, "Volume not healed", "pv", v.PVName, "node", v.NodeName, "driver", v.Driver)
+	w.writeStatus(StatusHealFailed, nil, err.Error())
+	w.s.setFailing(v, true)
+	w.s.volumeEvent(v, corev1.EventTypeWarning, ReasonVolumeHealFailed, "Volume on node %s not healed: %v", v.NodeName, err)
 }
 
 // nothingToDo reports whether a task's error says that there is nothing to act on, rather than
@@ -471,14 +472,14 @@ func (w *volumeWork) recycle(ctx context.Context, res *probe.Result, in policy.I
 	finding := policy.FindingOf(in.Probe)
 	switch {
 	case s.opts.Restarter == nil || !s.opts.Evict:
-		s.writeStatus(ctx, v, StatusUnhealthy, health, "")
+		w.writeStatus(StatusUnhealthy, health, "")
 		s.volumeEvent(v, corev1.EventTypeWarning, evict.ReasonVolumeRecycleBlocked,
 			"The policy recycles the volume on node %s (%s: %s), but this controller evicts no pods (remediation is off or in dry run): restart the pods on node %s that use it",
 			v.NodeName, reason, describe(health), v.NodeName)
 		s.setFailing(v, true)
 		return outcomeUnhealthy
 	case claim.Name == "":
-		s.writeStatus(ctx, v, StatusUnhealthy, health, "")
+		w.writeStatus(StatusUnhealthy, health, "")
 		s.volumeEvent(v, corev1.EventTypeWarning, evict.ReasonVolumeRecycleBlocked,
 			"The policy recycles the volume on node %s (%s), but it is bound to no claim, so no pod uses it", v.NodeName, reason)
 		s.setFailing(v, true)
@@ -498,7 +499,7 @@ func (w *volumeWork) recycle(ctx context.Context, res *probe.Result, in policy.I
 		p.Since = now
 	}
 	logger.Info("Recycling the volume on its node", "reason", reason, "finding", finding, "progress", p.String())
-	s.writeRecycling(ctx, v, health, p)
+	w.writeRecycling(health, p)
 	// Not a failing heal: a recycle takes the time its pods take to go; the recycling gauge and
 	// its alert say when it takes too long.
 	s.opts.Metrics.recycling(claim.Namespace, claim.Name, v.Driver, true, p.Since)
@@ -510,7 +511,8 @@ func (w *volumeWork) recycle(ctx context.Context, res *probe.Result, in policy.I
 // pod that used it on that node before the recycle is left there (the Restarter's last look
 // found none): the next pod's NodeStage mounts it anew. Otherwise it stays recycling, and pending
 // says so; with no recycle known it returns false.
-func (s *Sweeper) recycleUnstaged(ctx context.Context, v planner.Volume) (o outcome, pending bool) {
+func (w *volumeWork) recycleUnstaged(ctx context.Context) (o outcome, pending bool) {
+	s, v := w.s, w.v
 	if s.opts.Restarter == nil {
 		return outcomeSkipped, false
 	}
@@ -523,7 +525,7 @@ func (s *Sweeper) recycleUnstaged(ctx context.Context, v planner.Volume) (o outc
 		return outcomeRecycling, true
 	}
 	s.remedyDone(v, "unstaged on node "+v.NodeName+" with no pod left on it; the next pod's NodeStage mounts it anew")
-	s.clearStatus(ctx, v)
+	w.clearStatus()
 	return outcomeSkipped, true
 }
 
