@@ -111,9 +111,9 @@ func findTools(t harness.TB, root string) map[string]string {
 	return paths
 }
 
-// run runs a tool against the cluster with the administrator's kubeconfig.
-func (e *Env) run(name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(e.t.Context(), e.tools[name], args...)
+// run runs a tool against the cluster with the administrator's kubeconfig, until ctx ends.
+func (e *Env) run(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, e.tools[name], args...)
 	cmd.Dir = e.root
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig, "HELM_CACHE_HOME="+e.helmHome, "HELM_CONFIG_HOME="+e.helmHome, "HELM_DATA_HOME="+e.helmHome)
 	var out bytes.Buffer
@@ -127,7 +127,7 @@ func (e *Env) run(name string, args ...string) (string, error) {
 
 func (e *Env) must(t harness.TB, name string, args ...string) string {
 	t.Helper()
-	out, err := e.run(name, args...)
+	out, err := e.run(t.Context(), name, args...)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -211,7 +211,8 @@ func (e *Env) teardown() {
 		if release.name == stockRelease && !e.stock || release.name == keptRelease && !e.kept {
 			continue
 		}
-		if out, err := e.run("helm", "uninstall", release.name, "--namespace", release.ns, "--wait", "--timeout", "60s"); err != nil {
+		// ctx, not the test's context: that one has ended when the cleanups run.
+		if out, err := e.run(ctx, "helm", "uninstall", release.name, "--namespace", release.ns, "--wait", "--timeout", "60s"); err != nil {
 			e.t.Logf("helm uninstall %s: %v\n%s", release.name, err, out)
 		}
 	}
