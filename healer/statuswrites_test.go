@@ -149,11 +149,7 @@ func TestSlowStatusWritesDoNotHoldBackHeals(t *testing.T) {
 			return c.Patch(ctx, obj, patch, opts...)
 		},
 	})
-	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
-	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true
-	f.sidecars.health["v2"], f.sidecars.healable["v2"] = gone, true
-	summaries := make(chan Summary, 1)
-	go func() { summaries <- f.sweeper.Run(context.Background(), f.restart()) }()
+	summaries := f.sweepBroken("v1", "v2")
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -212,11 +208,7 @@ func TestPanickingStatusWriteLosesThatWriteOnly(t *testing.T) {
 			return c.Patch(ctx, obj, patch, opts...)
 		},
 	})
-	gone := []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}
-	f.sidecars.health["v1"], f.sidecars.healable["v1"] = gone, true
-	f.sidecars.health["v2"], f.sidecars.healable["v2"] = gone, true
-	summaries := make(chan Summary, 1)
-	go func() { summaries <- f.sweeper.Run(context.Background(), f.restart()) }()
+	summaries := f.sweepBroken("v1", "v2")
 	select {
 	case sum := <-summaries:
 		if sum.Healed != 2 {
@@ -235,4 +227,15 @@ func TestPanickingStatusWriteLosesThatWriteOnly(t *testing.T) {
 	if got := testutil.ToFloat64(f.sweeper.opts.Metrics.goroutinePanics.WithLabelValues(goroutineStatusWrite)); got != 1 {
 		t.Errorf("volume_healer_sweep_goroutine_panics_total{goroutine=%q} = %v, want 1", goroutineStatusWrite, got)
 	}
+}
+
+// sweepBroken makes the mounts of pvs gone and healable, and runs a restart sweep in the
+// background; its summary comes on the channel.
+func (f *fixture) sweepBroken(pvs ...string) <-chan Summary {
+	for _, pv := range pvs {
+		f.sidecars.health[pv], f.sidecars.healable[pv] = []probe.Health{{Status: "INACCESSIBLE", Reason: "MountGone"}}, true
+	}
+	summaries := make(chan Summary, 1)
+	go func() { summaries <- f.sweeper.Run(context.Background(), f.restart()) }()
+	return summaries
 }
