@@ -160,7 +160,7 @@ func (h *Handler) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	name := podName(&pod, req)
 	logger := klog.FromContext(ctx).WithValues("pod", pod.Namespace+"/"+name)
 	ctx = klog.NewContext(ctx, logger)
-	volumes := claimVolumes(&pod.Spec)
+	volumes := policy.ClaimVolumesOf(&pod.Spec)
 	if len(volumes) == 0 {
 		return allow, ResultUnchanged
 	}

@@ -4,15 +4,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/volume-healer/volume-healer/policy"
-)
-
-// Container kinds, as the policy input names them.
-const (
-	kindContainer          = "container"
-	kindInitContainer      = "initContainer"
-	kindEphemeralContainer = "ephemeralContainer"
 )
 
 // PatchOperation is one operation of a JSONPatch (RFC 6902).
@@ -24,33 +15,6 @@ type PatchOperation struct {
 	Path string `json:"path"`
 	// Value is always HostToContainer.
 	Value corev1.MountPropagationMode `json:"value"`
-}
-
-// mount is one volumeMount of one of the pod's containers.
-type mount struct {
-	kind, container, path string
-	propagation           *corev1.MountPropagationMode
-}
-
-// mountsByVolume lists the mounts of every container of the pod (init, regular and ephemeral),
-// by volume name, in the pod's order.
-func mountsByVolume(spec *corev1.PodSpec) map[string][]mount {
-	out := map[string][]mount{}
-	add := func(kind, name string, mounts []corev1.VolumeMount) {
-		for _, m := range mounts {
-			out[m.Name] = append(out[m.Name], mount{kind: kind, container: name, path: m.MountPath, propagation: m.MountPropagation})
-		}
-	}
-	for _, c := range spec.InitContainers {
-		add(kindInitContainer, c.Name, c.VolumeMounts)
-	}
-	for _, c := range spec.Containers {
-		add(kindContainer, c.Name, c.VolumeMounts)
-	}
-	for _, c := range spec.EphemeralContainers {
-		add(kindEphemeralContainer, c.Name, c.VolumeMounts)
-	}
-	return out
 }
 
 // changeable reports whether the webhook may set HostToContainer on a mount of propagation p:
@@ -93,26 +57,4 @@ func Patch(spec *corev1.PodSpec, set map[string]bool) []PatchOperation {
 		}
 	}
 	return ops
-}
-
-// claimVolumes lists the pod's volumes that name a PersistentVolumeClaim, with their mounts, as
-// the policy input's volumes before the claims are looked up.
-func claimVolumes(spec *corev1.PodSpec) []policy.ClaimVolume {
-	mounts := mountsByVolume(spec)
-	var out []policy.ClaimVolume
-	for _, v := range spec.Volumes {
-		if v.PersistentVolumeClaim == nil {
-			continue
-		}
-		cv := policy.ClaimVolume{Name: v.Name, Claim: v.PersistentVolumeClaim.ClaimName, Mounts: []policy.VolumeMountInfo{}}
-		for _, m := range mounts[v.Name] {
-			p := ""
-			if m.propagation != nil {
-				p = string(*m.propagation)
-			}
-			cv.Mounts = append(cv.Mounts, policy.VolumeMountInfo{Container: m.container, ContainerKind: m.kind, MountPath: m.path, Propagation: p})
-		}
-		out = append(out, cv)
-	}
-	return out
 }

@@ -7,8 +7,6 @@ import (
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/volume-healer/volume-healer/policy"
 )
 
 func prop(p corev1.MountPropagationMode) *corev1.MountPropagationMode { return &p }
@@ -154,28 +152,4 @@ func applied(t *testing.T, spec *corev1.PodSpec, ops []PatchOperation) map[strin
 		record(c.Name, c.VolumeMounts)
 	}
 	return out
-}
-
-// TestClaimVolumes: only volumes that name a claim reach the policy, each with its mounts in
-// every kind of container.
-func TestClaimVolumes(t *testing.T) {
-	spec := corev1.PodSpec{
-		Volumes: []corev1.Volume{
-			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}},
-			{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data-web-0"}}},
-			{Name: "unused", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "spare"}}},
-		},
-		InitContainers: []corev1.Container{{Name: "restore", VolumeMounts: []corev1.VolumeMount{vm("data", "/data", nil)}}},
-		Containers:     []corev1.Container{{Name: "app", VolumeMounts: []corev1.VolumeMount{vm("config", "/etc", nil), vm("data", "/data", prop(corev1.MountPropagationBidirectional))}}},
-	}
-	want := []policy.ClaimVolume{
-		{Name: "data", Claim: "data-web-0", Mounts: []policy.VolumeMountInfo{
-			{Container: "restore", ContainerKind: "initContainer", MountPath: "/data"},
-			{Container: "app", ContainerKind: "container", MountPath: "/data", Propagation: "Bidirectional"},
-		}},
-		{Name: "unused", Claim: "spare", Mounts: []policy.VolumeMountInfo{}},
-	}
-	if got := claimVolumes(&spec); !reflect.DeepEqual(got, want) {
-		t.Errorf("claim volumes = %+v, want %+v", got, want)
-	}
 }

@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/volume-healer/volume-healer/policy"
 )
 
 // findPods lists the pods of the claim's namespace on node (one LIST with a spec.nodeName field
@@ -56,30 +58,16 @@ func usesClaim(p *corev1.Pod, claim string) bool {
 // this pod would not change. A pod whose containers do not mount the claim at all is not
 // judged here: it reports false.
 func receivesRepairs(p *corev1.Pod, claim string) bool {
-	names := map[string]bool{}
-	for _, v := range p.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim {
-			names[v.Name] = true
-		}
-	}
-	var mounts []corev1.VolumeMount
-	for _, c := range p.Spec.InitContainers {
-		mounts = append(mounts, c.VolumeMounts...)
-	}
-	for _, c := range p.Spec.Containers {
-		mounts = append(mounts, c.VolumeMounts...)
-	}
-	for _, c := range p.Spec.EphemeralContainers {
-		mounts = append(mounts, c.VolumeMounts...)
-	}
 	mounted := false
-	for _, m := range mounts {
-		if !names[m.Name] {
+	for _, v := range policy.ClaimVolumesOf(&p.Spec) {
+		if v.Claim != claim {
 			continue
 		}
-		mounted = true
-		if m.MountPropagation == nil || *m.MountPropagation == corev1.MountPropagationNone {
-			return false
+		for _, m := range v.Mounts {
+			mounted = true
+			if m.Propagation == "" || m.Propagation == string(corev1.MountPropagationNone) {
+				return false
+			}
 		}
 	}
 	return mounted
