@@ -364,21 +364,36 @@ func (c *Checker) confirmStale(mounts []StaleMount, delay time.Duration) []Stale
 
 // processIn returns a process whose mount namespace is ns, or 0 when there is none.
 func (c *Checker) processIn(ns string) int {
-	proc := c.options().Proc
+	found := 0
+	_ = eachProcess(c.options().Proc, func(pid int, got string, err error) bool {
+		if err == nil && got == ns {
+			found = pid
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+// eachProcess calls f with each process under the /proc folder proc and its mount namespace (the
+// target of ns/mnt), or the error reading it, until f returns false. It fails only when proc
+// cannot be listed.
+func eachProcess(proc string, f func(pid int, ns string, err error) bool) error {
 	entries, err := os.ReadDir(proc)
 	if err != nil {
-		return 0
+		return err
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
 			continue
 		}
-		if got, err := os.Readlink(filepath.Join(proc, e.Name(), "ns", "mnt")); err == nil && got == ns {
-			return pid
+		ns, err := os.Readlink(filepath.Join(proc, e.Name(), "ns", "mnt"))
+		if !f(pid, ns, err) {
+			return nil
 		}
 	}
-	return 0
+	return nil
 }
 
 // StaleInPods reports (ok) the running processes in other mount namespaces that still see an
@@ -689,11 +704,6 @@ func (c *Checker) readNamespaces() namespaceScan {
 	defer c.nsMu.Unlock()
 	proc := c.options().Proc
 	s := namespaceScan{procs: map[string]int{}}
-	entries, err := os.ReadDir(proc)
-	if err != nil {
-		s.err = fmt.Errorf("list processes: %w", err)
-		return s
-	}
 	scanned := map[string]bool{}
 	var errs []error
 	// The checker's own namespace is the one its checks read all along (selfTable), kept open
@@ -703,25 +713,18 @@ func (c *Checker) readNamespaces() namespaceScan {
 	if proc == defaultProc {
 		own, _ = os.Readlink(filepath.Join(proc, "self", "ns", "mnt"))
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
-			continue
-		}
-		ns, err := os.Readlink(filepath.Join(proc, e.Name(), "ns", "mnt"))
+	listErr := eachProcess(proc, func(pid int, ns string, err error) bool {
 		if err != nil {
 			if denied(err) {
 				s.hidden++
-				continue
-			}
-			if !vanished(err) {
+			} else if !vanished(err) {
 				errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 			}
-			continue
+			return true
 		}
 		s.procs[ns]++
 		if scanned[ns] {
-			continue
+			return true
 		}
 		var top, infos []*mountInfo
 		shared := false
@@ -733,25 +736,30 @@ func (c *Checker) readNamespaces() namespaceScan {
 		} else {
 			// Not the own namespace, or its shared table failed: read through the process,
 			// which says what went wrong.
-			top, err = c.namespaceTop(ns, filepath.Join(proc, e.Name()))
+			top, err = c.namespaceTop(ns, filepath.Join(proc, strconv.Itoa(pid)))
 		}
 		if err != nil {
 			if denied(err) {
 				s.hidden++
-				continue
+				return true
 			}
 			if !vanished(err) {
 				errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
 			}
-			continue
+			return true
 		}
 		if top == nil {
 			// A process that is exiting shows an empty table; another one of its namespace
 			// will do.
-			continue
+			return true
 		}
 		scanned[ns] = true
 		s.namespaces = append(s.namespaces, namespaceMounts{pid: pid, ns: ns, top: top})
+		return true
+	})
+	if listErr != nil {
+		s.err = fmt.Errorf("list processes: %w", listErr)
+		return s
 	}
 	for ns, t := range c.nsTables {
 		if !scanned[ns] {
