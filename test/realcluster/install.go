@@ -76,6 +76,14 @@ type Env struct {
 // madeFolder is a node folder a driver release writes, which the test removes.
 type madeFolder struct{ path, release string }
 
+// removeAfterTeardown has the node folder path, which release writes, removed after the teardown
+// unless it is there before the test.
+func (e *Env) removeAfterTeardown(path, release string) {
+	if _, err := os.Stat(path); err != nil {
+		e.made = append(e.made, madeFolder{path: path, release: release})
+	}
+}
+
 // InstallOptions change what Install installs from the suite's defaults.
 type InstallOptions struct {
 	// ContainerRestart gives the healer sidecar the node's containerd socket
@@ -162,9 +170,7 @@ func InstallWith(t harness.TB, c *cluster.Cluster, assets cluster.Assets, opts I
 		t.Fatalf("install the CSIAddonsNode CRD: %v", err)
 	}
 	// The reference driver keeps its volumes in this host folder (the chart's stateDir).
-	if _, err := os.Stat(driverStateDir); err != nil {
-		e.made = append(e.made, madeFolder{path: driverStateDir, release: "healer-refdriver"})
-	}
+	e.removeAfterTeardown(driverStateDir, "healer-refdriver")
 	t.Cleanup(func() {
 		e.teardown()
 		// Only now: a node plugin that still ran, or a workload that still wrote through its

@@ -64,9 +64,7 @@ type driverRelease struct {
 func (e *Env) installDriverRelease(t harness.TB, r driverRelease) {
 	t.Helper()
 	for _, dir := range r.folders {
-		if _, err := os.Stat(dir); err != nil {
-			e.made = append(e.made, madeFolder{path: dir, release: r.release})
-		}
+		e.removeAfterTeardown(dir, r.release)
 	}
 	e.namespace(r.namespace, nil)
 	e.sidecarRBAC(t, r.namespace)
