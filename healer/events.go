@@ -2,7 +2,7 @@ package healer
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/volume-healer/volume-healer/scheduler/planner"
 )
@@ -51,7 +51,7 @@ func (s *Sweeper) volumeEvent(v planner.Volume, eventType, reason, format string
 		return
 	}
 	// After the claim's status asked for before it: the Event speaks of it.
-	s.statuses.then(types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, func() {
+	s.statuses.then(client.ObjectKeyFromObject(pvc), func() {
 		s.event(pvc, eventType, reason, format, args...)
 	})
 }

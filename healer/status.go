@@ -90,7 +90,7 @@ func (w *volumeWork) putStatus(st VolumeStatus) {
 		return
 	}
 	text := string(value)
-	w.s.statuses.add(w.sweepCtx, types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, &text, w.tasks)
+	w.s.statuses.add(w.sweepCtx, client.ObjectKeyFromObject(pvc), &text, w.tasks)
 }
 
 // clearStatus removes the annotation of a volume found healthy, if it had one: under its key, or
@@ -100,7 +100,7 @@ func (w *volumeWork) clearStatus() {
 	for _, key := range annotations.Keys(annotations.VolumeStatus) {
 		if _, ok := w.v.ClaimAnnotation(key); ok {
 			pvc := w.v.Claim()
-			w.s.statuses.add(w.sweepCtx, types.NamespacedName{Namespace: pvc.Namespace, Name: pvc.Name}, nil, w.tasks)
+			w.s.statuses.add(w.sweepCtx, client.ObjectKeyFromObject(pvc), nil, w.tasks)
 			return
 		}
 	}
